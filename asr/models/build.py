@@ -1,0 +1,72 @@
+"""Build a model from a plain config mapping (the Hydra group ``model``, already resolved).
+
+Sizes that follow from other parts (vocabulary size, encoder and predictor widths, blank
+id) are filled in here, so a config never repeats them. Unknown keys fail loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import nn
+
+from asr.models.conformer import ConformerEncoder
+from asr.models.transducer import Joiner, Predictor, Transducer
+
+_TOP_KEYS = ("kind", "encoder", "predictor", "joiner", "ctc_head", "blank_id")
+_ENCODER_KEYS = (
+    "input_dim",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "ff_expansion",
+    "conv_kernel_size",
+    "subsampling_factor",
+    "dropout",
+    "conv_norm",
+)
+_PREDICTOR_KEYS = ("kind", "embed_dim", "hidden_dim", "num_layers", "context_size", "dropout")
+_JOINER_KEYS = ("joint_dim",)
+_MODEL_KINDS = ("transducer",)
+
+
+def _checked(section: str, cfg: Any, valid: Iterable[str]) -> dict[str, Any]:
+    """``cfg`` as a dict after checking that every key is in ``valid``."""
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"config section {section!r} must be a mapping, got {type(cfg).__name__}")
+    valid = tuple(valid)
+    for key in cfg:
+        if key not in valid:
+            raise ValueError(
+                f"unknown config key {section}.{key}; valid keys: {', '.join(valid)}"
+                " (vocab_size, widths and blank_id are filled in by build_model)"
+            )
+    return dict(cfg)
+
+
+def build_model(cfg: Mapping[str, Any], vocab_size: int) -> Transducer:
+    """cfg like ``{"kind": "transducer", "encoder": {...}, "predictor": {...},
+    "joiner": {"joint_dim": 256}, "ctc_head": True}`` -> a Transducer over ``vocab_size``."""
+    cfg = _checked("model", cfg, _TOP_KEYS)
+    kind = cfg.get("kind", "transducer")
+    if kind not in _MODEL_KINDS:
+        raise ValueError(f"unknown model.kind {kind!r}; valid kinds: {', '.join(_MODEL_KINDS)}")
+    blank_id = int(cfg.get("blank_id", 0))
+    encoder = ConformerEncoder(**_checked("model.encoder", cfg.get("encoder", {}), _ENCODER_KEYS))
+    pred_cfg = _checked("model.predictor", cfg.get("predictor", {}), _PREDICTOR_KEYS)
+    predictor = Predictor(vocab_size=vocab_size, blank_id=blank_id, **pred_cfg)
+    joiner_cfg = _checked("model.joiner", cfg.get("joiner", {}), _JOINER_KEYS)
+    joiner = Joiner(
+        encoder_dim=encoder.output_dim,
+        predictor_dim=predictor.output_dim,
+        vocab_size=vocab_size,
+        joint_dim=joiner_cfg.get("joint_dim", 256),
+    )
+    ctc_head = nn.Linear(encoder.output_dim, vocab_size) if cfg.get("ctc_head", False) else None
+    return Transducer(encoder, predictor, joiner, ctc_head=ctc_head, blank_id=blank_id)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (trainable or not; buffers excluded)."""
+    return sum(p.numel() for p in model.parameters())

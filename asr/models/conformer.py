@@ -1,0 +1,284 @@
+"""Conformer encoder (Gulati et al., 2020) with relative positional self-attention.
+
+Legend: B batch, T frames, F feature bins, D model width, H heads.
+Every sequence travels with its lengths: ``(x, x_lens)`` in, ``(y, y_lens)`` out.
+Padded frames never influence valid ones: subsampling and the convolution module zero
+them, and attention gives padded keys zero weight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import overload
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Each stride-2 convolution uses kernel 3 and padding 1, so it maps n frames to ceil(n / 2).
+_KERNEL, _STRIDE, _PADDING = 3, 2, 1
+_SUBSAMPLING_CONVS = {4: 2, 8: 3}
+_CONV_NORMS = ("batch_norm", "layer_norm")
+
+
+def _conv_out(n, num_convs: int):
+    for _ in range(num_convs):
+        n = (n + 2 * _PADDING - _KERNEL) // _STRIDE + 1
+    return n
+
+
+def _num_convs(factor: int) -> int:
+    if factor not in _SUBSAMPLING_CONVS:
+        raise ValueError(
+            f"subsampling factor must be one of {sorted(_SUBSAMPLING_CONVS)}, got {factor!r}"
+        )
+    return _SUBSAMPLING_CONVS[factor]
+
+
+@overload
+def subsampled_lengths(lens: int, factor: int) -> int: ...
+@overload
+def subsampled_lengths(lens: Tensor, factor: int) -> Tensor: ...
+def subsampled_lengths(lens, factor):
+    """Exact frame counts after ``ConvSubsampling(factor=factor)``: ceil(lens / factor).
+
+    Accepts an int or an integer tensor of any shape; 0 frames stay 0.
+    """
+    return _conv_out(lens, _num_convs(factor))
+
+
+def subsampled_length(n: int, factor: int) -> int:
+    """``subsampled_lengths`` for one plain int."""
+    return int(subsampled_lengths(int(n), factor))
+
+
+def lengths_to_mask(lens: Tensor, max_len: int) -> Tensor:
+    """(B,) lengths -> (B, T) bool mask, True on valid frames."""
+    return torch.arange(max_len, device=lens.device) < lens[:, None]
+
+
+class ConvSubsampling(nn.Module):
+    """Stacked stride-2 Conv2d + ReLU over (time, frequency), then a linear map to D.
+
+    ``factor`` 4 uses 2 convolutions, 8 uses 3. Padded frames are zeroed before every
+    convolution, so a padded batch gives the same valid outputs as each utterance alone.
+    """
+
+    def __init__(
+        self, input_dim: int, d_model: int, factor: int = 4, channels: int | None = None
+    ) -> None:
+        super().__init__()
+        self.factor = factor
+        num_convs = _num_convs(factor)
+        channels = channels or d_model
+        self.convs = nn.ModuleList(
+            nn.Conv2d(1 if i == 0 else channels, channels, _KERNEL, _STRIDE, _PADDING)
+            for i in range(num_convs)
+        )
+        self.linear = nn.Linear(channels * _conv_out(input_dim, num_convs), d_model)
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, T, F), x_lens (B,) -> y (B, T', D), y_lens (B,) with T' = ceil(T / factor)."""
+        lens = x_lens
+        x = x.masked_fill(~lengths_to_mask(lens, x.size(1))[:, :, None], 0.0)
+        x = x.unsqueeze(1)  # (B, 1, T, F)
+        for i, conv in enumerate(self.convs):
+            if i > 0:  # the input was masked above; later inputs have padding from ReLU(bias)
+                x = x.masked_fill(~lengths_to_mask(lens, x.size(2))[:, None, :, None], 0.0)
+            x = F.relu(conv(x))
+            lens = _conv_out(lens, 1)
+        x = self.linear(x.transpose(1, 2).flatten(2))  # (B, T', C * F') -> (B, T', D)
+        return x, lens
+
+
+def relative_positions(length: int, d_model: int, device=None, dtype=None) -> Tensor:
+    """Sinusoidal encodings of relative positions T-1, T-2, ..., -(T-1): (2T-1, D)."""
+    pos = torch.arange(length - 1, -length, -1, device=device, dtype=torch.float32)
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
+        * (-math.log(10000.0) / d_model)
+    )
+    angles = pos[:, None] * inv_freq[None, :]  # (2T-1, D/2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1).to(dtype)
+
+
+def rel_shift(scores: Tensor) -> Tensor:
+    """(..., T, 2T-1) scores against positions T-1..-(T-1) -> (..., T, T) query-key scores.
+
+    out[..., i, j] = scores[..., i, T-1-i+j], the score for relative position i - j. A
+    strided view: row i starts one element earlier than the row above.
+    """
+    *_, t, p = scores.shape
+    if p != 2 * t - 1:
+        raise ValueError(f"rel_shift expects (..., T, 2T-1) scores, got {tuple(scores.shape)}")
+    scores = scores.contiguous()
+    strides = scores.stride()
+    return scores.as_strided(
+        (*scores.shape[:-1], t),
+        (*strides[:-2], strides[-2] - 1, 1),
+        scores.storage_offset() + t - 1,
+    )
+
+
+class RelPositionMultiHeadAttention(nn.Module):
+    """Transformer-XL self-attention: content and position terms with learned biases u, v.
+
+    The position term and the key padding mask are folded into one float ``attn_mask``
+    for ``F.scaled_dot_product_attention``, so a fused kernel computes the softmax.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.pos = nn.Linear(d_model, d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model)
+        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+
+    def forward(self, x: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+        """x (B, T, D), pos_emb (2T-1, D), mask (B, T) True on valid frames -> (B, T, D)."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).unbind(2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, Dh)
+        p = self.pos(pos_emb).view(2 * t - 1, self.num_heads, self.head_dim).permute(1, 2, 0)
+        # Position term: (q + v) . p over relative positions, shifted to (query, key) pairs.
+        pos_scores = rel_shift(torch.matmul(q + self.pos_bias_v[:, None, :], p))
+        # SDPA scales q.k by 1/sqrt(Dh) and then adds attn_mask: scale the position term alike.
+        attn_mask = (pos_scores * self.head_dim**-0.5).masked_fill(
+            ~mask[:, None, None, :], torch.finfo(pos_scores.dtype).min
+        )
+        y = F.scaled_dot_product_attention(
+            q + self.pos_bias_u[:, None, :],
+            k,
+            v,
+            attn_mask=attn_mask.to(q.dtype),
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class FeedForward(nn.Module):
+    """Pre-norm feed-forward: LayerNorm, Linear D -> eD, SiLU, dropout, Linear eD -> D, dropout."""
+
+    def __init__(self, d_model: int, expansion: int, dropout: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.LayerNorm(d_model),
+            nn.Linear(d_model, expansion * d_model),
+            nn.SiLU(),
+            nn.Dropout(dropout),
+            nn.Linear(expansion * d_model, d_model),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        return self.net(x)
+
+
+class ConvModule(nn.Module):
+    """LayerNorm, pointwise conv + GLU, depthwise conv, norm, SiLU, pointwise conv, dropout.
+
+    Padded frames are zeroed before the depthwise convolution, so they never leak into
+    valid frames. ``conv_norm="batch_norm"`` computes training statistics over padded
+    frames too; "layer_norm" is per frame and robust to tiny batches.
+    """
+
+    def __init__(self, d_model: int, kernel_size: int, dropout: float, conv_norm: str) -> None:
+        super().__init__()
+        if kernel_size % 2 == 0:
+            raise ValueError(f"conv_kernel_size must be odd to keep T frames, got {kernel_size}")
+        if conv_norm not in _CONV_NORMS:
+            raise ValueError(f"conv_norm must be one of {_CONV_NORMS}, got {conv_norm!r}")
+        self.norm_in = nn.LayerNorm(d_model)
+        self.pointwise_in = nn.Linear(d_model, 2 * d_model)
+        self.depthwise = nn.Conv1d(
+            d_model, d_model, kernel_size, padding=kernel_size // 2, groups=d_model
+        )
+        self.batch_norm = conv_norm == "batch_norm"
+        self.norm = nn.BatchNorm1d(d_model) if self.batch_norm else nn.LayerNorm(d_model)
+        self.pointwise_out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
+        x = F.glu(self.pointwise_in(self.norm_in(x)), dim=-1)
+        x = x.masked_fill(~mask[:, :, None], 0.0).transpose(1, 2)  # (B, D, T)
+        x = self.depthwise(x)
+        x = self.norm(x).transpose(1, 2) if self.batch_norm else self.norm(x.transpose(1, 2))
+        return self.dropout(self.pointwise_out(F.silu(x)))
+
+
+class ConformerLayer(nn.Module):
+    """Macaron block: x + FFN/2, + MHSA, + conv, + FFN/2, then LayerNorm (pre-norm residuals)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        ff_expansion: int,
+        conv_kernel_size: int,
+        dropout: float,
+        conv_norm: str,
+    ) -> None:
+        super().__init__()
+        self.ff1 = FeedForward(d_model, ff_expansion, dropout)
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = RelPositionMultiHeadAttention(d_model, num_heads, dropout)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.conv = ConvModule(d_model, conv_kernel_size, dropout, conv_norm)
+        self.ff2 = FeedForward(d_model, ff_expansion, dropout)
+        self.norm_out = nn.LayerNorm(d_model)
+
+    def forward(self, x: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+        """x (B, T, D), pos_emb (2T-1, D), mask (B, T) -> (B, T, D)."""
+        x = x + 0.5 * self.ff1(x)
+        x = x + self.attn_dropout(self.attn(self.attn_norm(x), pos_emb, mask))
+        x = x + self.conv(x, mask)
+        x = x + 0.5 * self.ff2(x)
+        return self.norm_out(x)
+
+
+class ConformerEncoder(nn.Module):
+    """Features (B, T, F) -> encoder output (B, T', D) with T' = ceil(T / subsampling_factor).
+
+    Keyword arguments equal the keys of the Hydra group ``model.encoder``. Output frames
+    beyond ``encoder_lens`` are zero.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_dim: int = 80,
+        d_model: int = 144,
+        num_layers: int = 6,
+        num_heads: int = 4,
+        ff_expansion: int = 4,
+        conv_kernel_size: int = 31,
+        subsampling_factor: int = 4,
+        dropout: float = 0.1,
+        conv_norm: str = "layer_norm",
+    ) -> None:
+        super().__init__()
+        self.output_dim = d_model
+        self.subsampling_factor = subsampling_factor
+        self.subsampling = ConvSubsampling(input_dim, d_model, subsampling_factor)
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            ConformerLayer(d_model, num_heads, ff_expansion, conv_kernel_size, dropout, conv_norm)
+            for _ in range(num_layers)
+        )
+
+    def forward(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D), encoder_lens (B,)."""
+        x, lens = self.subsampling(features, feature_lens)
+        x = self.dropout(x)
+        mask = lengths_to_mask(lens, x.size(1))
+        pos_emb = relative_positions(x.size(1), self.output_dim, x.device, x.dtype)
+        for layer in self.layers:
+            x = layer(x, pos_emb, mask)
+        return x.masked_fill(~mask[:, :, None], 0.0), lens

@@ -1,0 +1,187 @@
+"""Transducer parts: Predictor (LSTM or stateless), Joiner, and their composition.
+
+Legend: B batch, T frames, U tokens, V vocabulary, D width. The model owns no loss: see
+``asr.losses.transducer``. Decoding states are batch-first (a tensor or a tuple of tensors
+with B first), so a decoder can pick per-sample states with ``torch.where``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PredictorState = Tensor | tuple[Tensor, ...]
+_PREDICTOR_KINDS = ("lstm", "stateless")
+
+
+class Predictor(nn.Module):
+    """Label-side network: the tokens emitted so far -> one vector per position.
+
+    ``kind="lstm"``: embedding, LSTM. ``kind="stateless"`` (Ghodsi et al., 2020): the last
+    ``context_size`` tokens through an embedding, a depthwise Conv1d over that context,
+    ReLU and a linear layer. Both are causal, so padding after a sequence never matters.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        embed_dim: int,
+        hidden_dim: int,
+        num_layers: int = 1,
+        kind: str = "lstm",
+        context_size: int = 2,
+        dropout: float = 0.1,
+        blank_id: int = 0,
+    ) -> None:
+        super().__init__()
+        if kind not in _PREDICTOR_KINDS:
+            raise ValueError(f"predictor kind must be one of {_PREDICTOR_KINDS}, got {kind!r}")
+        if not 0 <= blank_id < vocab_size:
+            raise ValueError(f"blank_id={blank_id} is outside the vocabulary [0, {vocab_size})")
+        if kind == "stateless" and context_size < 1:
+            raise ValueError(f"context_size must be >= 1, got {context_size}")
+        self.kind, self.vocab_size, self.blank_id = kind, vocab_size, blank_id
+        self.context_size = context_size
+        self.output_dim = hidden_dim
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.dropout = nn.Dropout(dropout)
+        if kind == "lstm":
+            self.lstm = nn.LSTM(
+                embed_dim,
+                hidden_dim,
+                num_layers,
+                batch_first=True,
+                dropout=dropout if num_layers > 1 else 0.0,
+            )
+        else:
+            self.context_conv = nn.Conv1d(
+                embed_dim, embed_dim, context_size, groups=embed_dim, bias=False
+            )
+            self.linear = nn.Linear(embed_dim, hidden_dim)
+
+    def forward(self, tokens: Tensor, token_lens: Tensor) -> Tensor:
+        """tokens (B, U), token_lens (B,) -> (B, U+1, D_pred); position u sees tokens < u.
+
+        Position 0 sees only the blank (start) symbol. ``token_lens`` is accepted for the
+        common interface: outputs beyond ``token_lens + 1`` are computed but meaningless.
+        """
+        b = tokens.size(0)
+        pad = self.context_size if self.kind == "stateless" else 1
+        start = tokens.new_full((b, pad), self.blank_id)
+        return self._run(torch.cat([start, tokens], dim=1), state=None)[0]
+
+    def init_state(self, batch_size: int, device: torch.device | str) -> PredictorState:
+        """The state before any token: LSTM (h, c) each (B, layers, D), or (B, context-1) ids."""
+        if self.kind == "lstm":
+            shape = (batch_size, self.lstm.num_layers, self.lstm.hidden_size)
+            dtype = self.embedding.weight.dtype
+            return (
+                torch.zeros(shape, device=device, dtype=dtype),
+                torch.zeros(shape, device=device, dtype=dtype),
+            )
+        return torch.full(
+            (batch_size, self.context_size - 1), self.blank_id, device=device, dtype=torch.long
+        )
+
+    def step(self, last_tokens: Tensor, state: PredictorState) -> tuple[Tensor, PredictorState]:
+        """One decoding step: last_tokens (B,), state -> out (B, D_pred), new state.
+
+        Start with ``init_state`` and ``last_tokens`` = blank to get position 0.
+        """
+        if self.kind == "lstm":
+            out, new_state = self._run(last_tokens[:, None], state)
+            return out[:, 0], new_state
+        context = torch.cat([state, last_tokens[:, None]], dim=1)  # (B, context_size)
+        return self._run(context, None)[0][:, 0], context[:, 1:]
+
+    def _run(self, tokens: Tensor, state: PredictorState | None) -> tuple[Tensor, PredictorState]:
+        """LSTM: tokens (B, N) -> (B, N, D). Stateless: (B, N) -> (B, N - context + 1, D)."""
+        x = self.dropout(self.embedding(tokens))
+        if self.kind == "lstm":
+            hc = None if state is None else tuple(s.transpose(0, 1).contiguous() for s in state)
+            x, (h, c) = self.lstm(x, hc)
+            return self.dropout(x), (h.transpose(0, 1), c.transpose(0, 1))
+        x = self.context_conv(x.transpose(1, 2)).transpose(1, 2)
+        return self.dropout(self.linear(F.relu(x))), tokens
+
+
+class Joiner(nn.Module):
+    """logits = output(tanh(enc_proj(enc) + pred_proj(pred))), broadcast over (T, U+1).
+
+    The projections act on the un-broadcast inputs, so they run once per frame and once
+    per token; only the add, tanh and output layer run T x (U+1) times.
+    """
+
+    def __init__(self, *, encoder_dim: int, predictor_dim: int, joint_dim: int, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.enc_proj = nn.Linear(encoder_dim, joint_dim)
+        self.pred_proj = nn.Linear(predictor_dim, joint_dim)
+        self.output = nn.Linear(joint_dim, vocab_size)
+
+    def forward(self, enc: Tensor, pred: Tensor) -> Tensor:
+        """enc (..., T, 1, D_enc), pred (..., 1, U+1, D_pred) -> logits (..., T, U+1, V)."""
+        return self.joint(self.project_encoder(enc), self.project_predictor(pred))
+
+    def project_encoder(self, x: Tensor) -> Tensor:
+        """(..., D_enc) -> (..., D_joint)."""
+        return self.enc_proj(x)
+
+    def project_predictor(self, x: Tensor) -> Tensor:
+        """(..., D_pred) -> (..., D_joint)."""
+        return self.pred_proj(x)
+
+    def joint(self, enc_projected: Tensor, pred_projected: Tensor) -> Tensor:
+        """Already projected inputs, broadcastable to each other -> logits (..., V)."""
+        return self.output(torch.tanh(enc_projected + pred_projected))
+
+
+class Transducer(nn.Module):
+    """Transducer(encoder, predictor, joiner) with an optional CTC head on the encoder output.
+
+    ``encoder(features, feature_lens) -> (encoder_out, encoder_lens)``; the loss functions
+    in ``asr.losses`` receive the parts they need. ``ctc_head`` maps D_enc -> V.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        predictor: nn.Module,
+        joiner: nn.Module,
+        ctc_head: nn.Module | None = None,
+        blank_id: int = 0,
+    ) -> None:
+        super().__init__()
+        vocab_size = joiner.vocab_size
+        predictor_vocab = getattr(predictor, "vocab_size", vocab_size)
+        if predictor_vocab != vocab_size:
+            raise ValueError(
+                f"predictor vocab_size={predictor_vocab} != joiner vocab_size={vocab_size}"
+            )
+        if not 0 <= blank_id < vocab_size:
+            raise ValueError(f"blank_id={blank_id} is outside the vocabulary [0, {vocab_size})")
+        self.encoder, self.predictor, self.joiner = encoder, predictor, joiner
+        self.ctc_head = ctc_head
+        self.vocab_size, self.blank_id = vocab_size, blank_id
+
+    def encode(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens."""
+        return self.encoder(features, feature_lens)
+
+    def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
+        """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
+        if self.ctc_head is None:
+            raise RuntimeError(
+                "this Transducer has no CTC head: build it with ctc_head=True "
+                "(config key model.ctc_head) to use a CTC loss"
+            )
+        return F.log_softmax(self.ctc_head(encoder_out), dim=-1)
+
+    def forward(
+        self, features: Tensor, feature_lens: Tensor, tokens: Tensor, token_lens: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """-> encoder_out (B, T', D_enc), encoder_lens (B,), predictor_out (B, U+1, D_pred)."""
+        encoder_out, encoder_lens = self.encode(features, feature_lens)
+        return encoder_out, encoder_lens, self.predictor(tokens, token_lens)

@@ -1,0 +1,173 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr.models.conformer import (
+    ConformerEncoder,
+    ConvSubsampling,
+    RelPositionMultiHeadAttention,
+    lengths_to_mask,
+    rel_shift,
+    relative_positions,
+    subsampled_length,
+    subsampled_lengths,
+)
+
+
+def _padded_batch(lens: list[int], dim: int = 80, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random features with random garbage (not zeros) beyond each length."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lens), max(lens) + 5, dim, generator=g)
+    return x, torch.tensor(lens)
+
+
+@pytest.mark.parametrize("factor", [4, 8])
+def test_subsampled_lengths_equal_actual_output_lengths(factor):
+    sub = ConvSubsampling(input_dim=20, d_model=8, factor=factor, channels=4)
+    for n in range(1, 70):
+        y, y_lens = sub(torch.randn(1, n, 20), torch.tensor([n]))
+        assert y.shape[1] == y_lens.item() == subsampled_lengths(n, factor), n
+        assert subsampled_length(n, factor) == y.shape[1]
+    lens = torch.arange(0, 200)
+    expected = torch.tensor([-(-n // factor) for n in range(200)])  # ceil(n / factor)
+    assert torch.equal(subsampled_lengths(lens, factor), expected)
+    assert subsampled_lengths(0, factor) == 0
+
+
+def test_subsampled_lengths_inside_padded_batch():
+    sub = ConvSubsampling(input_dim=20, d_model=8, factor=8, channels=4)
+    x, lens = _padded_batch([33, 17, 9, 1], dim=20)
+    y, y_lens = sub(x, lens)
+    assert torch.equal(y_lens, subsampled_lengths(lens, 8))
+    assert y.shape[1] == subsampled_lengths(x.shape[1], 8)
+
+
+def test_invalid_factor_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"\[4, 8\].*6"):
+        ConvSubsampling(80, 16, factor=6)
+    with pytest.raises(ValueError, match="factor"):
+        subsampled_lengths(10, 2)
+
+
+def test_invalid_conv_options():
+    with pytest.raises(ValueError, match="odd"):
+        ConformerEncoder(d_model=16, num_heads=2, conv_kernel_size=4)
+    with pytest.raises(ValueError, match="conv_norm"):
+        ConformerEncoder(d_model=16, num_heads=2, conv_norm="group_norm")
+    with pytest.raises(ValueError, match="divisible"):
+        ConformerEncoder(d_model=18, num_heads=4)
+
+
+def test_rel_shift_matches_explicit_indexing():
+    t = 5
+    scores = torch.randn(2, 3, t, 2 * t - 1)
+    shifted = rel_shift(scores)
+    for i in range(t):
+        for j in range(t):
+            assert torch.equal(shifted[..., i, j], scores[..., i, t - 1 - i + j])
+
+
+def test_relative_positions_are_sinusoids_of_distance():
+    pe = relative_positions(4, 6)
+    assert pe.shape == (7, 6)
+    # Row r encodes distance 3 - r; the centre row (distance 0) is sin 0 = 0, cos 0 = 1.
+    assert torch.allclose(pe[3], torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]))
+    freqs = torch.tensor([1.0, 10000 ** (-2 / 6), 10000 ** (-4 / 6)])
+    for r, dist in enumerate(range(3, -4, -1)):
+        assert torch.allclose(pe[r, 0::2], (dist * freqs).sin(), atol=1e-6)
+        assert torch.allclose(pe[r, 1::2], (dist * freqs).cos(), atol=1e-6)
+
+
+def test_attention_equals_naive_relative_attention():
+    """Fused SDPA with a folded float mask == the textbook formula written out."""
+    torch.manual_seed(0)
+    b, t, d, h = 2, 6, 16, 4
+    attn = RelPositionMultiHeadAttention(d, h).eval()
+    torch.nn.init.normal_(attn.pos_bias_u)
+    torch.nn.init.normal_(attn.pos_bias_v)
+    x, lens = torch.randn(b, t, d), torch.tensor([6, 4])
+    pos_emb = relative_positions(t, d)
+    got = attn(x, pos_emb, lengths_to_mask(lens, t))
+
+    q, k, v = attn.qkv(x).view(b, t, 3, h, d // h).unbind(2)
+    p = attn.pos(pos_emb).view(2 * t - 1, h, d // h)
+    dist = torch.arange(t)[:, None] - torch.arange(t)[None, :]  # i - j
+    p_ij = p[t - 1 - dist]  # (T, T, H, Dh): encoding of distance i - j
+    content = torch.einsum("bihd,bjhd->bhij", q + attn.pos_bias_u, k)
+    position = torch.einsum("bihd,ijhd->bhij", q + attn.pos_bias_v, p_ij)
+    scores = (content + position) / (d // h) ** 0.5
+    scores = scores.masked_fill(~lengths_to_mask(lens, t)[:, None, None, :], float("-inf"))
+    y = torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v).reshape(b, t, d)
+    assert torch.allclose(got, attn.out(y), atol=1e-5)
+
+
+def _encoder(conv_norm: str = "layer_norm", factor: int = 4) -> ConformerEncoder:
+    torch.manual_seed(0)
+    enc = ConformerEncoder(
+        input_dim=80,
+        d_model=32,
+        num_layers=2,
+        num_heads=4,
+        conv_kernel_size=7,
+        subsampling_factor=factor,
+        conv_norm=conv_norm,
+    )
+    if conv_norm == "batch_norm":  # non-trivial running statistics
+        for m in enc.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+    return enc.eval()
+
+
+@pytest.mark.parametrize("conv_norm", ["layer_norm", "batch_norm"])
+@pytest.mark.parametrize("factor", [4, 8])
+def test_padding_invariance(conv_norm, factor):
+    enc = _encoder(conv_norm, factor)
+    x, lens = _padded_batch([61, 40, 23, 9])
+    with torch.no_grad():
+        y, y_lens = enc(x, lens)
+        assert y.shape == (4, subsampled_lengths(x.shape[1], factor), 32)
+        assert enc.output_dim == 32
+        for i, n in enumerate(lens.tolist()):
+            alone, alone_lens = enc(x[i : i + 1, :n], lens[i : i + 1])
+            assert alone_lens.item() == y_lens[i].item() == alone.shape[1]
+            assert torch.allclose(y[i, : y_lens[i]], alone[0], atol=1e-5)
+            assert torch.all(y[i, y_lens[i] :] == 0)
+
+
+def test_no_gradient_into_padded_frames():
+    enc = _encoder()
+    enc.train()  # dropout on: the masks must hold in training too
+    x, lens = _padded_batch([50, 21, 12])
+    x.requires_grad_(True)
+    y, y_lens = enc(x, lens)
+    valid = lengths_to_mask(y_lens, y.shape[1])
+    (y * torch.randn_like(y) * valid[:, :, None]).sum().backward()
+    in_valid = lengths_to_mask(lens, x.shape[1])
+    assert torch.all(x.grad[~in_valid] == 0)
+    assert torch.all(x.grad[in_valid].abs().sum(-1) > 0)
+
+
+def test_changing_padding_changes_nothing_in_training_mode_with_layer_norm():
+    enc = _encoder()
+    enc.train()
+    x, lens = _padded_batch([30, 14])
+    x2 = x.clone()
+    x2[1, 14:] = 1e3  # wild values in the padding
+    torch.manual_seed(1)
+    y, y_lens = enc(x, lens)
+    torch.manual_seed(1)
+    y2, _ = enc(x2, lens)
+    assert torch.equal(y, y2)
+
+
+def test_encoder_runs_under_bfloat16_autocast():
+    enc = _encoder()
+    x, lens = _padded_batch([30, 14])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y_lens = enc(x, lens)
+    assert y.shape == (2, subsampled_lengths(x.shape[1], 4), 32)
+    assert torch.isfinite(y.float()).all()
+    ref, _ = enc(x, lens)
+    assert F.cosine_similarity(y.float().flatten(), ref.flatten(), dim=0) > 0.99
