@@ -1,0 +1,19 @@
+"""asr: Conformer-Transducer speech recognition on lhotse, Lightning and Hydra."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asr.transcribe import Recognizer
+
+__version__ = "0.1.0"
+
+
+def load_model(path: str | Path, device: str = "cpu") -> Recognizer:
+    """Load an exported bundle (or a training checkpoint); `.transcribe(audio) -> list[str]`
+    takes file paths or 16 kHz mono arrays. Needs neither Hydra nor Lightning."""
+    from asr.transcribe import load_recognizer
+
+    return load_recognizer(path, device)

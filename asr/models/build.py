@@ -25,6 +25,7 @@ _ENCODER_KEYS = (
     "subsampling_factor",
     "dropout",
     "conv_norm",
+    "subsampling_channels",
 )
 _PREDICTOR_KEYS = ("kind", "embed_dim", "hidden_dim", "num_layers", "context_size", "dropout")
 _JOINER_KEYS = ("joint_dim",)

@@ -262,11 +262,15 @@ class ConformerEncoder(nn.Module):
         subsampling_factor: int = 4,
         dropout: float = 0.1,
         conv_norm: str = "layer_norm",
+        subsampling_channels: int | None = None,
     ) -> None:
         super().__init__()
         self.output_dim = d_model
         self.subsampling_factor = subsampling_factor
-        self.subsampling = ConvSubsampling(input_dim, d_model, subsampling_factor)
+        # Fewer channels than d_model make the full-resolution convolutions much cheaper.
+        self.subsampling = ConvSubsampling(
+            input_dim, d_model, subsampling_factor, channels=subsampling_channels
+        )
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             ConformerLayer(d_model, num_heads, ff_expansion, conv_kernel_size, dropout, conv_norm)

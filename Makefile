@@ -1,0 +1,34 @@
+# Every target creates .venv and installs the project on first use.
+VENV ?= .venv
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: demo test test-fast lint install clean-demo
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]} at {sys.executable}"'
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --progress-bar off -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+## Build the demo corpus, train a small Conformer-Transducer, decode, print WER.
+demo: $(STAMP)
+	bash recipes/demo/run.sh
+
+## The whole test suite (slow tests included: a few minutes).
+test: $(STAMP)
+	pytest -q
+
+test-fast: $(STAMP)
+	pytest -q -m "not slow"
+
+lint: $(STAMP)
+	ruff check asr tests scripts
+	ruff format --check asr tests scripts
+
+clean-demo:
+	rm -rf data/demo exp/demo

@@ -1,0 +1,179 @@
+"""LibriSpeech (or anything in its directory layout) -> lhotse manifests.
+
+`prepare_manifests` reads `<corpus>/<part>/<spk>/<chapter>/*.trans.txt` with lhotse's
+LibriSpeech utterance parser and writes, per part, into the output directory:
+`librispeech_recordings_<part>.jsonl.gz`, `librispeech_supervisions_<part>.jsonl.gz` and
+`librispeech_cuts_<part>.jsonl.gz`. Unlike lhotse's `prepare_librispeech`, an unreadable
+audio file or an empty transcript line is skipped with a warning and counted instead of
+aborting the whole preparation.
+
+On a machine with internet access `download_librispeech` fetches the real corpus
+(through lhotse) into the same layout, so the recipe is the same for both.
+
+Run as `python -m asr.data.corpus --corpus-dir DIR --output-dir data/manifests [--download]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lhotse import CutSet, RecordingSet, SupervisionSet, load_manifest_lazy
+from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
+from lhotse.recipes.librispeech import LIBRISPEECH, parse_utterance
+from rich.progress import track
+
+log = logging.getLogger(__name__)
+
+DEMO_PARTS = ("train-clean-100", "dev-clean", "test-clean")
+PREFIX = "librispeech"
+
+
+@dataclass
+class PreparationReport:
+    """What `prepare_manifests` did for one part."""
+
+    part: str
+    utterances: int = 0
+    hours: float = 0.0
+    skipped: list[str] = field(default_factory=list)
+
+
+def cuts_path(manifest_dir: str | Path, part: str) -> Path:
+    """Where the CutSet of `part` lives inside `manifest_dir`."""
+    return Path(manifest_dir) / f"{PREFIX}_cuts_{part}.jsonl.gz"
+
+
+def load_cuts(path: str | Path) -> CutSet:
+    """Open a CutSet manifest lazily, with an error naming the stage that makes it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"manifest not found: {path} (it is made by the 'manifests' stage: "
+            "python -m asr.data.corpus --corpus-dir ... --output-dir ..., or "
+            "recipes/*/run.sh --stage manifests)"
+        )
+    return load_manifest_lazy(path)
+
+
+def download_librispeech(target_dir: str | Path, parts: list[str] | str = "librispeech") -> Path:
+    """Download and extract LibriSpeech parts into `target_dir/LibriSpeech` (needs internet)."""
+    from lhotse.recipes import download_librispeech as lhotse_download
+
+    return lhotse_download(target_dir, dataset_parts=parts)
+
+
+def _parse_part(part_dir: Path) -> tuple[RecordingSet, SupervisionSet, list[str]]:
+    recordings, supervisions, skipped = [], [], []
+    lines = [
+        (trans, line)
+        for trans in sorted(part_dir.rglob("*.trans.txt"))
+        for line in trans.read_text().splitlines()
+        if line.strip()
+    ]
+    for trans, line in track(lines, description=f"Reading {part_dir.name}"):
+        utt_id, _, text = line.strip().partition(" ")
+        if not text.strip():
+            skipped.append(f"{utt_id}: empty transcript in {trans}")
+            continue
+        try:
+            parsed = parse_utterance(part_dir, line, {})
+        except Exception as err:  # a corrupt or unreadable audio file: skip, keep going
+            skipped.append(f"{utt_id}: unreadable audio ({type(err).__name__}: {err})")
+            continue
+        if parsed is None:
+            skipped.append(f"{utt_id}: audio file missing")
+            continue
+        recordings.append(parsed[0])
+        supervisions.append(parsed[1])
+    return (
+        RecordingSet.from_recordings(recordings),
+        SupervisionSet.from_segments(supervisions),
+        skipped,
+    )
+
+
+def prepare_manifests(
+    corpus_dir: str | Path,
+    output_dir: str | Path,
+    parts: list[str] | None = None,
+) -> dict[str, PreparationReport]:
+    """Write recordings, supervisions and cuts manifests for each part found in `corpus_dir`.
+
+    `corpus_dir` is the `LibriSpeech` directory holding part directories. `parts` defaults
+    to every standard LibriSpeech part present. Parts whose cuts manifest already exists are
+    left alone (delete it to redo). Returns one report per part.
+    """
+    corpus_dir, output_dir = Path(corpus_dir), Path(output_dir)
+    if not corpus_dir.is_dir():
+        raise FileNotFoundError(
+            f"corpus directory not found: {corpus_dir} (make it with asr-make-demo-corpus "
+            "or download LibriSpeech with --download)"
+        )
+    if parts is None:
+        parts = [p for p in LIBRISPEECH if (corpus_dir / p).is_dir()]
+        if not parts:
+            raise FileNotFoundError(
+                f"no LibriSpeech part directory (e.g. {', '.join(DEMO_PARTS)}) in {corpus_dir}"
+            )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    reports = {}
+    for part in parts:
+        part_dir = corpus_dir / part
+        if not part_dir.is_dir():
+            raise FileNotFoundError(f"part directory not found: {part_dir}")
+        report = PreparationReport(part)
+        out = cuts_path(output_dir, part)
+        if out.is_file():
+            log.info("%s exists: skipping %s", out, part)
+            cuts = load_manifest_lazy(out)
+            report.utterances = sum(1 for _ in cuts)
+            report.hours = sum(c.duration for c in cuts) / 3600
+            reports[part] = report
+            continue
+        recordings, supervisions, report.skipped = _parse_part(part_dir)
+        for reason in report.skipped:
+            log.warning("skipped %s", reason)
+        if len(recordings) == 0:
+            raise ValueError(f"no usable utterance in {part_dir}")
+        recordings, supervisions = fix_manifests(recordings, supervisions)
+        validate_recordings_and_supervisions(recordings, supervisions)
+        recordings.to_file(output_dir / f"{PREFIX}_recordings_{part}.jsonl.gz")
+        supervisions.to_file(output_dir / f"{PREFIX}_supervisions_{part}.jsonl.gz")
+        # One supervision per recording: each cut takes the utterance id (lhotse numbers them).
+        cuts = CutSet.from_manifests(recordings=recordings, supervisions=supervisions)
+        cuts = CutSet([cut.with_id(cut.recording_id) for cut in cuts])
+        tmp = out.with_name(out.name + ".tmp.jsonl.gz")
+        cuts.to_file(tmp)
+        tmp.replace(out)
+        report.utterances = len(cuts)
+        report.hours = sum(c.duration for c in cuts) / 3600
+        reports[part] = report
+    return reports
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus-dir", type=Path, required=True, help="the LibriSpeech directory")
+    parser.add_argument("--output-dir", type=Path, default=Path("data/manifests"))
+    parser.add_argument("--parts", nargs="*", default=None, help="default: every part present")
+    parser.add_argument(
+        "--download",
+        action="store_true",
+        help="first download LibriSpeech (all 960 h + dev/test) into the parent of --corpus-dir",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.download:
+        download_librispeech(args.corpus_dir.parent, args.parts or "librispeech")
+    for part, report in prepare_manifests(args.corpus_dir, args.output_dir, args.parts).items():
+        print(
+            f"{part}: {report.utterances} utterances, {report.hours:.2f} h, "
+            f"{len(report.skipped)} skipped"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""LightningDataModule: manifests + tokenizer + sampler + dataset -> data loaders.
+
+Resuming a run continues inside the epoch where it stopped: the module's `state_dict()`
+(saved in every Lightning checkpoint) records the epoch and how many training batches
+were processed; on restore the loader re-creates the same epoch's batch order (lhotse's
+sampler is deterministic for a seed and epoch) and skips those batches at the sampler
+level, before any audio is read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lhotse import CutSet
+from lhotse.dataset import DynamicBucketingSampler
+
+from asr.data.batch import Batch
+from asr.data.buckets import SamplerConfig, build_sampler
+from asr.data.corpus import load_cuts
+from asr.data.dataset import AsrDataset, SpecAugmentConfig
+from asr.data.features import FeatureConfig
+from asr.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class _SkipFirst:
+    """Iterate `sampler` but drop its first `n` mini-batches (cut metadata only)."""
+
+    def __init__(self, sampler: DynamicBucketingSampler, n: int) -> None:
+        self.sampler, self.n = sampler, n
+
+    def __iter__(self) -> Iterator[CutSet]:
+        batches = iter(self.sampler)
+        for _ in range(self.n):
+            if next(batches, None) is None:
+                break
+        return batches
+
+
+class TrainLoader:
+    """A DataLoader over a bucketing sampler that can resume inside an epoch.
+
+    Lightning calls `sampler.set_epoch(epoch)` on it before each epoch (it looks for a
+    `sampler` attribute); `resume_at(epoch, batches_done)` makes the next iteration of
+    that epoch skip the batches already trained on.
+    """
+
+    def __init__(self, dataset: AsrDataset, sampler: DynamicBucketingSampler, num_workers: int):
+        self.dataset, self.sampler, self.num_workers = dataset, sampler, num_workers
+        self._resume: tuple[int, int] | None = None
+
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        self._resume = (epoch, batches_done)
+
+    def __iter__(self) -> Iterator[Batch]:
+        skip = 0
+        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+            skip = self._resume[1]
+            log.info("resuming epoch %d after %d batches", self.sampler.epoch, skip)
+        self._resume = None
+        yield from _loader(self.dataset, _SkipFirst(self.sampler, skip), self.num_workers)
+
+
+def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(
+        dataset,
+        sampler=sampler,
+        batch_size=None,  # the sampler yields whole mini-batches
+        num_workers=num_workers,
+        persistent_workers=False,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
+
+
+def _count_lines(path: Path) -> int:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+        return sum(1 for _ in f)
+
+
+def open_cuts(paths: Sequence[str | Path], seed: int = 0) -> CutSet:
+    """Open one or more cut manifests lazily; several are interleaved at random in
+    proportion to their sizes (e.g. LibriSpeech's three training parts)."""
+    paths = [Path(p) for p in paths]
+    sets = [load_cuts(p) for p in paths]
+    if len(sets) == 1:
+        return sets[0]
+    weights = [_count_lines(p) for p in paths]
+    return CutSet.mux(*sets, weights=weights, seed=seed)
+
+
+class AsrDataModule(L.LightningDataModule):
+    """Training/validation/test loaders for one corpus.
+
+    Args mirror `configs/data/*.yaml`: manifest paths, the tokenizer model, feature and
+    SpecAugment settings, sampler settings (`asr.data.buckets.SamplerConfig`), the
+    validation batch size in seconds, loader workers, and the encoder's subsampling
+    factor (to drop transcripts the encoder cannot carry).
+    """
+
+    def __init__(
+        self,
+        *,
+        train_cuts: Sequence[str],
+        valid_cuts: Sequence[str],
+        test_cuts: Sequence[str] = (),
+        tokenizer: str,
+        features: Mapping[str, Any] | None = None,
+        spec_augment: Mapping[str, Any] | None = None,
+        sampler: Mapping[str, Any] | None = None,
+        valid_max_duration: float = 300.0,
+        num_workers: int = 2,
+        subsampling_factor: int = 4,
+    ) -> None:
+        super().__init__()
+        self.train_cuts, self.valid_cuts, self.test_cuts = (
+            list(train_cuts),
+            list(valid_cuts),
+            list(test_cuts),
+        )
+        self.tokenizer_path = tokenizer
+        self.features = FeatureConfig(**(features or {}))
+        self.spec_augment = SpecAugmentConfig(**spec_augment) if spec_augment else None
+        self.sampler_cfg = SamplerConfig.from_mapping(sampler or {})
+        self.valid_max_duration = valid_max_duration
+        self.num_workers = num_workers
+        self.subsampling_factor = subsampling_factor
+        self._tokenizer: Tokenizer | None = None
+        self._resume: tuple[int, int] | None = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.load(self.tokenizer_path)
+        return self._tokenizer
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _dataset(self, train: bool) -> AsrDataset:
+        return AsrDataset(
+            self.tokenizer,
+            features=self.features,
+            spec_augment=self.spec_augment if train else None,
+            subsampling_factor=self.subsampling_factor,
+        )
+
+    def train_dataloader(self) -> TrainLoader:
+        rank, world = self._rank_and_world()
+        cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
+        sampler = build_sampler(cuts, self.sampler_cfg, rank=rank, world_size=world)
+        loader = TrainLoader(self._dataset(train=True), sampler, self.num_workers)
+        if self._resume is not None:
+            loader.resume_at(*self._resume)
+            self._resume = None
+        return loader
+
+    def count_train_batches(self, rank: int = 0, world_size: int = 1) -> int:
+        """Mini-batches in one training epoch (of epoch 0; others differ by a few).
+
+        Iterates the sampler over cut metadata only: seconds for LibriSpeech's 281k cuts.
+        """
+        cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
+        return sum(
+            1 for _ in build_sampler(cuts, self.sampler_cfg, rank=rank, world_size=world_size)
+        )
+
+    def _eval_loader(self, paths: Sequence[str]) -> torch.utils.data.DataLoader:
+        rank, world = self._rank_and_world()
+        cfg = SamplerConfig(
+            max_duration=self.valid_max_duration,
+            num_buckets=self.sampler_cfg.num_buckets,
+            shuffle=False,
+            sync_buckets=False,
+            min_cut_duration=0.0,
+            max_cut_duration=self.valid_max_duration,
+        )
+        sampler = build_sampler(open_cuts(paths), cfg, rank=rank, world_size=world)
+        return _loader(self._dataset(train=False), sampler, self.num_workers)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return self._eval_loader(self.valid_cuts)
+
+    def test_dataloader(self) -> torch.utils.data.DataLoader:
+        if not self.test_cuts:
+            raise ValueError("data.test_cuts is empty: nothing to test on")
+        return self._eval_loader(self.test_cuts)
+
+    def state_dict(self) -> dict[str, int]:
+        """Training position: epoch and batches processed in it (saved in checkpoints)."""
+        trainer = self.trainer
+        if trainer is None:
+            return {}
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"epoch": trainer.current_epoch, "batches_done": done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state:
+            self._resume = (state["epoch"], state["batches_done"])

@@ -1,0 +1,146 @@
+"""SentencePiece tokenizer: training on transcripts, encoding and decoding.
+
+The special ids are defined here and nowhere else. Id 0 is the transducer/CTC blank and
+also the padding value of token tensors; BOS/EOS are for attention decoders.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+BLANK_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+PAD_ID = BLANK_ID
+
+BLANK_PIECE = "<blk>"
+
+log = logging.getLogger(__name__)
+
+
+class Tokenizer:
+    """A trained SentencePiece model with the project's special ids.
+
+    Build it with `train_tokenizer` or `Tokenizer.load(path)`; `Tokenizer.from_bytes`
+    rebuilds one from a serialized model (used by export bundles).
+    """
+
+    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+        self._sp = processor
+        expected = {BLANK_ID: BLANK_PIECE, UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
+        for idx, piece in expected.items():
+            if processor.id_to_piece(idx) != piece:
+                raise ValueError(
+                    f"tokenizer model has {processor.id_to_piece(idx)!r} at id {idx}, "
+                    f"expected {piece!r}: train it with asr.data.tokenizer.train_tokenizer"
+                )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Load a `.model` file written by `train_tokenizer`."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"tokenizer model not found: {path} (it is made by the 'tokenizer' stage: "
+                "asr.data.tokenizer.train_tokenizer / recipes/*/run.sh --stage tokenizer)"
+            )
+        return cls(spm.SentencePieceProcessor(model_file=str(path)))
+
+    @classmethod
+    def from_bytes(cls, model: bytes) -> Tokenizer:
+        """Rebuild from `to_bytes()` output."""
+        return cls(spm.SentencePieceProcessor(model_proto=model))
+
+    def to_bytes(self) -> bytes:
+        """The serialized SentencePiece model (self-contained)."""
+        return self._sp.serialized_model_proto()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no BOS/EOS). Unknown characters map to `UNK_ID`."""
+        return self._sp.encode(text, out_type=int)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`; special ids are dropped."""
+        return self._sp.decode([int(i) for i in ids if int(i) > EOS_ID])
+
+    def id_to_piece(self, idx: int) -> str:
+        return self._sp.id_to_piece(idx)
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    model_path: str | Path,
+    *,
+    vocab_size: int = 128,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+) -> Tokenizer:
+    """Train a SentencePiece model on `texts` and write it to `model_path` (`.model`).
+
+    `model_type` is "bpe" or "unigram". The special ids are `BLANK_ID`, `UNK_ID`,
+    `BOS_ID`, `EOS_ID` (0..3); ordinary pieces start at 4.
+    """
+    if model_type not in ("bpe", "unigram"):
+        raise ValueError(f"tokenizer model_type must be 'bpe' or 'unigram', got {model_type!r}")
+    sentences = [t.strip() for t in texts if t and t.strip()]
+    if not sentences:
+        raise ValueError("cannot train a tokenizer on zero non-empty transcripts")
+    model_path = Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        pad_id=BLANK_ID,
+        pad_piece=BLANK_PIECE,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        input_sentence_size=2_000_000,
+        shuffle_input_sentence=True,
+        num_threads=2,
+        minloglevel=2,
+    )
+    tmp = model_path.with_suffix(model_path.suffix + ".tmp")
+    tmp.write_bytes(buffer.getvalue())
+    tmp.replace(model_path)
+    log.info("wrote tokenizer %s (%s, %d pieces)", model_path, model_type, vocab_size)
+    return Tokenizer.from_bytes(buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m asr.data.tokenizer --cuts CUTS.jsonl.gz --vocab-size N --output M.model`."""
+    import argparse
+
+    from asr.data.corpus import load_cuts
+
+    parser = argparse.ArgumentParser(description="Train a SentencePiece tokenizer on transcripts.")
+    parser.add_argument(
+        "--cuts", type=Path, nargs="+", required=True, help="training cut manifests"
+    )
+    parser.add_argument("--vocab-size", type=int, default=128)
+    parser.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
+    parser.add_argument("--output", type=Path, required=True, help="the .model file to write")
+    args = parser.parse_args(argv)
+    texts = (s.text for path in args.cuts for cut in load_cuts(path) for s in cut.supervisions)
+    tok = train_tokenizer(
+        texts, args.output, vocab_size=args.vocab_size, model_type=args.model_type
+    )
+    print(f"wrote {args.output}: {args.model_type}, {tok.vocab_size} pieces")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""`asr-decode MODEL MANIFEST`: decode a cut manifest, write hypotheses, print WER.
+
+MODEL is a bundle (asr-export) or a training checkpoint. Writes into `--output-dir`:
+`hyps.jsonl` (one line per utterance: id, ref, hyp, substitutions, deletions,
+insertions, ref_words) and `wer.json` (corpus totals). Unreadable audio is skipped and
+counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+
+from asr.data.buckets import SamplerConfig, build_sampler
+from asr.data.corpus import load_cuts
+from asr.data.features import normalize_features
+from asr.metrics import ErrorCounts, word_errors
+from asr.transcribe import Recognizer, load_recognizer
+
+log = logging.getLogger(__name__)
+
+
+def decode_manifest(
+    recognizer: Recognizer,
+    manifest: str | Path,
+    output_dir: str | Path,
+    max_duration: float = 200.0,
+) -> dict:
+    """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals."""
+    cuts = load_cuts(manifest)
+    sampler = build_sampler(
+        cuts,
+        SamplerConfig(
+            max_duration=max_duration,
+            max_cut_duration=max_duration,
+            min_cut_duration=0.0,
+            shuffle=False,
+            sync_buckets=False,
+        ),
+    )
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    extractor = recognizer.features.extractor()
+    total, skipped, audio_seconds = ErrorCounts(), [], 0.0
+    start = time.perf_counter()
+    with open(output_dir / "hyps.jsonl", "w") as out, Progress(transient=True) as progress:
+        task = progress.add_task(f"Decoding {Path(manifest).name}", total=None)
+        for batch in sampler:
+            feats, kept = [], []
+            for cut in batch:
+                try:
+                    audio = cut.load_audio()[0]
+                    feat = extractor.extract(audio, cut.sampling_rate)
+                except Exception as err:
+                    skipped.append(cut.id)
+                    log.warning("skipping %s: unreadable audio (%s)", cut.id, err)
+                    continue
+                feats.append(
+                    torch.from_numpy(normalize_features(feat, recognizer.features.normalize))
+                )
+                kept.append(cut)
+            if not kept:
+                continue
+            for cut, hyp in zip(kept, recognizer.transcribe_features(feats), strict=True):
+                ref = " ".join(s.text for s in cut.supervisions if s.text)
+                errors = word_errors(ref, hyp)
+                total = total + errors
+                audio_seconds += cut.duration
+                out.write(
+                    json.dumps({"id": cut.id, "ref": ref, "hyp": hyp, **errors.__dict__}) + "\n"
+                )
+            progress.update(
+                task, advance=len(kept), description=f"Decoding: WER {100 * total.wer:.2f}%"
+            )
+    elapsed = time.perf_counter() - start
+    summary = {
+        "manifest": str(manifest),
+        "wer": round(100 * total.wer, 3),
+        **total.__dict__,
+        "utterances_skipped": len(skipped),
+        "audio_seconds": round(audio_seconds, 1),
+        "decode_seconds": round(elapsed, 2),
+        "rtfx": round(audio_seconds / elapsed, 1) if elapsed > 0 else None,
+    }
+    (output_dir / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Decode a cut manifest and report WER.")
+    parser.add_argument("model", type=Path, help="bundle (asr-export) or .ckpt")
+    parser.add_argument("manifest", type=Path, help="lhotse cut manifest (.jsonl.gz)")
+    parser.add_argument(
+        "-o", "--output-dir", type=Path, default=None, help="default: beside the model"
+    )
+    parser.add_argument("--max-duration", type=float, default=200.0, help="seconds per batch")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    output_dir = args.output_dir or args.model.parent / f"decode-{args.manifest.name.split('.')[0]}"
+    summary = decode_manifest(
+        load_recognizer(args.model, args.device), args.manifest, output_dir, args.max_duration
+    )
+    print(json.dumps(summary))
+    print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Checkpoint (optionally averaged over the last N epochs) -> self-contained inference bundle.
+
+A bundle is one file, loadable with `torch.load(weights_only=True)`, holding the model
+weights, the model config, the feature config and the serialized SentencePiece model.
+`load_bundle` rebuilds the network from it without Hydra or Lightning.
+
+    asr-export exp/demo/checkpoints/last.ckpt --average 3 -o exp/demo/model.bundle.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr.data.tokenizer import Tokenizer
+from asr.models.build import build_model
+from asr.models.transducer import Transducer
+
+BUNDLE_FORMAT = "asr-bundle-1"
+BUNDLE_KEY = "asr_bundle"  # where asr-train puts model config + tokenizer in checkpoints
+_EPOCH_FILE = re.compile(r"epoch=(\d+)\.ckpt$")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path} (made by the 'train' stage)")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
+    """`ckpt` plus the epoch checkpoints before it in its directory, `n` in all.
+
+    `ckpt` may be `epoch=NN.ckpt` or any checkpoint (last/best) whose stored epoch says
+    where to end; the epochs averaged are the `n` consecutive epochs ending there.
+    """
+    ckpt = Path(ckpt)
+    if n <= 1:
+        return [ckpt]
+    match = _EPOCH_FILE.search(ckpt.name)
+    end = int(match.group(1)) if match else int(_load(ckpt)["epoch"])
+    wanted = range(end - n + 1, end + 1)
+    found = {
+        int(m.group(1)): p
+        for p in ckpt.parent.glob("epoch=*.ckpt")
+        if (m := _EPOCH_FILE.search(p.name))
+    }
+    missing = [e for e in wanted if e not in found]
+    if missing:
+        raise FileNotFoundError(
+            f"--average {n} needs epoch checkpoints {list(wanted)} in {ckpt.parent}; "
+            f"missing {missing} (available: {sorted(found)})"
+        )
+    return [found[e] for e in wanted]
+
+
+def _model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    prefix = "model."
+    return {
+        k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)
+    }
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of floating tensors; other tensors (counters) from the last."""
+    out = {}
+    for key, last in states[-1].items():
+        if last.is_floating_point():
+            out[key] = sum(s[key].double() for s in states).div(len(states)).to(last.dtype)
+        else:
+            out[key] = last.clone()
+    return out
+
+
+def bundle_from_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """The bundle dict of the averaged weights of `paths` (config from the last one)."""
+    checkpoints = [_load(p) for p in paths]
+    meta = checkpoints[-1].get(BUNDLE_KEY)
+    if meta is None:
+        raise ValueError(f"{paths[-1]} has no '{BUNDLE_KEY}' entry: not written by asr-train")
+    return {
+        "format": BUNDLE_FORMAT,
+        "model": meta["model"],
+        "features": meta["features"],
+        "tokenizer": meta["tokenizer"],
+        "state_dict": average_state_dicts([_model_state(c) for c in checkpoints]),
+        "averaged": [str(p) for p in paths],
+    }
+
+
+def export_bundle(ckpt: str | Path, output: str | Path, average: int = 1) -> Path:
+    """Write a bundle from `ckpt` (weights averaged over `average` epochs). Returns its path."""
+    bundle = bundle_from_checkpoints(checkpoints_to_average(ckpt, average))
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    torch.save(bundle, tmp)
+    tmp.replace(output)
+    return output
+
+
+def load_bundle(path: str | Path) -> tuple[Transducer, Tokenizer, dict[str, Any]]:
+    """(model in eval mode, tokenizer, feature config) from a bundle or a training checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path} (made by asr-export or asr-train)")
+    if path.suffix == ".ckpt":
+        bundle = bundle_from_checkpoints([path])
+    else:
+        bundle = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
+        raise ValueError(f"{path} is neither an asr bundle nor an asr-train checkpoint")
+    tokenizer = Tokenizer.from_bytes(bundle["tokenizer"])
+    model = build_model(bundle["model"], tokenizer.vocab_size)
+    model.load_state_dict(bundle["state_dict"])
+    return model.eval(), tokenizer, dict(bundle["features"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--average", type=int, default=1, help="average the last N epochs")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="default: beside the exp dir"
+    )
+    args = parser.parse_args(argv)
+    output = args.output or args.checkpoint.parent.parent / "model.bundle.pt"
+    path = export_bundle(args.checkpoint, output, args.average)
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, averaged {args.average} checkpoint(s))"
+    )
+
+
+if __name__ == "__main__":
+    main()

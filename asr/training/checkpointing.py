@@ -1,0 +1,73 @@
+"""Checkpoint writing: atomic files and the callbacks that decide when to write."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file beside its target, fsync it, then rename.
+
+    A crash or a full disk mid-write leaves the previous checkpoint intact, never a
+    truncated one (Lightning's default stages through a temporary file in /tmp and then
+    copies, which is not atomic across file systems).
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def checkpoint_callbacks(
+    dirpath: str | Path, every_n_train_steps: int | None = None
+) -> list[ModelCheckpoint]:
+    """Callbacks writing `epoch=NN.ckpt` after every epoch (kept, for averaging),
+    `last.ckpt` (for resuming; also every `every_n_train_steps` when set) and
+    `best.ckpt` (lowest validation WER)."""
+    per_epoch = ModelCheckpoint(
+        dirpath=dirpath,
+        filename="epoch={epoch:02d}",
+        auto_insert_metric_name=False,
+        save_top_k=-1,
+        save_last=True,
+        every_n_epochs=1,
+    )
+    best = ModelCheckpoint(
+        dirpath=dirpath,
+        filename="best",
+        monitor="val/wer",
+        mode="min",
+        save_top_k=1,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+    callbacks = [per_epoch, best]
+    if every_n_train_steps:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=dirpath,
+                filename="step",
+                every_n_train_steps=every_n_train_steps,
+                save_top_k=1,
+                save_last=True,
+                enable_version_counter=False,
+            )
+        )
+    return callbacks

@@ -1,0 +1,78 @@
+"""Experiment loggers: a CSV logger always, Weights & Biases when configured.
+
+W&B never blocks a run: with `mode: auto` it goes online only when an API key is known
+and its server answers within a few seconds, otherwise it logs offline into the
+experiment directory (sync later with `wandb sync`). `WANDB_MODE` in the environment
+always wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+
+log = logging.getLogger(__name__)
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def _has_wandb_key(host: str) -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def _reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """The W&B mode to use: `WANDB_MODE` if set, else `mode`, with `auto` resolved."""
+    if mode not in WANDB_MODES:
+        raise ValueError(f"logger.wandb.mode must be one of {WANDB_MODES}, got {mode!r}")
+    env = os.environ.get("WANDB_MODE")
+    if env:
+        return env
+    if mode != "auto":
+        return mode
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
+    if not _has_wandb_key(host):
+        log.info("W&B: no API key found, logging offline (wandb sync later to upload)")
+        return "offline"
+    if not _reachable(host):
+        log.warning("W&B: %s unreachable, logging offline", host)
+        return "offline"
+    return "online"
+
+
+def build_loggers(cfg: Mapping[str, Any], save_dir: str | Path, run_config: dict) -> list[Logger]:
+    """CSV logger (if `csv`) plus a WandbLogger from `cfg["wandb"]` (if not null)."""
+    save_dir = Path(save_dir)
+    loggers: list[Logger] = []
+    if cfg.get("csv", True):
+        loggers.append(CSVLogger(save_dir, name="csv", version=""))
+    wandb_cfg = dict(cfg.get("wandb") or {})
+    if wandb_cfg:
+        mode = resolve_wandb_mode(wandb_cfg.pop("mode", "auto"))
+        if mode != "disabled":
+            os.environ["WANDB_MODE"] = mode  # also seen by wandb's own service process
+            os.environ.setdefault("WANDB_SILENT", "true")
+            logger = WandbLogger(save_dir=str(save_dir), offline=mode == "offline", **wandb_cfg)
+            logger.log_hyperparams(run_config)
+            loggers.append(logger)
+    return loggers

@@ -1,0 +1,154 @@
+"""AsrLitModule: the one LightningModule. It receives a built model, objective and
+tokenizer; it owns the optimizer, the schedule, logging and validation WER."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+
+from asr.data.batch import Batch
+from asr.data.tokenizer import Tokenizer
+from asr.decoding.transducer import greedy_search
+from asr.export import BUNDLE_KEY
+from asr.metrics import ErrorCounts, corpus_errors
+from asr.models.transducer import Transducer
+from asr.training.objective import TransducerObjective
+from asr.training.schedules import build_scheduler
+
+log = logging.getLogger(__name__)
+
+
+class AsrLitModule(L.LightningModule):
+    """Train a `Transducer` with `objective`; validate and test by greedy-decoding WER.
+
+    Args:
+        model: the network (a plain nn.Module).
+        objective: maps (model, batch, step) to a dict of losses with key `loss`.
+        tokenizer: turns hypotheses back into text for WER.
+        optim: `lr`, `betas`, `eps`, `weight_decay` and `scheduler` (see `build_scheduler`).
+        bundle_meta: what an export needs besides weights (model config, features); saved
+            with the tokenizer in every checkpoint under `asr_bundle`.
+        total_steps: optimizer steps of the whole run, for schedules that need it.
+    """
+
+    def __init__(
+        self,
+        model: Transducer,
+        objective: TransducerObjective,
+        tokenizer: Tokenizer,
+        optim: Mapping[str, Any],
+        bundle_meta: Mapping[str, Any],
+        total_steps: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = objective
+        self.tokenizer = tokenizer
+        self.optim_cfg = dict(optim)
+        self.bundle_meta = dict(bundle_meta)
+        self.total_steps = total_steps
+        self.skipped: Counter[str] = Counter()
+        self._errors = {"val": ErrorCounts(), "test": ErrorCounts()}
+
+    def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int):
+        return batch.to(device)
+
+    def _count_skipped(self, batch: Batch, log_totals: bool) -> None:
+        """Add the batch's skipped cuts to the running totals (logged while training)."""
+        if batch.skipped:
+            self.skipped.update(batch.skipped)
+        if log_totals and self.skipped:
+            for reason, count in self.skipped.items():
+                key = "data/skipped_" + reason.replace(" ", "_")
+                self.log(key, float(count), on_step=True, on_epoch=False)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
+        self._count_skipped(batch, log_totals=True)
+        if len(batch) == 0:
+            return None  # every cut of this batch was unusable; Lightning skips the step
+        losses = self.objective(self.model, batch, self.global_step)
+        size = len(batch)
+        for name, value in losses.items():
+            self.log(f"train/{name}", value.detach(), prog_bar=name == "loss", batch_size=size)
+        self.log("train/audio_seconds", batch.feature_lens.sum().float() / 100, batch_size=size)
+        return losses["loss"]
+
+    def _evaluate(self, batch: Batch, stage: str) -> None:
+        self._count_skipped(batch, log_totals=False)
+        if len(batch) == 0:
+            return
+        losses = self.objective(self.model, batch, self.global_step)
+        self.log(f"{stage}/loss", losses["loss"], batch_size=len(batch), sync_dist=True)
+        hyps = self.transcribe_batch(batch)
+        self._errors[stage] = self._errors[stage] + corpus_errors(batch.texts, hyps)
+
+    @torch.inference_mode()
+    def transcribe_batch(self, batch: Batch) -> list[str]:
+        """Greedy hypotheses (text) of a batch."""
+        enc, enc_lens = self.model.encode(batch.features, batch.feature_lens)
+        return [self.tokenizer.decode(ids) for ids in greedy_search(self.model, enc, enc_lens)]
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _log_wer(self, stage: str) -> None:
+        counts = torch.tensor(
+            [self._errors[stage].errors, self._errors[stage].ref_words],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        counts = self.all_gather(counts).reshape(-1, 2).sum(0)
+        wer = float(counts[0] / counts[1]) if counts[1] > 0 else 0.0
+        self.log(f"{stage}/wer", 100 * wer, prog_bar=True, sync_dist=False, rank_zero_only=True)
+        self._errors[stage] = ErrorCounts()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_wer("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_wer("test")
+
+    def on_train_epoch_end(self) -> None:
+        if self.skipped:
+            log.warning("cuts skipped so far: %s", dict(self.skipped))
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = dict(self.optim_cfg)
+        scheduler_cfg = cfg.pop("scheduler")
+        decay, no_decay = [], []
+        for param in self.model.parameters():
+            if param.requires_grad:
+                (decay if param.ndim >= 2 else no_decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": float(cfg.pop("weight_decay", 0.0))},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(
+            groups,
+            lr=float(cfg.pop("lr")),
+            betas=tuple(cfg.pop("betas", (0.9, 0.98))),
+            eps=float(cfg.pop("eps", 1e-8)),
+        )
+        if cfg:
+            valid = "lr, betas, eps, weight_decay, scheduler"
+            raise KeyError(f"unknown optim key(s) {sorted(cfg)}; valid: {valid}")
+        scheduler = build_scheduler(optimizer, scheduler_cfg, self.total_steps)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": self.tokenizer.to_bytes()}
+        checkpoint["skipped_cuts"] = dict(self.skipped)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped = Counter(checkpoint.get("skipped_cuts", {}))

@@ -1,0 +1,92 @@
+"""The training objective of a Transducer: transducer loss plus an optional CTC term.
+
+Transducers trained from scratch often sit on a plateau where they emit only what the
+predictor guesses, because the encoder has not yet learnt anything. An auxiliary CTC
+loss on the encoder, and optionally a CTC-only phase at the start
+(`transducer_start_step`), gives the encoder a direct signal and gets past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from asr.data.batch import Batch
+from asr.losses.ctc import ctc_loss
+from asr.losses.transducer import batched_transducer_loss
+from asr.models.transducer import Transducer
+
+TRANSDUCER_LOSSES = {"batched": batched_transducer_loss}
+
+
+@dataclass(frozen=True)
+class TransducerLossConfig:
+    """Keys of `model.loss`.
+
+    - `kind`: which transducer loss implementation (`batched`).
+    - `ctc_weight`: weight of the auxiliary CTC loss (needs `model.ctc_head: true`).
+    - `transducer_start_step`: optimizer steps of CTC-only training before the
+      transducer loss is switched on (0: from the start).
+    """
+
+    kind: str = "batched"
+    ctc_weight: float = 0.0
+    transducer_start_step: int = 0
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TransducerLossConfig:
+        cfg = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise KeyError(f"unknown model.loss key(s) {unknown}; valid keys: {sorted(known)}")
+        out = cls(**cfg)
+        if out.kind not in TRANSDUCER_LOSSES:
+            raise ValueError(
+                f"model.loss.kind={out.kind!r} is unknown; valid: {sorted(TRANSDUCER_LOSSES)}"
+            )
+        return out
+
+
+class TransducerObjective:
+    """Compute the weighted losses of a `Transducer` on a `Batch`.
+
+    Returns a dict with `loss` (what is optimized) and its parts `transducer`, `ctc`
+    (each present only when computed), all means over the batch of per-utterance sums.
+    """
+
+    def __init__(self, config: TransducerLossConfig) -> None:
+        self.config = config
+        self._loss_fn = TRANSDUCER_LOSSES[config.kind]
+
+    def uses_ctc(self, step: int) -> bool:
+        return self.config.ctc_weight > 0 or step < self.config.transducer_start_step
+
+    def __call__(self, model: Transducer, batch: Batch, step: int) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        enc, enc_lens = model.encode(batch.features, batch.feature_lens)
+        out: dict[str, torch.Tensor] = {}
+        if self.uses_ctc(step):
+            log_probs = model.ctc_log_probs(enc)
+            out["ctc"] = ctc_loss(
+                log_probs, enc_lens, batch.tokens, batch.token_lens, blank=model.blank_id
+            )
+        if step >= cfg.transducer_start_step:
+            pred = model.predictor(batch.tokens, batch.token_lens)
+            out["transducer"] = self._loss_fn(
+                model.joiner,
+                enc,
+                pred,
+                batch.tokens,
+                enc_lens,
+                batch.token_lens,
+                blank=model.blank_id,
+            )
+            ctc_part = cfg.ctc_weight * out["ctc"] if "ctc" in out else 0.0
+            out["loss"] = out["transducer"] + ctc_part
+        else:
+            out["loss"] = out["ctc"]
+        return out

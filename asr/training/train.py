@@ -1,0 +1,122 @@
+"""`asr-train`: build everything from the Hydra config, fit, then test the best checkpoint.
+
+    asr-train experiment=demo trainer.max_epochs=2 model.encoder.num_layers=4
+    asr-train experiment=demo --cfg job      # print the resolved config and exit
+
+Outputs go to `exp_dir`: checkpoints/, csv/ (metrics), wandb/, hydra/ (the config used).
+Running the same command again resumes from `exp_dir/checkpoints/last.ckpt` (`resume=auto`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from asr.data.datamodule import AsrDataModule
+from asr.data.tokenizer import Tokenizer
+from asr.models.build import build_model, count_parameters
+from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
+from asr.training.loggers import build_loggers
+from asr.training.module import AsrLitModule
+from asr.training.objective import TransducerLossConfig, TransducerObjective
+
+log = logging.getLogger("asr.train")
+
+# The repository's configs/ (the package is installed editable from a checkout);
+# ASR_CONFIG_DIR points elsewhere, and Hydra's --config-dir adds a directory.
+CONFIG_DIR = os.environ.get("ASR_CONFIG_DIR", str(Path(__file__).resolve().parents[2] / "configs"))
+
+
+def resume_path(cfg: DictConfig, ckpt_dir: Path) -> str | None:
+    """`resume`: auto (last.ckpt if present), false/null (fresh), or a checkpoint path."""
+    resume = cfg.resume
+    if resume in (None, False, "false", "none"):
+        return None
+    if resume == "auto":
+        last = ckpt_dir / "last.ckpt"
+        return str(last) if last.is_file() else None
+    if not Path(resume).is_file():
+        raise FileNotFoundError(f"resume={resume}: no such checkpoint")
+    return str(resume)
+
+
+def estimate_total_steps(trainer: L.Trainer, datamodule: AsrDataModule) -> int:
+    """Optimizer steps of the run: `max_steps`, or batches per epoch x epochs / accumulation."""
+    if trainer.max_steps and trainer.max_steps > 0:
+        return trainer.max_steps
+    batches = datamodule.count_train_batches(trainer.global_rank, trainer.world_size)
+    epochs = trainer.max_epochs or 1
+    return max(1, batches * epochs // trainer.accumulate_grad_batches)
+
+
+def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
+    """Instantiate tokenizer, model, objective, data, loggers and trainer from `cfg`."""
+    tokenizer = Tokenizer.load(cfg.data.tokenizer)
+    model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
+    loss_cfg = TransducerLossConfig.from_mapping(model_cfg.pop("loss", None))
+    model = build_model(model_cfg, tokenizer.vocab_size)
+    log.info("model: %s parameters", f"{count_parameters(model):,}")
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    datamodule = AsrDataModule(**data_cfg)
+
+    exp_dir = Path(cfg.exp_dir)
+    ckpt_dir = exp_dir / "checkpoints"
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    trainer = L.Trainer(
+        **OmegaConf.to_container(cfg.trainer, resolve=True),
+        default_root_dir=exp_dir,
+        logger=build_loggers(cfg.logger, exp_dir, run_config),
+        callbacks=[
+            *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
+            L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
+            L.pytorch.callbacks.RichProgressBar(),
+        ],
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
+    )
+    needs_total = cfg.optim.scheduler.kind == "warmup_cosine"
+    module = AsrLitModule(
+        model,
+        TransducerObjective(loss_cfg),
+        tokenizer,
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
+        total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
+    )
+    return trainer, module, datamodule
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Fit (resuming if asked), then test the best checkpoint. Returns final metrics."""
+    L.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision("high")
+    trainer, module, datamodule = build(cfg)
+    ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    if cfg.run_test and datamodule.test_cuts:
+        best = ckpt_dir / "best.ckpt"
+        results = trainer.test(
+            module, datamodule=datamodule, ckpt_path=str(best) if best.is_file() else None
+        )
+        metrics.update(results[0] if results else {})
+    if trainer.is_global_zero:
+        summary = {k: round(v, 4) for k, v in sorted(metrics.items()) if "/" in k}
+        log.info("final metrics: %s", summary)
+    return metrics
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Transcribe audio with an exported bundle: `asr-transcribe BUNDLE a.flac b.wav`.
+
+Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from lhotse import Recording
+
+from asr.data.features import SAMPLE_RATE, FeatureConfig, compute_features
+from asr.data.tokenizer import Tokenizer
+from asr.decoding.transducer import GreedyOptions, greedy_search
+from asr.export import load_bundle
+from asr.models.transducer import Transducer
+
+AudioInput = str | Path | np.ndarray
+
+
+def read_audio(path: str | Path) -> np.ndarray:
+    """Mono float32 samples at 16 kHz of any file lhotse reads (resampled, channels averaged)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"audio file not found: {path}")
+    try:
+        recording = Recording.from_file(path)
+        if recording.sampling_rate != SAMPLE_RATE:
+            recording = recording.resample(SAMPLE_RATE)
+        audio = recording.load_audio()
+    except Exception as err:
+        raise ValueError(f"cannot read audio {path}: {type(err).__name__}: {err}") from err
+    return audio.mean(axis=0).astype(np.float32)
+
+
+class Recognizer:
+    """A model with its tokenizer and feature settings, ready to transcribe."""
+
+    def __init__(
+        self,
+        model: Transducer,
+        tokenizer: Tokenizer,
+        features: FeatureConfig,
+        device: str | torch.device = "cpu",
+        options: GreedyOptions = GreedyOptions(),
+    ) -> None:
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.features = FeatureConfig(
+            **{**features.__dict__, "source": "on_the_fly", "dither": 0.0}
+        )
+        self.device = torch.device(device)
+        self.options = options
+        self._extractor = self.features.extractor()
+
+    @torch.inference_mode()
+    def transcribe_features(self, feats: Sequence[torch.Tensor]) -> list[str]:
+        """Texts of per-utterance (T, F) feature matrices, decoded as one batch."""
+        lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
+        padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
+        enc, enc_lens = self.model.encode(padded, lens)
+        ids = greedy_search(self.model, enc, enc_lens, self.options)
+        return [self.tokenizer.decode(i) for i in ids]
+
+    def transcribe(
+        self, audio: AudioInput | Sequence[AudioInput], batch_size: int = 16
+    ) -> list[str]:
+        """Texts of audio files or 16 kHz mono float arrays (one text per input)."""
+        if isinstance(audio, str | Path | np.ndarray):
+            audio = [audio]
+        texts: list[str] = []
+        for start in range(0, len(audio), batch_size):
+            chunk = audio[start : start + batch_size]
+            samples = [
+                read_audio(a) if isinstance(a, str | Path) else np.asarray(a, np.float32)
+                for a in chunk
+            ]
+            feats = [
+                torch.from_numpy(compute_features(s, self.features, self._extractor))
+                for s in samples
+            ]
+            texts.extend(self.transcribe_features(feats))
+        return texts
+
+
+def load_recognizer(path: str | Path, device: str | torch.device = "cpu") -> Recognizer:
+    """A `Recognizer` from a bundle (`asr-export`) or a training checkpoint."""
+    model, tokenizer, features = load_bundle(path)
+    return Recognizer(model, tokenizer, FeatureConfig(**features), device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Transcribe audio files with an asr bundle.")
+    parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")
+    parser.add_argument("audio", type=Path, nargs="+", help="audio files (flac, wav, ...)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    recognizer = load_recognizer(args.bundle, args.device)
+    for path, text in zip(args.audio, recognizer.transcribe(args.audio), strict=True):
+        print(f"{path}\t{text}")
+
+
+if __name__ == "__main__":
+    main()
