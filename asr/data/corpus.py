@@ -50,10 +50,13 @@ def load_cuts(path: str | Path) -> CutSet:
     """Open a CutSet manifest lazily, with an error naming the stage that makes it."""
     path = Path(path)
     if not path.is_file():
+        if "-feats" in path.name:
+            stage, command = "features", "python -m asr.data.features --cuts ... --output ..."
+        else:
+            stage, command = "manifests", "python -m asr.data.corpus --corpus-dir ... --output-dir"
         raise FileNotFoundError(
-            f"manifest not found: {path} (it is made by the 'manifests' stage: "
-            "python -m asr.data.corpus --corpus-dir ... --output-dir ..., or "
-            "recipes/*/run.sh --stage manifests)"
+            f"manifest not found: {path} (it is made by the '{stage}' stage: {command}, "
+            f"or recipes/*/run.sh --stage {stage})"
         )
     return load_manifest_lazy(path)
 

@@ -1,0 +1,469 @@
+"""A demo corpus: synthetic English speech in LibriSpeech's directory layout.
+
+Design:
+
+- Text. A seeded template grammar (statements, questions, commands, compound and reported
+  sentences) fills its slots from the word lists in `asr.data.synth_lexicon`. Each word
+  category is drawn by cycling through a shuffled copy of its list, not by independent
+  draws, so a few thousand sentences use the whole lexicon (1,600+ words). Dev and test draw
+  only words seen in training and reject any sentence that occurs in training.
+- Plan, then synthesize. `plan_corpus` is pure and cheap: it fixes every utterance's text,
+  speaker, rate and pitch, estimating durations from length and speaking rate to meet the
+  size targets. Noise seeds come from (seed, part, utterance index), and utterances are
+  synthesized in fixed chunks, each in a fresh process (espeak-ng carries state from one
+  utterance to the next), so the audio is the same whatever the number of processes.
+- Audio. espeak-ng from the `espeakng_loader` wheel, driven through ctypes, in a pool of
+  worker processes with a progress bar. 22,050 Hz speech is resampled to 16 kHz,
+  silence trimmed to 0.15 s each side, peak-normalized to -3 dBFS, and given a white-noise
+  floor (-65 dBFS RMS) because exact digital silence sends log-mel features to their floor.
+- Speakers are espeak voice + variant + rate + pitch combinations; one speaker appears only
+  in test-clean. A marker file records the parameters, so a re-run with the same ones skips.
+"""
+
+import argparse
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import shutil
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import espeakng_loader
+import numpy as np
+import soundfile as sf
+from rich.console import Console
+from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from asr.data import synth_lexicon as lex
+
+PARTS = ("train-clean-100", "dev-clean", "test-clean")
+SAMPLE_RATE = 16_000
+PEAK_DBFS = -3.0
+SILENCE_PAD = 0.15  # seconds of (noise-filled) silence kept before and after speech
+MARKER = "demo_corpus.json"
+_VERSION = 1  # bump when the generator changes, so old corpora are rebuilt
+MIN_WORDS, MAX_WORDS = 3, 20
+_CHUNK = 16  # utterances per worker process (see _synthesize_chunk)
+_TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
+
+
+@dataclass(frozen=True)
+class Speaker:
+    """A synthetic speaker: espeak-ng voice+variant, rate (words/min), pitch and range (0-100).
+
+    Voices are file names under espeak-ng-data/lang ("en" is British English: there is no
+    "en-gb"), variants file names under espeak-ng-data/voices/!v."""
+
+    id: int
+    voice: str
+    rate: int
+    pitch: int
+    range: int
+
+
+TRAIN_SPEAKERS = (
+    Speaker(1001, "en-us+m1", 165, 45, 50),
+    Speaker(1002, "en-us+f3", 175, 60, 60),
+    Speaker(1003, "en+m3", 155, 40, 45),
+    Speaker(1004, "en+f2", 185, 55, 55),
+    Speaker(1005, "en-gb-scotland+m2", 160, 50, 40),
+    Speaker(1006, "en-029+f1", 170, 65, 70),
+    Speaker(1007, "en-gb-x-rp+m5", 180, 35, 50),
+    Speaker(1008, "en-us-nyc+f4", 165, 55, 45),
+    Speaker(1009, "en-gb-x-gbclan+m4", 150, 45, 60),
+    Speaker(1010, "en-gb-x-gbcwmd+f5", 175, 50, 50),
+)
+TEST_ONLY_SPEAKER = Speaker(1011, "en-us+m6", 170, 55, 55)
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One planned utterance. `index` is its position in the part; `text` is lower case."""
+
+    part: str
+    index: int
+    speaker: Speaker
+    number: int  # within the chapter
+    text: str
+    rate: int
+    pitch: int
+
+    @property
+    def chapter(self) -> int:
+        return 10_000 * (PARTS.index(self.part) + 1) + self.speaker.id
+
+    @property
+    def id(self) -> str:
+        return f"{self.speaker.id}-{self.chapter}-{self.number:04d}"
+
+    @property
+    def transcript(self) -> str:
+        return self.text.upper()
+
+
+# ---------------------------------------------------------------------------------------
+# Text
+
+
+# Seconds of speech = (base + per_char * characters) * 175 / rate: a least-squares fit over
+# 276 utterances of all training speakers (each speaker within 8% of the fit).
+_EST_BASE, _EST_PER_CHAR = 0.093, 0.0507
+
+
+def estimate_seconds(text: str, rate: int) -> float:
+    """Estimated duration of the synthesized, trimmed utterance at `rate` words per minute."""
+    return 2 * SILENCE_PAD + (_EST_BASE + _EST_PER_CHAR * len(text)) * 175 / rate
+
+
+def plan_part(
+    part: str,
+    seconds: float,
+    *,
+    seed: int,
+    speakers: Sequence[Speaker],
+    known: set[str] | None = None,
+    exclude: set[str] | frozenset[str] = frozenset(),
+) -> list[Utterance]:
+    """Texts and voices for one part, until the estimated duration reaches `seconds`.
+
+    With `known`, sentences use only those words; sentences in `exclude` are never produced.
+    Speakers take turns; rate and pitch are jittered per utterance around the speaker's.
+    """
+    rng = random.Random(f"{seed}:{part}")
+    grammar = lex.Grammar(rng, known)
+    seen = set(exclude)
+    numbers: dict[int, int] = defaultdict(int)
+    utterances: list[Utterance] = []
+    total, rejected = 0.0, 0
+    while total < seconds:
+        words = grammar.sentence()
+        text = " ".join(words)
+        if not _TEXT.fullmatch(text):
+            raise ValueError(f"the grammar produced {text!r}: only a-z, ' and single spaces")
+        fits = MIN_WORDS <= len(words) <= MAX_WORDS and (known is None or known.issuperset(words))
+        if not fits or text in seen:
+            rejected += 1
+            if rejected > 1000 + 20 * len(utterances):
+                raise RuntimeError(
+                    f"{part}: cannot find new sentences from the training words; raise train_hours"
+                )
+            continue
+        seen.add(text)
+        speaker = speakers[len(utterances) % len(speakers)]
+        rate = round(speaker.rate * rng.uniform(0.94, 1.06))
+        pitch = min(99, max(1, speaker.pitch + rng.randint(-5, 5)))
+        utterances.append(
+            Utterance(part, len(utterances), speaker, numbers[speaker.id], text, rate, pitch)
+        )
+        numbers[speaker.id] += 1
+        total += estimate_seconds(text, rate)
+    return utterances
+
+
+def plan_corpus(
+    *, train_hours: float, dev_minutes: float, test_minutes: float, seed: int
+) -> dict[str, list[Utterance]]:
+    """All three parts. Dev and test use training words only and no training sentence."""
+    train = plan_part(PARTS[0], train_hours * 3600, seed=seed, speakers=TRAIN_SPEAKERS)
+    known = {word for utt in train for word in utt.text.split()}
+    taken = {utt.text for utt in train}
+    dev = plan_part(
+        PARTS[1], dev_minutes * 60, seed=seed, speakers=TRAIN_SPEAKERS, known=known, exclude=taken
+    )
+    taken |= {utt.text for utt in dev}
+    test_speakers = (TEST_ONLY_SPEAKER, *TRAIN_SPEAKERS)
+    test = plan_part(
+        PARTS[2], test_minutes * 60, seed=seed, speakers=test_speakers, known=known, exclude=taken
+    )
+    return dict(zip(PARTS, (train, dev, test), strict=True))
+
+
+# ---------------------------------------------------------------------------------------
+# Audio
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000  # report errors instead of calling exit()
+_POS_CHARACTER, _CHARS_UTF8 = 1, 1
+_RATE, _PITCH, _RANGE = 1, 3, 4  # espeak_PARAMETER
+_SynthCallback = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
+
+
+class _Espeak:
+    """espeak-ng through ctypes. One per process: the library keeps global state."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+        # text, size, position, position_type, end_position, flags, unique_identifier, user_data
+        u, i, p = ctypes.c_uint, ctypes.c_int, ctypes.c_void_p
+        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, u, i, u, u, p, p]
+        data = Path(espeakng_loader.get_data_path())
+        # The path is the directory that holds espeak-ng-data.
+        self.sample_rate = lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, 0, str(data.parent).encode(), _INITIALIZE_DONT_EXIT
+        )
+        if self.sample_rate <= 0:
+            raise RuntimeError(f"espeak_Initialize failed (data directory {data})")
+        self._chunks: list[np.ndarray] = []
+        self._callback = _SynthCallback(self._collect)  # keep a reference: C holds only a pointer
+        lib.espeak_SetSynthCallback(self._callback)
+        self._lib = lib
+
+    def _collect(self, wav: ctypes.Array, count: int, events: int) -> int:
+        if wav and count > 0:  # a NULL buffer marks the end of the utterance
+            self._chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
+        return 0  # 0 = continue
+
+    def synthesize(
+        self, text: str, voice: str, *, rate: int, pitch: int, pitch_range: int, seed: int
+    ) -> np.ndarray:
+        """int16 samples at `self.sample_rate`.
+
+        `seed` seeds espeak's random generator (breath noise of variants such as +f2..+f5),
+        which espeak_Initialize seeds from the clock, time(NULL). The samples still depend
+        on what this process synthesized before (see `_synthesize_chunk`)."""
+        if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise ValueError(f"espeak-ng has no voice {voice!r}")
+        for parameter, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range)):
+            self._lib.espeak_SetParameter(parameter, value, 0)
+        self._lib.espeak_ng_SetRandSeed(seed)
+        self._chunks.clear()
+        data = text.encode()
+        err = self._lib.espeak_Synth(
+            data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+        )
+        if err != 0:
+            raise RuntimeError(f"espeak_Synth failed on {text!r} with voice {voice!r}")
+        self._lib.espeak_Synchronize()
+        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+
+
+def postprocess(
+    samples: np.ndarray, sample_rate: int, rng: np.random.Generator, noise_dbfs: float = -65.0
+) -> np.ndarray:
+    """espeak's int16 output -> int16 at 16 kHz: resample, keep SILENCE_PAD seconds around the
+    speech, peak-normalize to PEAK_DBFS, add white noise of RMS `noise_dbfs` (re full scale)."""
+    import torch
+    from torchaudio.functional import resample
+
+    x = resample(
+        torch.from_numpy(samples.astype(np.float32) / 32768), sample_rate, SAMPLE_RATE
+    ).numpy()
+    loud = np.flatnonzero(np.abs(x) > 0.01 * np.abs(x).max(initial=0.0))
+    if loud.size == 0:
+        raise ValueError("espeak-ng produced no sound")
+    pad = round(SILENCE_PAD * SAMPLE_RATE)
+    x = np.pad(x, pad)[loud[0] : loud[-1] + 2 * pad + 1]  # exactly `pad` samples either side
+    peak = 10 ** (PEAK_DBFS / 20)
+    x = x * (peak / np.abs(x).max()) + rng.standard_normal(len(x)) * 10 ** (noise_dbfs / 20)
+    x *= min(1.0, peak / np.abs(x).max())  # the noise must not push the peak above PEAK_DBFS
+    return np.round(x * 32767).astype(np.int16)
+
+
+def _synthesize_chunk(
+    job: tuple[list[tuple[Path, Utterance]], int, float],
+) -> list[tuple[str, float]]:
+    """Worker: synthesize utterances in order and write their FLACs. Returns (id, seconds).
+
+    Runs in a fresh process (a Pool with maxtasksperchild=1) because espeak-ng keeps state
+    that no API call resets, not even espeak_Terminate + espeak_Initialize (for example the
+    pitch-flutter index, a static variable in wavegen.c): samples depend on what the process
+    synthesized before, and the same call twice in a row gives different samples and lengths,
+    whatever the random seed. Chunks are fixed by the plan, so the output does not depend
+    on num_jobs.
+    """
+    import torch
+
+    torch.set_num_threads(1)  # one process per core already; also safe after fork
+    chunk, seed, noise_dbfs = job
+    engine = _Espeak()
+    done = []
+    for path, utt in chunk:
+        rng = np.random.default_rng([seed, PARTS.index(utt.part), utt.index])
+        kwargs = {"rate": utt.rate, "pitch": utt.pitch, "pitch_range": utt.speaker.range}
+        raw = engine.synthesize(
+            utt.text, utt.speaker.voice, **kwargs, seed=int(rng.integers(2**31))
+        )
+        try:
+            audio = postprocess(raw, engine.sample_rate, rng, noise_dbfs)
+        except ValueError as err:
+            raise RuntimeError(f"{utt.id} ({utt.speaker.voice}, {utt.text!r}): {err}") from err
+        sf.write(path, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
+        done.append((utt.id, len(audio) / SAMPLE_RATE))
+    return done
+
+
+# ---------------------------------------------------------------------------------------
+# Corpus
+
+
+def check_voices(speakers: Sequence[Speaker]) -> None:
+    """Raise FileNotFoundError if a speaker's voice or variant is missing from espeak-ng-data.
+
+    espeak_SetVoiceByName silently ignores an unknown variant, hence this check."""
+    data = Path(espeakng_loader.get_data_path())
+    languages = {path.name.lower() for path in (data / "lang").rglob("*") if path.is_file()}
+    variants = {path.name for path in (data / "voices" / "!v").iterdir()}
+    for speaker in speakers:
+        language, _, variant = speaker.voice.partition("+")
+        if language.lower() not in languages:
+            english = sorted(name for name in languages if name.startswith("en"))
+            raise FileNotFoundError(
+                f"speaker {speaker.id}: espeak-ng voice {language!r} not found under "
+                f"{data / 'lang'}; English voices there: {', '.join(english)}"
+            )
+        if variant and variant not in variants:
+            raise FileNotFoundError(
+                f"speaker {speaker.id}: espeak-ng variant {variant!r} not found in "
+                f"{data / 'voices' / '!v'}; variants there: {', '.join(sorted(variants))}"
+            )
+
+
+def _write_json(path: Path, content: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _prepare_output(root: Path, params: dict) -> dict | None:
+    """The summary of an existing complete corpus with `params`, or None after clearing
+    what an earlier, different or interrupted run of ours left behind."""
+    marker = root / MARKER
+    try:
+        previous = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    if previous.get("params") == params and "summary" in previous:
+        return previous["summary"]
+    existing = [root / part for part in PARTS if (root / part).exists()]
+    if existing and not previous:
+        raise FileExistsError(
+            f"{existing[0]} exists but was not written by make_demo_corpus (no {MARKER}); "
+            "remove it or choose another output directory"
+        )
+    if existing:
+        Console(stderr=True).print(f"{root}: replacing an unfinished or different demo corpus")
+    try:
+        for folder in existing:
+            shutil.rmtree(folder)
+        root.mkdir(parents=True, exist_ok=True)
+        _write_json(marker, {"params": params})  # no summary yet: marks an unfinished run
+    except OSError as err:
+        raise OSError(f"cannot write the demo corpus to {root}: {err}") from err
+    return None
+
+
+def _synthesize_all(
+    root: Path, plan: dict[str, list[Utterance]], seed: int, noise_dbfs: float, num_jobs: int
+) -> dict[str, float]:
+    chunks = []
+    for utterances in plan.values():
+        for start in range(0, len(utterances), _CHUNK):
+            chunk = []
+            for utt in utterances[start : start + _CHUNK]:
+                folder = root / utt.part / str(utt.speaker.id) / str(utt.chapter)
+                folder.mkdir(parents=True, exist_ok=True)
+                chunk.append((folder / f"{utt.id}.flac", utt))
+            chunks.append((chunk, seed, noise_dbfs))
+    # Import torch once here so that forked workers (one per chunk) inherit it.
+    import torchaudio.functional  # noqa: F401
+
+    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+    progress = Progress(*Progress.get_default_columns(), MofNCompleteColumn(), TimeElapsedColumn())
+    durations: dict[str, float] = {}
+    with context.Pool(num_jobs, maxtasksperchild=1) as pool, progress:
+        task = progress.add_task(f"espeak-ng x{num_jobs}", total=sum(map(len, plan.values())))
+        for done in pool.imap_unordered(_synthesize_chunk, chunks):
+            durations.update(done)
+            progress.advance(task, len(done))
+    return durations
+
+
+def _write_transcripts(root: Path, utterances: list[Utterance]) -> None:
+    chapters: dict[Path, list[Utterance]] = defaultdict(list)
+    for utt in utterances:
+        chapters[root / utt.part / str(utt.speaker.id) / str(utt.chapter)].append(utt)
+    for folder, utts in chapters.items():
+        lines = [f"{utt.id} {utt.transcript}\n" for utt in sorted(utts, key=lambda u: u.number)]
+        (folder / f"{folder.parent.name}-{folder.name}.trans.txt").write_text("".join(lines))
+
+
+def make_demo_corpus(
+    out_dir: Path,
+    *,
+    train_hours: float = 1.5,
+    dev_minutes: float = 6,
+    test_minutes: float = 10,
+    seed: int = 0,
+    num_jobs: int | None = None,
+    noise_dbfs: float = -65.0,
+) -> dict:
+    """Write OUT/LibriSpeech/{train-clean-100,dev-clean,test-clean} and return a summary:
+    utterances and hours per part, voices, vocabulary size, mean utterance seconds.
+
+    Skips the work if OUT already holds a complete corpus made with the same parameters
+    (the summary then has "reused": True). Same seed, same texts and samples, whatever
+    `num_jobs` (default: os.cpu_count()).
+    """
+    if min(train_hours, dev_minutes, test_minutes) <= 0 or seed < 0:
+        raise ValueError("train_hours, dev_minutes and test_minutes must be > 0 and seed >= 0")
+    num_jobs = num_jobs or os.cpu_count() or 1
+    root = Path(out_dir) / "LibriSpeech"
+    sizes = {"train_hours": train_hours, "dev_minutes": dev_minutes, "test_minutes": test_minutes}
+    params = {"version": _VERSION, **sizes, "seed": seed, "noise_dbfs": noise_dbfs}
+    summary = _prepare_output(root, params)
+    if summary is not None:
+        Console(stderr=True).print(
+            f"{root}: complete demo corpus with these parameters exists; skipping"
+        )
+        return {**summary, "reused": True}
+    check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER))
+    plan = plan_corpus(**sizes, seed=seed)
+    durations = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
+    for utterances in plan.values():
+        _write_transcripts(root, utterances)
+    speakers = {utt.speaker for utterances in plan.values() for utt in utterances}
+    hours = {part: sum(durations[utt.id] for utt in utts) / 3600 for part, utts in plan.items()}
+    summary = {
+        "parts": {
+            part: {"utterances": len(plan[part]), "hours": round(hours[part], 4)} for part in PARTS
+        },
+        "voices": len(speakers),
+        "voice_names": sorted(s.voice for s in speakers),
+        "vocabulary": len({word for utt in plan[PARTS[0]] for word in utt.text.split()}),
+        "mean_utterance_seconds": round(sum(durations.values()) / len(durations), 3),
+    }
+    _write_json(root / MARKER, {"params": params, "summary": summary})
+    return {**summary, "reused": False}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console script `asr-make-demo-corpus OUT [--train-hours H] ...`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="output directory (LibriSpeech/ is created inside)")
+    parser.add_argument("--train-hours", type=float, default=1.5)
+    parser.add_argument("--dev-minutes", type=float, default=6)
+    parser.add_argument("--test-minutes", type=float, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-jobs", type=int, default=None, help="processes (default: all cores)")
+    args = vars(parser.parse_args(argv))
+    summary = make_demo_corpus(args.pop("out"), **args)
+    for part, figures in summary["parts"].items():
+        print(f"{part:16s} {figures['utterances']:6d} utterances {figures['hours']:8.3f} h")
+    print(f"voices ({summary['voices']}): {', '.join(summary['voice_names'])}")
+    print(f"training vocabulary: {summary['vocabulary']} words")
+    print(f"mean utterance: {summary['mean_utterance_seconds']:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
