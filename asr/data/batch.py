@@ -18,7 +18,7 @@ class Batch:
     - `tokens` (B, U) int64: token ids, padded with `asr.data.tokenizer.PAD_ID` (= blank).
     - `token_lens` (B,) int64: valid tokens per utterance.
     - `cut_ids`, `texts`: one per utterance, in batch order.
-    - `skipped`: reason -> number of cuts the dataset dropped while building this batch
+    - `skipped`: reason -> ids of the cuts the dataset dropped while building this batch
       (unreadable audio, empty or impossible transcript, unknown characters).
     """
 
@@ -28,7 +28,7 @@ class Batch:
     token_lens: torch.Tensor
     cut_ids: list[str]
     texts: list[str]
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, list[str]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.cut_ids)

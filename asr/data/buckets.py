@@ -12,20 +12,24 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from lhotse import CutSet
-from lhotse.dataset import DynamicBucketingSampler
+from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     """Keys of `configs/data/*.yaml` `sampler:`.
 
-    - `max_duration`: seconds of audio per mini-batch (before padding).
+    - `max_duration`: target seconds of audio per mini-batch, counted with padding
+      (cuts x longest cut). It is soft: lhotse closes a batch once a cut has crossed it,
+      so leave headroom when it is tuned to memory.
     - `num_buckets`: duration buckets, estimated from the data unless
       `bucket_duration_bins` (the num_buckets - 1 upper edges, seconds) is given.
     - `min_cut_duration` / `max_cut_duration`: utterances outside are not sampled.
-    - `buffer_size`: cuts held in memory to fill buckets; `shuffle_buffer` not needed.
+    - `buffer_size`: cuts held in memory to fill the buckets.
     - `quadratic_duration`: seconds at which attention's quadratic cost doubles an
       utterance's weight (None: linear), keeping long-utterance batches in memory.
+    - `sync_buckets`: every data-parallel rank draws from the same duration bucket at each
+      step; must stay true (see `build_sampler`).
     """
 
     max_duration: float = 200.0
@@ -74,6 +78,15 @@ def build_sampler(
             f"data.sampler.max_cut_duration ({cfg.max_cut_duration}) exceeds max_duration "
             f"({cfg.max_duration}): such utterances could never form a batch"
         )
+    if not cfg.sync_buckets:
+        # lhotse 1.33 picks among "non-empty" buckets with `if bucket` on a queue.Queue,
+        # which is always true, so near the end of an epoch it can pick an empty bucket
+        # and stop the epoch early, silently dropping the cuts still buffered.
+        raise ValueError(
+            "data.sampler.sync_buckets=false is not supported: lhotse 1.33's unsynchronized "
+            "bucket selection can end an epoch early and drop cuts; use sync_buckets=true "
+            "(identical on one process, synchronized across data-parallel ranks)"
+        )
     bins = list(cfg.bucket_duration_bins) if cfg.bucket_duration_bins is not None else None
     if bins is not None and bins != sorted(bins):
         raise ValueError(f"data.sampler.bucket_duration_bins must be increasing, got {bins}")
@@ -93,3 +106,18 @@ def build_sampler(
     )
     lo, hi = cfg.min_cut_duration, cfg.max_cut_duration
     return sampler.filter(lambda cut: lo <= cut.duration <= hi)
+
+
+def build_eval_sampler(
+    cuts: CutSet, max_duration: float, *, rank: int = 0, world_size: int = 1
+) -> DynamicCutSampler:
+    """Batches of up to `max_duration` seconds in manifest order, every cut exactly once.
+
+    Evaluation needs no bucketing (and lhotse 1.33's bucketing sampler without
+    `sync_buckets` can end an epoch early, dropping cuts).
+    """
+    if max_duration <= 0:
+        raise ValueError(f"evaluation max_duration must be positive, got {max_duration}")
+    return DynamicCutSampler(
+        cuts, max_duration=max_duration, shuffle=False, rank=rank, world_size=world_size
+    )

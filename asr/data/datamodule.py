@@ -21,7 +21,7 @@ from lhotse import CutSet
 from lhotse.dataset import DynamicBucketingSampler
 
 from asr.data.batch import Batch
-from asr.data.buckets import SamplerConfig, build_sampler
+from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import load_cuts
 from asr.data.dataset import AsrDataset, SpecAugmentConfig
 from asr.data.features import FeatureConfig
@@ -33,14 +33,15 @@ log = logging.getLogger(__name__)
 class _SkipFirst:
     """Iterate `sampler` but drop its first `n` mini-batches (cut metadata only)."""
 
-    def __init__(self, sampler: DynamicBucketingSampler, n: int) -> None:
-        self.sampler, self.n = sampler, n
+    def __init__(self, sampler: DynamicBucketingSampler) -> None:
+        self.sampler, self.n = sampler, 0
 
     def __iter__(self) -> Iterator[CutSet]:
         batches = iter(self.sampler)
         for _ in range(self.n):
             if next(batches, None) is None:
                 break
+        self.n = 0
         return batches
 
 
@@ -49,23 +50,26 @@ class TrainLoader:
 
     Lightning calls `sampler.set_epoch(epoch)` on it before each epoch (it looks for a
     `sampler` attribute); `resume_at(epoch, batches_done)` makes the next iteration of
-    that epoch skip the batches already trained on.
+    that epoch skip the batches already trained on. Workers persist across epochs.
     """
 
     def __init__(self, dataset: AsrDataset, sampler: DynamicBucketingSampler, num_workers: int):
-        self.dataset, self.sampler, self.num_workers = dataset, sampler, num_workers
+        self.sampler = sampler
+        self._batches = _SkipFirst(sampler)
+        self._loader = _loader(dataset, self._batches, num_workers)
         self._resume: tuple[int, int] | None = None
 
     def resume_at(self, epoch: int, batches_done: int) -> None:
         self._resume = (epoch, batches_done)
 
     def __iter__(self) -> Iterator[Batch]:
-        skip = 0
+        # A generator: nothing happens until the first batch is asked for, so Lightning's
+        # probing iter() calls do not consume the resume position.
         if self._resume is not None and self._resume[0] == self.sampler.epoch:
-            skip = self._resume[1]
-            log.info("resuming epoch %d after %d batches", self.sampler.epoch, skip)
+            self._batches.n = self._resume[1]
+            log.info("resuming epoch %d after %d batches", self.sampler.epoch, self._batches.n)
         self._resume = None
-        yield from _loader(self.dataset, _SkipFirst(self.sampler, skip), self.num_workers)
+        yield from self._loader
 
 
 def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.data.DataLoader:
@@ -74,7 +78,7 @@ def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.
         sampler=sampler,
         batch_size=None,  # the sampler yields whole mini-batches
         num_workers=num_workers,
-        persistent_workers=False,
+        persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None,
     )
 
@@ -174,15 +178,9 @@ class AsrDataModule(L.LightningDataModule):
 
     def _eval_loader(self, paths: Sequence[str]) -> torch.utils.data.DataLoader:
         rank, world = self._rank_and_world()
-        cfg = SamplerConfig(
-            max_duration=self.valid_max_duration,
-            num_buckets=self.sampler_cfg.num_buckets,
-            shuffle=False,
-            sync_buckets=False,
-            min_cut_duration=0.0,
-            max_cut_duration=self.valid_max_duration,
+        sampler = build_eval_sampler(
+            open_cuts(paths), self.valid_max_duration, rank=rank, world_size=world
         )
-        sampler = build_sampler(open_cuts(paths), cfg, rank=rank, world_size=world)
         return _loader(self._dataset(train=False), sampler, self.num_workers)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
@@ -198,7 +196,9 @@ class AsrDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return {}
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        epochs = trainer.fit_loop.epoch_progress.current
+        in_epoch = epochs.ready > epochs.completed  # False once the epoch loop has finished
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed if in_epoch else 0
         return {"epoch": trainer.current_epoch, "batches_done": done}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

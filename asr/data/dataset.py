@@ -9,7 +9,6 @@ encoder will have frames is dropped with a warning naming the cut, and counted i
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +59,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.features = features
         self.subsampling_factor = subsampling_factor
         self._extractor = features.extractor()
+        self._warned: set[str] = set()
         self._spec_augment = None
         if spec_augment is not None:
             cfg = spec_augment
@@ -93,31 +93,34 @@ class AsrDataset(torch.utils.data.Dataset):
             return "character outside the tokenizer"
         return text, ids
 
+    def _skip(self, skipped: dict[str, list[str]], cut: Cut, reason: str, detail: str) -> None:
+        skipped.setdefault(reason, []).append(cut.id)
+        if cut.id not in self._warned:  # once per cut and process, not every epoch
+            self._warned.add(cut.id)
+            log.warning("skipping cut %s: %s", cut.id, detail or reason)
+
     def __getitem__(self, cuts: CutSet) -> Batch:
-        feats, tokens, texts, ids, skipped = [], [], [], [], Counter()
+        feats, tokens, texts, ids = [], [], [], []
+        skipped: dict[str, list[str]] = {}
         for cut in cuts:
             checked = self._check_text(cut)
             if isinstance(checked, str):
-                skipped[checked] += 1
-                log.warning("skipping cut %s: %s", cut.id, checked)
+                self._skip(skipped, cut, checked, "")
                 continue
             text, token_ids = checked
             try:
                 feat = self._load(cut)
             except Exception as err:  # corrupt/unreadable audio or features: skip, keep going
-                skipped["unreadable audio"] += 1
-                log.warning("skipping cut %s: unreadable (%s: %s)", cut.id, type(err).__name__, err)
+                detail = f"unreadable ({type(err).__name__}: {err})"
+                self._skip(skipped, cut, "unreadable audio", detail)
                 continue
-            frames = int(subsampled_lengths(torch.tensor([feat.shape[0]]), self.subsampling_factor))
+            frames = int(subsampled_lengths(feat.shape[0], self.subsampling_factor))
             if len(token_ids) > frames:
-                skipped["more tokens than encoder frames"] += 1
-                log.warning(
-                    "skipping cut %s: %d tokens but only %d encoder frames (%.2f s)",
-                    cut.id,
-                    len(token_ids),
-                    frames,
-                    cut.duration,
+                detail = (
+                    f"{len(token_ids)} tokens but only {frames} encoder frames "
+                    f"({cut.duration:.2f} s at subsampling x{self.subsampling_factor})"
                 )
+                self._skip(skipped, cut, "more tokens than encoder frames", detail)
                 continue
             feat_t = torch.from_numpy(feat)
             if self._spec_augment is not None:
@@ -126,7 +129,7 @@ class AsrDataset(torch.utils.data.Dataset):
             tokens.append(torch.tensor(token_ids, dtype=torch.long))
             texts.append(text)
             ids.append(cut.id)
-        return collate(feats, tokens, ids, texts, dict(skipped), self.features.num_mel_bins)
+        return collate(feats, tokens, ids, texts, skipped, self.features.num_mel_bins)
 
 
 def collate(
@@ -134,7 +137,7 @@ def collate(
     tokens: list[torch.Tensor],
     cut_ids: list[str],
     texts: list[str],
-    skipped: dict[str, int],
+    skipped: dict[str, list[str]],
     num_mel_bins: int,
 ) -> Batch:
     """Pad per-utterance (T_i, F) features and (U_i,) token ids into a `Batch`."""

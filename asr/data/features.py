@@ -83,6 +83,7 @@ def precompute_features(
     output_path = Path(output_path)
     if output_path.is_file():
         return output_path
+    output_path.parent.mkdir(parents=True, exist_ok=True)
     storage = output_path.parent / output_path.name.replace(".jsonl.gz", "_feats")
     cuts = load_cuts(cuts_path).to_eager()
     with single_threaded():

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from asr.data.buckets import SamplerConfig, build_sampler
+from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import load_cuts
 from asr.data.features import normalize_features
 from asr.metrics import ErrorCounts, word_errors
@@ -34,16 +34,7 @@ def decode_manifest(
 ) -> dict:
     """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals."""
     cuts = load_cuts(manifest)
-    sampler = build_sampler(
-        cuts,
-        SamplerConfig(
-            max_duration=max_duration,
-            max_cut_duration=max_duration,
-            min_cut_duration=0.0,
-            shuffle=False,
-            sync_buckets=False,
-        ),
-    )
+    sampler = build_eval_sampler(cuts, max_duration)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     extractor = recognizer.features.extractor()

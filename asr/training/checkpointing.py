@@ -39,15 +39,20 @@ def checkpoint_callbacks(
     dirpath: str | Path, every_n_train_steps: int | None = None
 ) -> list[ModelCheckpoint]:
     """Callbacks writing `epoch=NN.ckpt` after every epoch (kept, for averaging),
-    `last.ckpt` (for resuming; also every `every_n_train_steps` when set) and
-    `best.ckpt` (lowest validation WER)."""
+    `best.ckpt` (lowest validation WER) and `last.ckpt` (for resuming).
+
+    With `every_n_train_steps`, `last.ckpt` is written every that many steps (and only
+    then), so a run stopped mid-epoch resumes mid-epoch. Without it, `last.ckpt` follows
+    the epochs, and a run stopped mid-epoch (max_steps, max_time) resumes at the next epoch.
+    """
     per_epoch = ModelCheckpoint(
         dirpath=dirpath,
         filename="epoch={epoch:02d}",
         auto_insert_metric_name=False,
         save_top_k=-1,
-        save_last=True,
+        save_last=not every_n_train_steps,
         every_n_epochs=1,
+        enable_version_counter=False,  # always overwrite last.ckpt / epoch=NN.ckpt
     )
     best = ModelCheckpoint(
         dirpath=dirpath,

@@ -72,6 +72,7 @@ def build_loggers(cfg: Mapping[str, Any], save_dir: str | Path, run_config: dict
         if mode != "disabled":
             os.environ["WANDB_MODE"] = mode  # also seen by wandb's own service process
             os.environ.setdefault("WANDB_SILENT", "true")
+            wandb_cfg["name"] = wandb_cfg.get("name") or save_dir.name
             logger = WandbLogger(save_dir=str(save_dir), offline=mode == "offline", **wandb_cfg)
             logger.log_hyperparams(run_config)
             loggers.append(logger)

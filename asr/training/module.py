@@ -4,7 +4,6 @@ tokenizer; it owns the optimizer, the schedule, logging and validation WER."""
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 
 from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
+from asr.decoding.ctc import ctc_greedy_search
 from asr.decoding.transducer import greedy_search
 from asr.export import BUNDLE_KEY
 from asr.metrics import ErrorCounts, corpus_errors
@@ -52,20 +52,20 @@ class AsrLitModule(L.LightningModule):
         self.optim_cfg = dict(optim)
         self.bundle_meta = dict(bundle_meta)
         self.total_steps = total_steps
-        self.skipped: Counter[str] = Counter()
-        self._errors = {"val": ErrorCounts(), "test": ErrorCounts()}
+        self.skipped: dict[str, set[str]] = {}  # reason -> ids of cuts dropped by the data
+        self._errors: dict[str, ErrorCounts] = {}  # "val", "val_ctc", "test", ...
 
     def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int):
         return batch.to(device)
 
     def _count_skipped(self, batch: Batch, log_totals: bool) -> None:
         """Add the batch's skipped cuts to the running totals (logged while training)."""
-        if batch.skipped:
-            self.skipped.update(batch.skipped)
-        if log_totals and self.skipped:
-            for reason, count in self.skipped.items():
+        for reason, cut_ids in batch.skipped.items():
+            self.skipped.setdefault(reason, set()).update(cut_ids)
+        if log_totals:
+            for reason, cut_ids in self.skipped.items():
                 key = "data/skipped_" + reason.replace(" ", "_")
-                self.log(key, float(count), on_step=True, on_epoch=False)
+                self.log(key, float(len(cut_ids)), on_step=True, on_epoch=False)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         self._count_skipped(batch, log_totals=True)
@@ -84,14 +84,21 @@ class AsrLitModule(L.LightningModule):
             return
         losses = self.objective(self.model, batch, self.global_step)
         self.log(f"{stage}/loss", losses["loss"], batch_size=len(batch), sync_dist=True)
-        hyps = self.transcribe_batch(batch)
-        self._errors[stage] = self._errors[stage] + corpus_errors(batch.texts, hyps)
+        for name, hyps in self.transcribe_batch(batch).items():
+            key = stage if name == "transducer" else f"{stage}_{name}"
+            errors = self._errors.get(key, ErrorCounts())
+            self._errors[key] = errors + corpus_errors(batch.texts, hyps)
 
     @torch.inference_mode()
-    def transcribe_batch(self, batch: Batch) -> list[str]:
-        """Greedy hypotheses (text) of a batch."""
+    def transcribe_batch(self, batch: Batch) -> dict[str, list[str]]:
+        """Greedy hypotheses of a batch: transducer, and CTC when the model has a CTC head."""
         enc, enc_lens = self.model.encode(batch.features, batch.feature_lens)
-        return [self.tokenizer.decode(ids) for ids in greedy_search(self.model, enc, enc_lens)]
+        decode = self.tokenizer.decode
+        hyps = {"transducer": [decode(ids) for ids in greedy_search(self.model, enc, enc_lens)]}
+        if self.model.ctc_head is not None:
+            best = ctc_greedy_search(self.model.ctc_log_probs(enc), enc_lens, self.model.blank_id)
+            hyps["ctc"] = [decode(ids) for ids in best]
+        return hyps
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -99,26 +106,30 @@ class AsrLitModule(L.LightningModule):
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
-    def _log_wer(self, stage: str) -> None:
-        counts = torch.tensor(
-            [self._errors[stage].errors, self._errors[stage].ref_words],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        counts = self.all_gather(counts).reshape(-1, 2).sum(0)
-        wer = float(counts[0] / counts[1]) if counts[1] > 0 else 0.0
-        self.log(f"{stage}/wer", 100 * wer, prog_bar=True, sync_dist=False, rank_zero_only=True)
-        self._errors[stage] = ErrorCounts()
+    def _log_wers(self, stage: str) -> None:
+        """Log `<stage>/wer` (transducer) and `<stage>/ctc_wer` in percent, summed over ranks."""
+        keys = {stage} | {k for k in self._errors if k.split("_")[0] == stage}
+        for key in sorted(keys):
+            errors = self._errors.pop(key, ErrorCounts())
+            counts = torch.tensor(
+                [errors.errors, errors.ref_words], dtype=torch.float64, device=self.device
+            )
+            counts = self.all_gather(counts).reshape(-1, 2).sum(0)
+            # No reference word at all (every cut unusable): NaN, never a perfect 0 %.
+            wer = float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")
+            name = "wer" if key == stage else f"{key.split('_', 1)[1]}_wer"
+            self.log(f"{stage}/{name}", 100 * wer, prog_bar=name == "wer", rank_zero_only=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_wer("val")
+        self._log_wers("val")
 
     def on_test_epoch_end(self) -> None:
-        self._log_wer("test")
+        self._log_wers("test")
 
     def on_train_epoch_end(self) -> None:
         if self.skipped:
-            log.warning("cuts skipped so far: %s", dict(self.skipped))
+            counts = {reason: len(ids) for reason, ids in self.skipped.items()}
+            log.warning("distinct cuts skipped so far: %s", counts)
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = dict(self.optim_cfg)
@@ -148,7 +159,7 @@ class AsrLitModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": self.tokenizer.to_bytes()}
-        checkpoint["skipped_cuts"] = dict(self.skipped)
+        checkpoint["skipped_cuts"] = {k: sorted(v) for k, v in self.skipped.items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.skipped = Counter(checkpoint.get("skipped_cuts", {}))
+        self.skipped = {k: set(v) for k, v in checkpoint.get("skipped_cuts", {}).items()}

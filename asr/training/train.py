@@ -1,7 +1,7 @@
 """`asr-train`: build everything from the Hydra config, fit, then test the best checkpoint.
 
     asr-train experiment=demo trainer.max_epochs=2 model.encoder.num_layers=4
-    asr-train experiment=demo --cfg job      # print the resolved config and exit
+    asr-train experiment=demo --cfg job --resolve   # print the resolved config and exit
 
 Outputs go to `exp_dir`: checkpoints/, csv/ (metrics), wandb/, hydra/ (the config used).
 Running the same command again resumes from `exp_dir/checkpoints/last.ckpt` (`resume=auto`).

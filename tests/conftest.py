@@ -1,0 +1,176 @@
+"""Session fixtures shared by the data, training and export tests.
+
+One tiny synthetic corpus (about 2 minutes of espeak-ng speech in LibriSpeech layout) is
+built once per session with its manifests, a 64-piece BPE tokenizer and stored features;
+one short training run on it is shared by the slow training and export tests. Tests that
+need to damage data work on copies, never on these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from asr.data.corpus import cuts_path, prepare_manifests
+from asr.data.features import precompute_features
+from asr.data.synth import make_demo_corpus
+from asr.data.tokenizer import Tokenizer, train_tokenizer
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# ~30 training, ~11 dev and ~14 test utterances of ~3.5 s: built in a few seconds.
+TINY_CORPUS = {"train_hours": 0.03, "dev_minutes": 0.5, "test_minutes": 0.8, "seed": 0}
+VOCAB_SIZE = 64
+TRAIN, DEV, TEST = "train-clean-100", "dev-clean", "test-clean"
+
+
+@dataclass(frozen=True)
+class TinyCorpus:
+    """`root` is a `data_dir` as the configs expect it: LibriSpeech/, manifests/, tokenizer/."""
+
+    root: Path
+
+    @property
+    def librispeech(self) -> Path:
+        return self.root / "LibriSpeech"
+
+    @property
+    def manifests(self) -> Path:
+        return self.root / "manifests"
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / "tokenizer" / f"bpe{VOCAB_SIZE}.model"
+
+    def cuts(self, part: str) -> Path:
+        return cuts_path(self.manifests, part)
+
+    def transcripts(self, part: str) -> dict[str, str]:
+        """Utterance id -> transcript, read from the corpus' *.trans.txt files."""
+        lines = {}
+        for path in sorted((self.librispeech / part).rglob("*.trans.txt")):
+            for line in path.read_text().splitlines():
+                utt_id, _, text = line.partition(" ")
+                lines[utt_id] = text
+        return lines
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> TinyCorpus:
+    corpus = TinyCorpus(tmp_path_factory.mktemp("tiny_corpus"))
+    make_demo_corpus(corpus.root, **TINY_CORPUS, num_jobs=2)
+    prepare_manifests(corpus.librispeech, corpus.manifests)
+    train_tokenizer(
+        corpus.transcripts(TRAIN).values(), corpus.tokenizer_path, vocab_size=VOCAB_SIZE
+    )
+    return corpus
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_corpus: TinyCorpus) -> Tokenizer:
+    return Tokenizer.load(tiny_corpus.tokenizer_path)
+
+
+@pytest.fixture(scope="session")
+def feature_manifests(tiny_corpus: TinyCorpus) -> dict[str, Path]:
+    """Stored features for train and dev, under the names configs/experiment/demo.yaml uses."""
+    return {
+        part: precompute_features(tiny_corpus.cuts(part), tiny_corpus.cuts(f"{part}-feats"))
+        for part in (TRAIN, DEV)
+    }
+
+
+@pytest.fixture
+def single_thread() -> Iterator[None]:
+    """One intra-op thread: the tiny models gain nothing from more, and on a shared 2-core
+    machine two threads made training steps 10x slower and erratic."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_overrides(corpus: TinyCorpus, exp_dir: Path) -> list[str]:
+    """Hydra overrides: a ~0.4M-parameter Transducer on the tiny corpus, CSV logging only."""
+    return [
+        f"data_dir={corpus.root}",
+        f"exp_dir={exp_dir}",
+        f"data.tokenizer={corpus.tokenizer_path}",
+        "logger=csv",
+        "trainer.accelerator=cpu",
+        "trainer.devices=1",
+        "trainer.log_every_n_steps=1",
+        "model.encoder.d_model=64",
+        "model.encoder.num_layers=2",
+        "model.encoder.num_heads=2",
+        "model.encoder.subsampling_factor=4",
+        "model.predictor.embed_dim=64",
+        "model.predictor.hidden_dim=64",
+        "model.joiner.joint_dim=64",
+        "data.sampler.max_duration=10",
+        "data.sampler.max_cut_duration=10",
+        "data.sampler.num_buckets=4",
+        "data.num_workers=0",
+        "optim.scheduler.warmup_steps=5",
+    ]
+
+
+@pytest.fixture(scope="session")
+def compose_train(tiny_corpus: TinyCorpus) -> Callable[..., DictConfig]:
+    """`compose(exp_dir, *overrides)`: configs/train.yaml with the tiny overrides, then yours."""
+
+    def compose(exp_dir: Path, *overrides: str) -> DictConfig:
+        with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return hydra.compose(
+                "train", overrides=[*tiny_overrides(tiny_corpus, exp_dir), *overrides]
+            )
+
+    return compose
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    exp_dir: Path
+    metrics: dict[str, float]  # what `run` returned
+    epochs: int
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.exp_dir / "checkpoints"
+
+
+TRAINED_EPOCHS = 3
+
+
+@pytest.fixture(scope="session")
+def trained_run(
+    compose_train: Callable[..., DictConfig],
+    feature_manifests: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> TrainedRun:
+    """`asr.training.train.run` of experiment=demo, shrunk: 3 epochs (~45 steps), fit + test.
+
+    Without shuffling every epoch sees the same batches in the same order, so the training
+    losses of two epochs compare the model alone, not the batches' lengths."""
+    from asr.training.train import run
+
+    exp_dir = tmp_path_factory.mktemp("trained") / "exp"
+    cfg = compose_train(
+        exp_dir,
+        "experiment=demo",
+        f"trainer.max_epochs={TRAINED_EPOCHS}",
+        "data.sampler.shuffle=false",
+        "optim.lr=3e-3",
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        metrics = run(cfg)
+    finally:
+        torch.set_num_threads(before)
+    return TrainedRun(exp_dir, metrics, TRAINED_EPOCHS)

@@ -1,0 +1,156 @@
+import io
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from asr.data.buckets import SamplerConfig, build_sampler
+from asr.data.corpus import load_cuts
+
+TRAIN = "train-clean-100"
+SMALL = {"max_duration": 10.0, "max_cut_duration": 10.0, "num_buckets": 4}
+DUPLICATE = re.compile(r"_dup\d+$")  # lhotse's padding copies, see test_two_ranks_...
+
+
+@pytest.fixture(scope="module")
+def durations(tiny_corpus) -> dict[str, float]:
+    return {c.id: c.duration for c in load_cuts(tiny_corpus.cuts(TRAIN))}
+
+
+@pytest.fixture
+def sampler_of(tiny_corpus):
+    def make(cfg, **kwargs):
+        return build_sampler(load_cuts(tiny_corpus.cuts(TRAIN)), cfg, **kwargs)
+
+    return make
+
+
+def batch_ids(sampler) -> list[list[str]]:
+    return [list(batch.ids) for batch in sampler]
+
+
+def rest_of(iterator) -> list[list[str]]:
+    """The batches `iterator` has left (`for b in iterator` would call iter() on the
+    lhotse sampler, which restarts the epoch)."""
+    batches = []
+    while (batch := next(iterator, None)) is not None:
+        batches.append(list(batch.ids))
+    return batches
+
+
+def test_every_cut_once_per_epoch(sampler_of, durations) -> None:
+    sampler = sampler_of(SMALL)
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        batches = batch_ids(sampler)
+        assert len(batches) > 8
+        assert Counter(i for b in batches for i in b) == Counter(list(durations))
+
+
+def test_batches_respect_max_duration(sampler_of, durations) -> None:
+    # `max_duration` is a soft limit (SamplerConfig docstring): lhotse closes a batch once
+    # a cut has crossed it, so every batch minus its last cut fits, and most batches are full.
+    sampler = sampler_of(SMALL)
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        batches = batch_ids(sampler)
+        for batch in batches:
+            seconds = [durations[i] for i in batch]
+            assert sum(seconds[:-1]) <= SMALL["max_duration"], f"epoch {epoch}: {seconds}"
+        full = [b for b in batches if sum(durations[i] for i in b) > 0.5 * SMALL["max_duration"]]
+        assert len(full) >= len(batches) // 2
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_cut_once_with_large_batches(sampler_of, durations, shuffle) -> None:
+    # Large batches leave no bucket full: the whole epoch is sampled from partial buckets.
+    cfg = {"max_duration": 200.0, "num_buckets": 4, "min_cut_duration": 0.0}
+    sampler = sampler_of({**cfg, "shuffle": shuffle})
+    assert Counter(i for b in batch_ids(sampler) for i in b) == Counter(list(durations))
+
+
+def test_unsynchronized_buckets_are_refused(sampler_of) -> None:
+    # lhotse 1.33 drops cuts at the end of an epoch without sync_buckets.
+    with pytest.raises(ValueError, match="sync_buckets=false"):
+        sampler_of({"max_duration": 200.0, "num_buckets": 4, "sync_buckets": False})
+
+
+def test_cut_duration_limits_filter(sampler_of, durations) -> None:
+    lo, hi = sorted(durations.values())[5], sorted(durations.values())[-5]
+    sampler = sampler_of({**SMALL, "min_cut_duration": lo, "max_cut_duration": hi})
+    kept = {i for b in batch_ids(sampler) for i in b}
+    assert kept == {i for i, d in durations.items() if lo <= d <= hi}
+    assert 0 < len(kept) < len(durations)
+
+
+def test_unknown_key_is_an_error_naming_it(sampler_of) -> None:
+    with pytest.raises(KeyError, match=r"unknown data.sampler key\(s\) \['max_durations'\]"):
+        sampler_of({"max_durations": 10.0})
+    with pytest.raises(KeyError, match="valid keys: .*'max_duration'"):
+        SamplerConfig.from_mapping({"max_duration": 10.0, "bucket_bins": [1.0]})
+
+
+def test_invalid_values_are_errors_naming_the_key(sampler_of) -> None:
+    with pytest.raises(ValueError, match="max_duration must be positive"):
+        sampler_of({"max_duration": 0})
+    with pytest.raises(ValueError, match=r"max_cut_duration \(30.0\) exceeds max_duration"):
+        sampler_of({"max_duration": 10.0})
+    with pytest.raises(ValueError, match="bucket_duration_bins must be increasing"):
+        sampler_of({**SMALL, "bucket_duration_bins": [4.0, 2.0]})
+
+
+def test_given_bucket_bins_are_used(sampler_of) -> None:
+    sampler = sampler_of({**SMALL, "bucket_duration_bins": [2.5, 4]})
+    assert list(sampler.duration_bins) == [2.5, 4.0] and sampler.num_buckets == 3
+
+
+def test_state_round_trip_mid_epoch(sampler_of) -> None:
+    sampler = sampler_of(SMALL)
+    sampler.set_epoch(1)
+    iterator = iter(sampler)
+    done = [list(next(iterator).ids) for _ in range(4)]
+    buffer = io.BytesIO()
+    torch.save(sampler.state_dict(), buffer)  # as a checkpoint stores it
+    remaining = rest_of(iterator)
+    assert len(remaining) > 3
+
+    fresh = sampler_of(SMALL)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer, weights_only=False))
+    assert fresh.epoch == 1
+    assert batch_ids(fresh) == remaining
+    assert done + remaining == batch_ids(_epoch(sampler_of, 1))
+
+
+def _epoch(sampler_of, epoch: int, cfg=SMALL):
+    sampler = sampler_of(cfg)
+    sampler.set_epoch(epoch)
+    return sampler
+
+
+def test_epochs_shuffle_differently_and_repeat_exactly(sampler_of) -> None:
+    first = batch_ids(_epoch(sampler_of, 0))
+    assert batch_ids(_epoch(sampler_of, 0)) == first
+    assert batch_ids(_epoch(sampler_of, 1)) != first
+    again = _epoch(sampler_of, 1)
+    again.set_epoch(0)
+    assert batch_ids(again) == first
+    assert batch_ids(sampler_of({**SMALL, "seed": 1})) != first
+
+
+def test_no_shuffle_repeats_across_epochs(sampler_of) -> None:
+    cfg = {**SMALL, "shuffle": False}
+    assert batch_ids(_epoch(sampler_of, 0, cfg)) == batch_ids(_epoch(sampler_of, 3, cfg))
+
+
+def test_two_ranks_partition_the_data(sampler_of, durations) -> None:
+    ranks = [batch_ids(sampler_of(SMALL, rank=r, world_size=2)) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) > 4  # same number of steps on every rank
+    ids = [[i for b in batches for i in b] for batches in ranks]
+    # lhotse pads the last step with a copy (id + "_dupN") when one rank has no cut left
+    originals = [[i for i in rank_ids if not DUPLICATE.search(i)] for rank_ids in ids]
+    assert not set(originals[0]) & set(originals[1])
+    assert Counter(originals[0] + originals[1]) == Counter(list(durations))
+    for batches in ranks:
+        assert not any(DUPLICATE.search(i) for b in batches[:-1] for i in b)

@@ -1,0 +1,103 @@
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from asr.data.corpus import cuts_path, load_cuts, main, prepare_manifests
+
+PARTS = ("dev-clean", "test-clean", "train-clean-100")
+
+
+def test_manifests_match_the_transcripts(tiny_corpus) -> None:
+    for part in PARTS:
+        transcripts = tiny_corpus.transcripts(part)
+        cuts = list(load_cuts(tiny_corpus.cuts(part)))
+        # Cut id == utterance id, one cut per transcript line, with its text.
+        assert {c.id: c.supervisions[0].text for c in cuts} == transcripts
+        assert all(len(c.supervisions) == 1 and c.recording_id == c.id for c in cuts)
+        assert all(c.sampling_rate == 16_000 and c.duration > 0.5 for c in cuts)
+        for kind in ("recordings", "supervisions"):
+            assert (tiny_corpus.manifests / f"librispeech_{kind}_{part}.jsonl.gz").is_file()
+    assert "1001-11001-0000" in tiny_corpus.transcripts("train-clean-100")
+
+
+def test_rerun_skips_existing_parts(tiny_corpus, caplog: pytest.LogCaptureFixture) -> None:
+    before = {p: tiny_corpus.cuts(p).stat().st_mtime_ns for p in PARTS}
+    with caplog.at_level(logging.INFO, logger="asr.data.corpus"):
+        reports = prepare_manifests(tiny_corpus.librispeech, tiny_corpus.manifests)
+    assert sorted(reports) == sorted(PARTS)
+    for part, report in reports.items():
+        assert report.utterances == len(tiny_corpus.transcripts(part))
+        assert report.skipped == []
+        assert tiny_corpus.cuts(part).stat().st_mtime_ns == before[part]
+        assert f"skipping {part}" in caplog.text
+
+
+@pytest.fixture
+def damaged_dev(tiny_corpus, tmp_path: Path) -> tuple[Path, str, str]:
+    """A copy of dev-clean with one FLAC overwritten by garbage and one empty transcript."""
+    root = tmp_path / "LibriSpeech"
+    shutil.copytree(tiny_corpus.librispeech / "dev-clean", root / "dev-clean")
+    flac = sorted(root.rglob("*.flac"))[0]
+    flac.write_bytes(b"this is not a flac file" * 64)
+    trans = sorted(root.rglob("*.trans.txt"))[-1]
+    lines = trans.read_text().splitlines()
+    empty_id = lines[0].split(" ")[0]
+    lines[0] = f"{empty_id} "
+    trans.write_text("\n".join(lines) + "\n")
+    assert flac.stem != empty_id
+    return root, flac.stem, empty_id
+
+
+def test_corrupt_audio_and_empty_transcript_are_skipped_and_reported(
+    tiny_corpus, damaged_dev, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, corrupt_id, empty_id = damaged_dev
+    with caplog.at_level(logging.WARNING, logger="asr.data.corpus"):
+        report = prepare_manifests(root, tmp_path / "manifests", parts=["dev-clean"])["dev-clean"]
+    expected = set(tiny_corpus.transcripts("dev-clean")) - {corrupt_id, empty_id}
+    assert report.utterances == len(expected)
+    assert len(report.skipped) == 2
+    reasons = dict(reason.split(": ", 1) for reason in report.skipped)
+    assert sorted(reasons) == sorted([corrupt_id, empty_id])
+    assert reasons[corrupt_id].startswith("unreadable audio")
+    assert reasons[empty_id].startswith("empty transcript")
+    cut_ids = {c.id for c in load_cuts(cuts_path(tmp_path / "manifests", "dev-clean"))}
+    assert cut_ids == expected
+    assert f"skipped {corrupt_id}" in caplog.text and f"skipped {empty_id}" in caplog.text
+
+
+def test_missing_corpus_dir_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "LibriSpeech"
+    with pytest.raises(FileNotFoundError, match="corpus directory not found") as err:
+        prepare_manifests(missing, tmp_path / "manifests")
+    assert str(missing) in str(err.value)
+    assert not (tmp_path / "manifests").exists()
+
+
+def test_corpus_dir_without_parts_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no LibriSpeech part directory"):
+        prepare_manifests(tmp_path, tmp_path / "manifests")
+    with pytest.raises(FileNotFoundError, match="part directory not found"):
+        prepare_manifests(tmp_path, tmp_path / "manifests", parts=["dev-other"])
+
+
+def test_load_cuts_of_missing_manifest_names_path_and_stage(tmp_path: Path) -> None:
+    missing = cuts_path(tmp_path, "dev-clean")
+    assert missing == tmp_path / "librispeech_cuts_dev-clean.jsonl.gz"
+    with pytest.raises(FileNotFoundError) as err:
+        load_cuts(missing)
+    assert str(missing) in str(err.value)
+    assert "'manifests' stage" in str(err.value)
+
+
+def test_command_line_prints_one_line_per_part(
+    tiny_corpus, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    shutil.copytree(tiny_corpus.librispeech / "test-clean", tmp_path / "LS" / "test-clean")
+    main(["--corpus-dir", str(tmp_path / "LS"), "--output-dir", str(tmp_path / "m")])
+    n = len(tiny_corpus.transcripts("test-clean"))
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(rf"test-clean: {n} utterances, \d+\.\d\d h, 0 skipped", last)

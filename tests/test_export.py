@@ -1,0 +1,171 @@
+"""Export, inference and decoding from the checkpoints of the shared training run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+import asr
+from asr.data.corpus import load_cuts
+from asr.export import BUNDLE_FORMAT, checkpoints_to_average, export_bundle, load_bundle
+from asr.transcribe import read_audio
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
+BIN = Path(sys.executable).parent
+TEST = "test-clean"
+# one intra-op thread in the subprocesses too (see the single_thread fixture)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _cli(name: str, *args: str | Path) -> str:
+    """Run a console script of the package; its stdout."""
+    done = subprocess.run(
+        [str(BIN / name), *map(str, args)], capture_output=True, text=True, timeout=300, env=ENV
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _model_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+@pytest.fixture(scope="module")
+def bundle(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`asr-export epoch=02.ckpt --average 2`: the mean of the last two epochs."""
+    path = tmp_path_factory.mktemp("export") / "model.bundle.pt"
+    last_epoch = trained_run.checkpoints / f"epoch={trained_run.epochs - 1:02d}.ckpt"
+    out = _cli("asr-export", last_epoch, "--average", "2", "-o", path)
+    assert f"wrote {path}" in out and "averaged 2 checkpoint(s)" in out
+    return path
+
+
+@pytest.fixture(scope="module")
+def test_flacs(tiny_corpus) -> list[Path]:
+    return sorted((tiny_corpus.librispeech / TEST).rglob("*.flac"))
+
+
+def test_averaged_weights_are_the_mean_of_two_epochs(trained_run, bundle: Path) -> None:
+    n = trained_run.epochs
+    older, newer = (trained_run.checkpoints / f"epoch={e:02d}.ckpt" for e in (n - 2, n - 1))
+    content = torch.load(bundle, weights_only=True)  # a bundle needs no pickled classes
+    assert content["format"] == BUNDLE_FORMAT
+    assert content["averaged"] == [str(older), str(newer)]
+    a, b = _model_weights(older), _model_weights(newer)
+    averaged = content["state_dict"]
+    assert averaged.keys() == a.keys() == b.keys()
+    moved = 0
+    for key, value in averaged.items():
+        if value.is_floating_point():
+            assert torch.allclose(value, (a[key] + b[key]) / 2, rtol=0, atol=1e-7), key
+            moved += int(not torch.equal(a[key], b[key]))
+        else:
+            assert torch.equal(value, b[key]), key
+    assert moved > 10, "the two epochs' weights differ, so the mean is a real test"
+
+
+def test_average_from_last_checkpoint_uses_its_epoch(trained_run, tmp_path: Path) -> None:
+    n = trained_run.epochs
+    assert checkpoints_to_average(trained_run.checkpoints / "last.ckpt", 2) == [
+        trained_run.checkpoints / f"epoch={e:02d}.ckpt" for e in (n - 2, n - 1)
+    ]
+    with pytest.raises(FileNotFoundError, match=rf"--average {n + 1} needs .* missing \[-1\]"):
+        export_bundle(trained_run.checkpoints / "last.ckpt", tmp_path / "b.pt", average=n + 1)
+    assert not (tmp_path / "b.pt").exists()
+
+
+def test_load_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "none.pt")):
+        load_bundle(tmp_path / "none.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="neither an asr bundle nor an asr-train checkpoint"):
+        load_bundle(tmp_path / "other.pt")
+
+
+def test_transcribe_path_or_array_gives_the_same_text(bundle: Path, test_flacs) -> None:
+    recognizer = asr.load_model(bundle)
+    samples, rate = sf.read(test_flacs[0], dtype="float32")
+    assert rate == 16_000
+    # the path branch reads exactly these samples ...
+    assert np.array_equal(read_audio(test_flacs[0]), samples)
+    texts = recognizer.transcribe([test_flacs[0], samples, str(test_flacs[1])])
+    assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
+    # ... and both give the same text
+    assert texts[0] == texts[1]
+    assert recognizer.transcribe(samples) == [texts[0]]  # a single input is fine too
+
+
+def test_transcribe_cli_prints_one_line_per_file(bundle: Path, test_flacs) -> None:
+    files = test_flacs[:3]
+    lines = _cli("asr-transcribe", bundle, *files, "--device", "cpu").splitlines()
+    expected = asr.load_model(bundle).transcribe(files)
+    assert lines == [f"{path}\t{text}" for path, text in zip(files, expected, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def decoded(bundle: Path, tiny_corpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("decode")
+    printed = _cli("asr-decode", bundle, tiny_corpus.cuts(TEST), "-o", out, "--device", "cpu")
+    summary = next(line for line in printed.splitlines() if line.startswith("{"))
+    assert json.loads(summary) == json.loads((out / "wer.json").read_text())
+    assert f"on {json.loads(summary)['ref_words']} words" in printed
+    return out
+
+
+def _hyps(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "hyps.jsonl").read_text().splitlines()]
+
+
+def test_decode_totals_are_the_sums_of_the_lines(decoded: Path, tiny_corpus) -> None:
+    summary, hyps = json.loads((decoded / "wer.json").read_text()), _hyps(decoded)
+    refs = {c.id: c.supervisions[0].text for c in load_cuts(tiny_corpus.cuts(TEST))}
+    assert hyps and all(h["ref"] == refs[h["id"]] for h in hyps)
+    for key in ("substitutions", "deletions", "insertions", "ref_words"):
+        assert summary[key] == sum(h[key] for h in hyps), key
+    assert summary["ref_words"] == sum(len(h["ref"].split()) for h in hyps)
+    errors = summary["substitutions"] + summary["deletions"] + summary["insertions"]
+    assert summary["wer"] == round(100 * errors / summary["ref_words"], 3)
+
+
+def test_decode_covers_every_cut(decoded: Path, tiny_corpus) -> None:
+    summary, hyps = json.loads((decoded / "wer.json").read_text()), _hyps(decoded)
+    cut_ids = [c.id for c in load_cuts(tiny_corpus.cuts(TEST))]
+    assert summary["utterances_skipped"] == 0
+    assert sorted(h["id"] for h in hyps) == sorted(cut_ids)
+
+
+def test_decode_a_manifest_smaller_than_the_bucket_count(bundle: Path, tiny_corpus, tmp_path):
+    few = load_cuts(tiny_corpus.cuts(TEST)).subset(first=4)
+    few.to_file(tmp_path / "few.jsonl.gz")
+    _cli("asr-decode", bundle, tmp_path / "few.jsonl.gz", "-o", tmp_path / "out")
+    assert len(_hyps(tmp_path / "out")) == 4
+
+
+BLOCKED = """
+import sys
+for name in ("lightning", "pytorch_lightning", "hydra", "omegaconf"):
+    sys.modules[name] = None  # any import of these now raises ImportError
+import asr
+texts = asr.load_model(sys.argv[1]).transcribe([sys.argv[2]])
+assert all(sys.modules[name] is None for name in ("lightning", "hydra", "omegaconf"))
+print(repr(texts))
+"""
+
+
+def test_load_model_needs_neither_lightning_nor_hydra(bundle: Path, test_flacs) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED, str(bundle), str(test_flacs[0])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == repr(asr.load_model(bundle).transcribe([test_flacs[0]]))

@@ -1,0 +1,96 @@
+from dataclasses import replace
+
+import lightning as L
+import pytest
+import torch
+from lhotse import CutSet
+
+from asr.data.corpus import load_cuts
+from asr.data.dataset import AsrDataset
+from asr.decoding.transducer import greedy_search
+from asr.export import BUNDLE_KEY
+from asr.metrics import corpus_errors
+from asr.models.build import build_model
+from asr.training.module import AsrLitModule
+from asr.training.objective import TransducerLossConfig, TransducerObjective
+
+MODEL = {
+    "kind": "transducer",
+    "encoder": {"input_dim": 80, "d_model": 32, "num_layers": 1, "num_heads": 2},
+    "predictor": {"embed_dim": 32, "hidden_dim": 32},
+    "joiner": {"joint_dim": 32},
+    "ctc_head": True,
+}
+
+
+@pytest.fixture
+def module(tokenizer, single_thread) -> AsrLitModule:
+    torch.manual_seed(0)
+    return AsrLitModule(
+        build_model(MODEL, tokenizer.vocab_size),
+        TransducerObjective(TransducerLossConfig(ctc_weight=0.3)),
+        tokenizer,
+        optim={"lr": 1e-3, "scheduler": {"kind": "noam", "warmup_steps": 10}},
+        bundle_meta={"model": MODEL, "features": {}},
+    )
+
+
+@pytest.fixture(scope="module")
+def dev_batches(tiny_corpus, tokenizer) -> list:
+    cuts = load_cuts(tiny_corpus.cuts("dev-clean")).to_eager()
+    dataset = AsrDataset(tokenizer)
+    return [dataset[cuts.subset(first=3)], dataset[CutSet.from_cuts(list(cuts)[3:8])]]
+
+
+def _validate(module: AsrLitModule, batches: list) -> dict[str, float]:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=lambda b: b)
+    trainer.validate(module, dataloaders=loader, verbose=False)
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+def test_validation_wer_is_the_corpus_wer(
+    module: AsrLitModule, dev_batches: list, tokenizer
+) -> None:
+    model = module.model.eval()
+    refs = [text for batch in dev_batches for text in batch.texts]
+    hyps = [
+        tokenizer.decode(ids)
+        for batch in dev_batches
+        for ids in greedy_search(model, *model.encode(batch.features, batch.feature_lens))
+    ]
+    expected = 100 * corpus_errors(refs, hyps).wer  # errors summed over batches, not averaged
+    metrics = _validate(module, dev_batches)
+    assert metrics["val/wer"] == pytest.approx(expected)
+    assert metrics["val/wer"] > 0  # an untrained model makes errors
+
+
+def test_validation_without_usable_cuts_reports_no_perfect_wer(
+    module: AsrLitModule, tiny_corpus, tokenizer
+) -> None:
+    # Every cut is dropped by the dataset (e.g. all transcripts too long for the encoder):
+    # nothing was recognized, so val/wer must not claim 0 % (best.ckpt minimizes it).
+    cuts = load_cuts(tiny_corpus.cuts("dev-clean")).to_eager()
+    empty = AsrDataset(tokenizer)[
+        CutSet.from_cuts(
+            replace(c, supervisions=[replace(c.supervisions[0], text="")])
+            for c in cuts.subset(first=2)
+        )
+    ]
+    assert len(empty) == 0
+    metrics = _validate(module, [empty])
+    assert metrics.get("val/wer", float("inf")) != 0.0
+
+
+def test_checkpoint_carries_the_bundle(module: AsrLitModule, tokenizer) -> None:
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    bundle = checkpoint[BUNDLE_KEY]
+    assert bundle["model"] == MODEL and bundle["features"] == {}
+    assert bundle["tokenizer"] == tokenizer.to_bytes()

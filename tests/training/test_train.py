@@ -1,0 +1,237 @@
+import csv
+import subprocess
+import sys
+from pathlib import Path
+from statistics import mean
+
+import hydra
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig, OmegaConf
+
+import asr
+from asr.training.train import build, resume_path, run
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+ASR_TRAIN = Path(sys.executable).with_name("asr-train")
+
+
+def compose(*overrides: str) -> DictConfig:
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return hydra.compose("train", overrides=list(overrides))
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+def test_experiment_preset_sets_its_run_directories() -> None:
+    # configs/experiment/demo.yaml: data_dir: data/demo, exp_dir: exp/demo
+    cfg = compose("experiment=demo")
+    assert (cfg.data_dir, cfg.exp_dir) == ("data/demo", "exp/demo")
+    assert cfg.data.tokenizer == "data/demo/tokenizer/bpe128.model"
+
+
+def test_csv_logger_choice_has_no_wandb() -> None:
+    assert compose("experiment=demo", "logger=csv").logger.wandb is None
+    assert compose("logger=csv").logger.wandb is None
+
+
+def test_sizes_follow_the_model() -> None:
+    cfg = compose("experiment=demo", "data.features.num_mel_bins=64")
+    assert cfg.model.encoder.input_dim == 64
+    assert cfg.data.subsampling_factor == cfg.model.encoder.subsampling_factor == 8
+
+
+def test_misspelt_override_fails_at_composition_naming_the_key() -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        compose("experiment=demo", "model.encoder.num_layer=2")
+    assert "model.encoder.num_layer" in str(err.value)
+
+
+def test_misspelt_added_model_key_fails_before_training(compose_train, tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path / "exp", "experiment=demo", "+model.encoder.num_layer=2")
+    with pytest.raises(ValueError, match=r"unknown config key model\.encoder\.num_layer"):
+        run(cfg)
+    assert not (tmp_path / "exp").exists()  # nothing was trained or written
+
+
+def test_misspelt_added_sampler_key_fails_before_training(compose_train, tmp_path: Path) -> None:
+    cfg = compose_train(tmp_path / "exp", "experiment=demo", "+data.sampler.max_durations=5")
+    with pytest.raises(KeyError, match=r"unknown data\.sampler key\(s\) \['max_durations'\]"):
+        run(cfg)
+    assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.slow
+def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(ASR_TRAIN), "experiment=demo", "data_dir=/data/x", "--cfg", "job"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    printed = OmegaConf.create(done.stdout)
+    assert printed.model.encoder.d_model == 144  # from the demo preset
+    assert printed.data_dir == "/data/x"  # from the command line
+    assert printed.optim.scheduler.kind == "warmup_cosine"
+    # interpolations are printed as written, and resolve within the printed config
+    assert OmegaConf.to_container(printed.data)["tokenizer"] == "${data_dir}/tokenizer/bpe128.model"
+    assert printed.data.tokenizer == "/data/x/tokenizer/bpe128.model"
+    assert printed.model.encoder.input_dim == 80
+    assert "hydra" not in printed
+    assert list(tmp_path.iterdir()) == []  # printing the config runs nothing
+
+
+# --- training ----------------------------------------------------------------------------
+
+
+def _metrics_rows(exp_dir: Path) -> list[dict[str, str]]:
+    with open(exp_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_training_loss_falls(trained_run) -> None:
+    # The run does not shuffle: each epoch has the same batches in the same order, so the
+    # per-step losses of two epochs differ only by the model.
+    losses: dict[str, list[float]] = {}
+    for row in _metrics_rows(trained_run.exp_dir):
+        if row["train/loss"]:
+            losses.setdefault(row["epoch"], []).append(float(row["train/loss"]))
+    first, last = losses["0"], losses[str(trained_run.epochs - 1)]
+    assert len(losses) == trained_run.epochs and len(first) == len(last) >= 12
+    assert mean(last) < 0.9 * mean(first), f"epoch means {mean(first):.1f} -> {mean(last):.1f}"
+    assert last[0] < 0.6 * first[0], "the first batch, from random weights to trained"
+
+
+@pytest.mark.slow
+def test_checkpoints_exist_and_load(trained_run) -> None:
+    ckpts = trained_run.checkpoints
+    epochs = [f"epoch={e:02d}.ckpt" for e in range(trained_run.epochs)]
+    names = {"last.ckpt", "best.ckpt", *epochs}
+    assert names <= {p.name for p in ckpts.iterdir()}
+    steps = {}
+    for name in names:
+        checkpoint = torch.load(ckpts / name, map_location="cpu", weights_only=False)
+        steps[name] = checkpoint["global_step"]
+        assert any(k.startswith("model.encoder.") for k in checkpoint["state_dict"])
+        assert checkpoint["asr_bundle"]["model"]["encoder"]["d_model"] == 64
+    assert 0 < steps[epochs[0]] < steps[epochs[1]] < steps[epochs[2]]
+    assert steps["last.ckpt"] == steps[epochs[-1]]
+    recognizer = asr.load_model(ckpts / "last.ckpt")
+    assert isinstance(recognizer.transcribe(np.zeros(16_000, np.float32))[0], str)
+
+
+@pytest.mark.slow
+def test_run_tests_the_best_checkpoint(trained_run) -> None:
+    assert trained_run.metrics["test/wer"] >= 0 and trained_run.metrics["test/loss"] > 0
+
+
+@pytest.mark.slow
+def test_validation_after_every_epoch(trained_run) -> None:
+    rows = _metrics_rows(trained_run.exp_dir)
+    epochs = [str(e) for e in range(trained_run.epochs)]
+    assert [r["epoch"] for r in rows if r["val/wer"]] == epochs
+    assert [r["epoch"] for r in rows if r["val/loss"]] == epochs
+
+
+# --- resuming ----------------------------------------------------------------------------
+
+
+class BatchRecorder(L.Callback):
+    """(global step, epoch, batch index, cut ids) of every training batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int, int, list[str]]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches.append((trainer.global_step, trainer.current_epoch, batch_idx, batch.cut_ids))
+
+
+def _fit(cfg: DictConfig) -> tuple[BatchRecorder, dict[str, torch.Tensor], int]:
+    """What `run` does for fitting, with a recorder added to the trainer."""
+    L.seed_everything(cfg.seed, workers=True)
+    trainer, module, datamodule = build(cfg)
+    recorder = BatchRecorder()
+    trainer.callbacks.append(recorder)
+    ckpt = resume_path(cfg, Path(cfg.exp_dir) / "checkpoints")
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    weights = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+    return recorder, weights, trainer.global_step
+
+
+STOP, TOTAL, CADENCE = 9, 20, 3  # ~16 batches per epoch: stop mid-epoch 0, end in epoch 1
+
+
+@pytest.fixture(scope="module")
+def resume_runs(compose_train, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run A trains TOTAL steps; run B stops at STOP, then resumes (resume=auto) to TOTAL.
+
+    Deterministic setup so that both must agree exactly: no dropout, no SpecAugment, a
+    schedule that does not depend on max_steps (noam), no validation in between."""
+    root = tmp_path_factory.mktemp("resume")
+
+    def cfg(exp: str, max_steps: int) -> DictConfig:
+        return compose_train(
+            root / exp,
+            "data=demo",
+            "optim=adamw_noam",
+            "data.spec_augment=null",
+            "model.encoder.dropout=0.0",
+            "model.predictor.dropout=0.0",
+            f"checkpoint.every_n_train_steps={CADENCE}",
+            f"trainer.max_steps={max_steps}",
+            "trainer.check_val_every_n_epoch=100",
+            "run_test=false",
+        )
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = _fit(cfg("a", TOTAL))
+        b1 = _fit(cfg("b", STOP))
+        stopped = torch.load(root / "b" / "checkpoints" / "last.ckpt", weights_only=False)
+        b2 = _fit(cfg("b", TOTAL))
+    finally:
+        torch.set_num_threads(before)
+    return {"a": a, "b1": b1, "b2": b2, "stopped": stopped}
+
+
+@pytest.mark.slow
+def test_stop_is_mid_epoch_and_checkpointed(resume_runs) -> None:
+    a_batches = resume_runs["a"][0].batches
+    assert [b[:3] for b in a_batches[STOP - 1 : STOP + 1]] == [
+        (STOP - 1, 0, STOP - 1),
+        (STOP, 0, STOP),
+    ]
+    assert any(epoch == 1 for _, epoch, _, _ in a_batches), "run A goes into a second epoch"
+    assert resume_runs["b1"][2] == STOP
+    assert resume_runs["b1"][0].batches == a_batches[:STOP]
+    stopped = resume_runs["stopped"]
+    assert stopped["global_step"] == STOP
+    assert stopped["AsrDataModule"] == {"epoch": 0, "batches_done": STOP}
+
+
+@pytest.mark.slow
+def test_resume_continues_at_the_stop_step(resume_runs) -> None:
+    resumed = resume_runs["b2"][0].batches
+    assert resumed[0][:3] == (STOP, 0, STOP)
+    assert resume_runs["b2"][2] == TOTAL
+
+
+@pytest.mark.slow
+def test_resume_sees_the_same_batches(resume_runs) -> None:
+    assert resume_runs["b2"][0].batches == resume_runs["a"][0].batches[STOP:]
+
+
+@pytest.mark.slow
+def test_resume_reaches_the_same_weights(resume_runs) -> None:
+    a, b = resume_runs["a"][1], resume_runs["b2"][1]
+    assert a.keys() == b.keys()
+    worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    assert worst <= 1e-6
