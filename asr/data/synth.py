@@ -401,7 +401,7 @@ def _write_transcripts(root: Path, utterances: list[Utterance]) -> None:
 def make_demo_corpus(
     out_dir: Path,
     *,
-    train_hours: float = 1.5,
+    train_hours: float = 2.0,
     dev_minutes: float = 6,
     test_minutes: float = 10,
     seed: int = 0,
@@ -451,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console script `asr-make-demo-corpus OUT [--train-hours H] ...`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="output directory (LibriSpeech/ is created inside)")
-    parser.add_argument("--train-hours", type=float, default=1.5)
+    parser.add_argument("--train-hours", type=float, default=2.0)
     parser.add_argument("--dev-minutes", type=float, default=6)
     parser.add_argument("--test-minutes", type=float, default=10)
     parser.add_argument("--seed", type=int, default=0)

@@ -14,7 +14,7 @@ stage=0
 stop_stage=7
 data=${DATA:-data/demo}
 exp=${EXP:-exp/demo}
-train_hours=${TRAIN_HOURS:-1.5}
+train_hours=${TRAIN_HOURS:-2}
 vocab_size=128
 train_args=()
 
@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 run() { [[ $stage -le $1 && $stop_stage -ge $1 ]]; }
-say() { printf '\n=== stage %s: %s ===\n' "$1" "${names[$1]}"; }
+say() { printf '\n=== stage %s: %s (%d s elapsed) ===\n' "$1" "${names[$1]}" "$SECONDS"; }
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 

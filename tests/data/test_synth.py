@@ -163,7 +163,7 @@ def test_other_parameters_replace_the_corpus(tmp_path: Path) -> None:
 
 
 def test_default_size_plan() -> None:
-    plan = plan_corpus(train_hours=1.5, dev_minutes=6, test_minutes=10, seed=0)
+    plan = plan_corpus(train_hours=2.0, dev_minutes=6, test_minutes=10, seed=0)
     train = [utt.text.split() for utt in plan["train-clean-100"]]
     assert len({word for words in train for word in words}) >= 1000
     lengths = [len(words) for words in train]
@@ -171,9 +171,9 @@ def test_default_size_plan() -> None:
     plural_objects = set(CATEGORIES["objects"])
     used = {word for words in train for word in words}
     assert len(plural_objects & used) > 0.9 * len(plural_objects)  # the cycling covers lists
-    again = plan_corpus(train_hours=1.5, dev_minutes=6, test_minutes=10, seed=0)
+    again = plan_corpus(train_hours=2.0, dev_minutes=6, test_minutes=10, seed=0)
     assert again == plan
-    other = plan_corpus(train_hours=1.5, dev_minutes=6, test_minutes=10, seed=1)
+    other = plan_corpus(train_hours=2.0, dev_minutes=6, test_minutes=10, seed=1)
     assert [u.text for u in other["dev-clean"]] != [u.text for u in plan["dev-clean"]]
 
 
@@ -216,7 +216,7 @@ def test_cli_prints_summary(corpus: Path, capsys: pytest.CaptureFixture) -> None
 @pytest.mark.slow
 def test_default_size_corpus(tmp_path: Path) -> None:
     summary = make_demo_corpus(tmp_path)
-    assert abs(summary["parts"]["train-clean-100"]["hours"] - 1.5) < 0.15
+    assert abs(summary["parts"]["train-clean-100"]["hours"] - 2.0) < 0.2
     assert abs(summary["parts"]["dev-clean"]["hours"] * 60 - 6) < 0.6
     assert abs(summary["parts"]["test-clean"]["hours"] * 60 - 10) < 1.0
     assert summary["vocabulary"] >= 1000 and summary["voices"] == 11

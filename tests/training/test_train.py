@@ -42,7 +42,9 @@ def test_csv_logger_choice_has_no_wandb() -> None:
 def test_sizes_follow_the_model() -> None:
     cfg = compose("experiment=demo", "data.features.num_mel_bins=64")
     assert cfg.model.encoder.input_dim == 64
-    assert cfg.data.subsampling_factor == cfg.model.encoder.subsampling_factor == 8
+    assert cfg.data.subsampling_factor == cfg.model.encoder.subsampling_factor == 4
+    cfg = compose("experiment=demo", "model.encoder.subsampling_factor=8")
+    assert cfg.data.subsampling_factor == 8  # the token-length filter follows the encoder
 
 
 def test_misspelt_override_fails_at_composition_naming_the_key() -> None:
