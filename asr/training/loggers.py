@@ -65,7 +65,9 @@ def build_loggers(cfg: Mapping[str, Any], save_dir: str | Path, run_config: dict
     save_dir = Path(save_dir)
     loggers: list[Logger] = []
     if cfg.get("csv", True):
-        loggers.append(CSVLogger(save_dir, name="csv", version=""))
+        # One version_N directory per run and per resume: with a fixed directory Lightning
+        # deletes the previous metrics.csv when a resumed run starts logging.
+        loggers.append(CSVLogger(save_dir, name="csv"))
     wandb_cfg = dict(cfg.get("wandb") or {})
     if wandb_cfg:
         mode = resolve_wandb_mode(wandb_cfg.pop("mode", "auto"))

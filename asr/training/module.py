@@ -55,9 +55,6 @@ class AsrLitModule(L.LightningModule):
         self.skipped: dict[str, set[str]] = {}  # reason -> ids of cuts dropped by the data
         self._errors: dict[str, ErrorCounts] = {}  # "val", "val_ctc", "test", ...
 
-    def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int):
-        return batch.to(device)
-
     def _count_skipped(self, batch: Batch, log_totals: bool) -> None:
         """Add the batch's skipped cuts to the running totals (logged while training)."""
         for reason, cut_ids in batch.skipped.items():

@@ -3,7 +3,8 @@
     asr-train experiment=demo trainer.max_epochs=2 model.encoder.num_layers=4
     asr-train experiment=demo --cfg job --resolve   # print the resolved config and exit
 
-Outputs go to `exp_dir`: checkpoints/, csv/ (metrics), wandb/, hydra/ (the config used).
+Outputs go to `exp_dir`: checkpoints/, csv/version_N/ (metrics, one version per run or
+resume), wandb/, hydra/ (the config used).
 Running the same command again resumes from `exp_dir/checkpoints/last.ckpt` (`resume=auto`).
 """
 

@@ -61,5 +61,5 @@ def test_csv_only_and_disabled_wandb_give_one_csv_logger(tmp_path: Path) -> None
     for cfg in ({"csv": True, "wandb": None}, {"csv": True, "wandb": {"mode": "disabled"}}):
         loggers = build_loggers(cfg, tmp_path / "exp", run_config={})
         assert len(loggers) == 1 and isinstance(loggers[0], CSVLogger)
-        assert Path(loggers[0].log_dir) == tmp_path / "exp" / "csv"
+        assert Path(loggers[0].log_dir) == tmp_path / "exp" / "csv" / "version_0"
     assert build_loggers({"csv": False, "wandb": None}, tmp_path, run_config={}) == []

@@ -92,8 +92,8 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
 # --- training ----------------------------------------------------------------------------
 
 
-def _metrics_rows(exp_dir: Path) -> list[dict[str, str]]:
-    with open(exp_dir / "csv" / "metrics.csv") as f:
+def _metrics_rows(exp_dir: Path, version: int = 0) -> list[dict[str, str]]:
+    with open(exp_dir / "csv" / f"version_{version}" / "metrics.csv") as f:
         return list(csv.DictReader(f))
 
 
@@ -201,7 +201,7 @@ def resume_runs(compose_train, tmp_path_factory: pytest.TempPathFactory) -> dict
         b2 = _fit(cfg("b", TOTAL))
     finally:
         torch.set_num_threads(before)
-    return {"a": a, "b1": b1, "b2": b2, "stopped": stopped}
+    return {"a": a, "b1": b1, "b2": b2, "stopped": stopped, "b_dir": root / "b"}
 
 
 @pytest.mark.slow
@@ -217,6 +217,14 @@ def test_stop_is_mid_epoch_and_checkpointed(resume_runs) -> None:
     stopped = resume_runs["stopped"]
     assert stopped["global_step"] == STOP
     assert stopped["AsrDataModule"] == {"epoch": 0, "batches_done": STOP}
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_first_runs_metrics(resume_runs) -> None:
+    exp_dir = resume_runs["b_dir"]
+    first = {int(r["step"]) for r in _metrics_rows(exp_dir, 0) if r.get("train/loss")}
+    second = {int(r["step"]) for r in _metrics_rows(exp_dir, 1) if r.get("train/loss")}
+    assert first and second and max(first) < min(second)
 
 
 @pytest.mark.slow
