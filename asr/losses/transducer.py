@@ -17,6 +17,8 @@ import torch
 import torchaudio.functional as AF
 from torch import Tensor
 
+from asr.losses.samplewise import reduce_nll, samplewise_loss
+
 Joiner = Callable[[Tensor, Tensor], Tensor]
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -70,12 +72,6 @@ def _validate(
     return max_t, max_u
 
 
-def _reduce(nll: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return nll.mean()
-    return nll.sum() if reduction == "sum" else nll
-
-
 def batched_transducer_loss(
     joiner: Joiner,
     encoder_out: Tensor,
@@ -111,4 +107,45 @@ def batched_transducer_loss(
             blank=blank,
             reduction="none",
         )
-    return _reduce(nll, reduction)
+    return reduce_nll(nll, reduction)
+
+
+def samplewise_transducer_loss(
+    joiner: Joiner,
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    targets: Tensor,
+    encoder_lens: Tensor,
+    target_lens: Tensor,
+    *,
+    blank: int = 0,
+    reduction: str = "mean",
+    group_size: int = 1,
+    logits_dtype: torch.dtype | None = None,
+    grad_clamp: float | None = None,
+) -> Tensor:
+    """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
+
+    Same result as `batched_transducer_loss`. Options: `group_size` samples of similar
+    size share one joiner call (padding only up to the group's longest), `logits_dtype`
+    (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32,
+    `grad_clamp` bounds each logit's gradient. See `asr.losses.samplewise`.
+    """
+    max_t, max_u = _validate(
+        encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction
+    )
+    return samplewise_loss(
+        joiner,
+        encoder_out,
+        predictor_out,
+        targets,
+        encoder_lens,
+        target_lens,
+        max_t=max_t,
+        max_u=max_u,
+        blank=blank,
+        reduction=reduction,
+        group_size=group_size,
+        logits_dtype=logits_dtype,
+        grad_clamp=grad_clamp,
+    )

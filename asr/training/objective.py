@@ -16,25 +16,32 @@ import torch
 
 from asr.data.batch import Batch
 from asr.losses.ctc import ctc_loss
-from asr.losses.transducer import batched_transducer_loss
+from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Transducer
 
-TRANSDUCER_LOSSES = {"batched": batched_transducer_loss}
+TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
+LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
 class TransducerLossConfig:
     """Keys of `model.loss`.
 
-    - `kind`: which transducer loss implementation (`batched`).
+    - `kind`: which transducer loss implementation: `samplewise` (one sample's logits at
+      a time, the default) or `batched` (the whole B x T x U x V at once; the reference).
     - `ctc_weight`: weight of the auxiliary CTC loss (needs `model.ctc_head: true`).
     - `transducer_start_step`: optimizer steps of CTC-only training before the
       transducer loss is switched on (0: from the start).
+    - `group_size`, `logits_dtype` (`bfloat16`/`float16`/`float32`), `grad_clamp`:
+      options of the sample-wise loss (see `asr.losses.samplewise`).
     """
 
-    kind: str = "batched"
+    kind: str = "samplewise"
     ctc_weight: float = 0.0
     transducer_start_step: int = 0
+    group_size: int = 1
+    logits_dtype: str | None = None
+    grad_clamp: float | None = None
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TransducerLossConfig:
@@ -48,7 +55,26 @@ class TransducerLossConfig:
             raise ValueError(
                 f"model.loss.kind={out.kind!r} is unknown; valid: {sorted(TRANSDUCER_LOSSES)}"
             )
+        if out.logits_dtype is not None and out.logits_dtype not in LOGITS_DTYPES:
+            raise ValueError(
+                f"model.loss.logits_dtype={out.logits_dtype!r} is unknown; valid: "
+                f"{sorted(LOGITS_DTYPES)} or null"
+            )
+        tuned = [
+            k
+            for k in ("group_size", "logits_dtype", "grad_clamp")
+            if getattr(out, k) != getattr(cls, k)
+        ]
+        if out.kind != "samplewise" and tuned:
+            raise ValueError(f"model.loss {tuned} apply only to kind=samplewise, not {out.kind!r}")
         return out
+
+    def loss_options(self) -> dict[str, Any]:
+        """Keyword options for the chosen loss function."""
+        if self.kind != "samplewise":
+            return {}
+        dtype = LOGITS_DTYPES[self.logits_dtype] if self.logits_dtype else None
+        return {"group_size": self.group_size, "logits_dtype": dtype, "grad_clamp": self.grad_clamp}
 
 
 class TransducerObjective:
@@ -61,6 +87,7 @@ class TransducerObjective:
     def __init__(self, config: TransducerLossConfig) -> None:
         self.config = config
         self._loss_fn = TRANSDUCER_LOSSES[config.kind]
+        self._loss_options = config.loss_options()
 
     def uses_ctc(self, step: int) -> bool:
         return self.config.ctc_weight > 0 or step < self.config.transducer_start_step
@@ -84,6 +111,7 @@ class TransducerObjective:
                 enc_lens,
                 batch.token_lens,
                 blank=model.blank_id,
+                **self._loss_options,
             )
             ctc_part = cfg.ctc_weight * out["ctc"] if "ctc" in out else 0.0
             out["loss"] = out["transducer"] + ctc_part

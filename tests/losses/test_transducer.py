@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from asr.losses.transducer import batched_transducer_loss
+from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
+
+LOSSES = [batched_transducer_loss, samplewise_transducer_loss]
 
 # warp-transducer's hand-checked case (B=1, T=2, U=2, V=5, targets [1, 2], blank 0):
 # logits (T, U+1, V), their cost, and the gradient of the cost with respect to the logits.
@@ -35,8 +37,9 @@ def logits_in_encoder_out(enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor
     return logits + 0.0 * pred
 
 
+@pytest.mark.parametrize("loss_fn", LOSSES)
 @pytest.mark.parametrize("blank_last", [False, True])
-def test_warp_transducer_small_case(blank_last):
+def test_warp_transducer_small_case(blank_last, loss_fn):
     logits, grads = torch.tensor(WARP_LOGITS), torch.tensor(WARP_GRADS)
     targets, blank = torch.tensor([[1, 2]]), 0
     if blank_last:  # relabel so that blank moves from index 0 to index V-1
@@ -44,7 +47,7 @@ def test_warp_transducer_small_case(blank_last):
         logits, grads, targets, blank = logits[..., perm], grads[..., perm], targets - 1, 4
     enc = logits.reshape(1, 2, 15).requires_grad_(True)
     pred = torch.zeros(1, 3, 1, requires_grad=True)
-    loss = batched_transducer_loss(
+    loss = loss_fn(
         logits_in_encoder_out,
         enc,
         pred,
@@ -95,15 +98,18 @@ def _random_batch(seed: int = 0, blank: int = 0):
     return joiner, enc, pred, targets, enc_lens, target_lens
 
 
+@pytest.mark.parametrize("loss_fn", LOSSES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("blank", [0, 5])
-def test_loss_and_gradients_match_reference(reduction, blank):
+def test_loss_and_gradients_match_reference(reduction, blank, loss_fn):
+    """Against the textbook forward algorithm in float64: torchaudio (batched) computes in
+    float32, so it gets float32 tolerances; the sample-wise loss keeps float64."""
     joiner, enc, pred, targets, enc_lens, target_lens = _random_batch(blank=blank)
     params = list(joiner.parameters())
     weights = torch.tensor([0.3, -1.2, 0.7, 2.0], dtype=torch.float64)  # distinct per sample
 
     enc1, pred1 = enc.clone().requires_grad_(True), pred.clone().requires_grad_(True)
-    loss = batched_transducer_loss(
+    loss = loss_fn(
         joiner, enc1, pred1, targets, enc_lens, target_lens, blank=blank, reduction=reduction
     )
     scalar = (loss * weights).sum() if reduction == "none" else loss
@@ -120,10 +126,17 @@ def test_loss_and_gradients_match_reference(reduction, blank):
     ref_scalar = (nll * weights).sum() if reduction == "none" else expected
     want = torch.autograd.grad(ref_scalar, [enc2, pred2, *params])
 
-    assert loss.shape == expected.shape and loss.dtype == torch.float32  # torchaudio: fp32
-    assert torch.allclose(loss.double(), expected, rtol=1e-5, atol=1e-5)
-    for g, w in zip(got, want, strict=True):
-        assert torch.allclose(g, w, rtol=1e-4, atol=1e-6)
+    assert loss.shape == expected.shape
+    if loss_fn is batched_transducer_loss:
+        assert loss.dtype == torch.float32  # torchaudio: fp32
+        assert torch.allclose(loss.double(), expected, rtol=1e-5, atol=1e-5)
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(g, w, rtol=1e-4, atol=1e-6)
+    else:
+        assert loss.dtype == torch.float64
+        assert torch.allclose(loss, expected, rtol=1e-10, atol=1e-12)
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(g, w, rtol=1e-9, atol=1e-12)
     # Frames and tokens beyond the lengths get no gradient.
     enc_grad, pred_grad = got[0], got[1]
     for b in range(4):
@@ -131,12 +144,11 @@ def test_loss_and_gradients_match_reference(reduction, blank):
         assert torch.all(pred_grad[b, target_lens[b] + 1 :] == 0)
 
 
-def test_inputs_trimmed_to_the_lengths_give_the_same_loss():
+@pytest.mark.parametrize("loss_fn", LOSSES)
+def test_inputs_trimmed_to_the_lengths_give_the_same_loss(loss_fn):
     joiner, enc, pred, targets, enc_lens, target_lens = _random_batch()
-    padded = batched_transducer_loss(joiner, enc, pred, targets, enc_lens, target_lens)
-    trimmed = batched_transducer_loss(
-        joiner, enc[:, :6], pred[:, :5], targets[:, :4], enc_lens, target_lens
-    )
+    padded = loss_fn(joiner, enc, pred, targets, enc_lens, target_lens)
+    trimmed = loss_fn(joiner, enc[:, :6], pred[:, :5], targets[:, :4], enc_lens, target_lens)
     assert torch.equal(padded, trimmed)
 
 
@@ -173,7 +185,8 @@ def test_no_deprecation_warning_escapes(recwarn):
         (lambda a: {**a, "reduction": "avg"}, "reduction"),
     ],
 )
-def test_invalid_inputs_are_explained(change, message):
+@pytest.mark.parametrize("loss_fn", LOSSES)
+def test_invalid_inputs_are_explained(change, message, loss_fn):
     joiner, enc, pred, targets, enc_lens, target_lens = _random_batch()
     args = dict(
         encoder_out=enc,
@@ -185,4 +198,4 @@ def test_invalid_inputs_are_explained(change, message):
         reduction="mean",
     )
     with pytest.raises(ValueError, match=message):
-        batched_transducer_loss(joiner, **change(args))
+        loss_fn(joiner, **change(args))

@@ -245,3 +245,47 @@ def test_resume_reaches_the_same_weights(resume_runs) -> None:
     assert a.keys() == b.keys()
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert worst <= 1e-6
+
+
+class LossRecorder(L.Callback):
+    """The optimized loss of every training step."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+@pytest.mark.slow
+def test_samplewise_and_batched_losses_train_alike(
+    compose_train, feature_manifests, tmp_path: Path, single_thread
+) -> None:
+    """Same seed, same data, the demo model: 20 steps with either loss give the same losses."""
+    losses = {}
+    for kind in ("batched", "samplewise"):
+        cfg = compose_train(
+            tmp_path / kind,
+            "experiment=demo",
+            *(f"model.encoder.{k}" for k in ("d_model=144", "num_layers=6", "num_heads=4")),
+            "model.predictor.embed_dim=160",
+            "model.predictor.hidden_dim=160",
+            "model.joiner.joint_dim=160",
+            f"model.loss.kind={kind}",
+            "model.loss.transducer_start_step=0",
+            "trainer.max_steps=20",
+            "trainer.check_val_every_n_epoch=100",
+            "run_test=false",
+        )
+        L.seed_everything(cfg.seed, workers=True)
+        trainer, module, datamodule = build(cfg)
+        recorder = LossRecorder()
+        trainer.callbacks.append(recorder)
+        trainer.fit(module, datamodule=datamodule)
+        losses[kind] = recorder.losses
+    assert len(losses["batched"]) == 20
+    relative = [
+        abs(s - b) / abs(b) for b, s in zip(losses["batched"], losses["samplewise"], strict=True)
+    ]
+    assert max(relative) < 1e-4, relative
+    assert losses["batched"][-1] < losses["batched"][0]  # it trained

@@ -1,0 +1,365 @@
+"""Sample-wise transducer loss: the B x T x U x V logits never exist, one sample's do.
+
+After Braun, McDermott and Hsiao, "Neural Transducer Training: Reduced Memory Consumption
+with Sample-wise Computation" (arXiv 2211.16270). The forward pass of the autograd
+Function walks the batch one sample (or one group of similar-sized samples) at a time:
+joiner on that sample's true lengths, log-softmax, lattice (alpha, beta), the gradient
+with respect to the logits in closed form (written over the logits), and backpropagation
+of that gradient through the joiner. Only the gradients for the joiner's inputs and
+parameters are kept; the next sample reuses the same buffers.
+
+Two joiner paths:
+
+- **fused**, for `asr.models.transducer.Joiner` (projections, tanh, output layer): the
+  projections run once for the whole batch outside the Function (autograd handles them),
+  and the Function does tanh, output layer and their backward by hand into preallocated
+  buffers. Peak extra memory per group: logits + hidden activations, G x T x (U+1) x (V + J).
+- **generic**, for any other `joiner(enc, pred)`: per group the joiner runs under
+  autograd and `torch.autograd.grad` carries the closed-form logit gradient back into its
+  inputs and parameters (a module's parameters; tensors a plain function closes over get
+  no gradient).
+
+Cost of the reductions: "mean" and "sum" do all the work in the forward pass and only
+scale the stored input gradients in backward. "none" needs per-sample weights from the
+incoming gradient, so its forward computes the losses only (joiner + alpha) and its
+backward recomputes every sample with its weight: one more joiner forward per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from asr.losses.lattice import nll_and_logit_grad_
+from asr.models.transducer import Joiner
+
+# Rows of the (T * U1, V) logit gradient multiplied by the output weight at a time when
+# backpropagating through the fused joiner: bounds the extra buffer to ROWS x J.
+BACKWARD_CHUNK_ROWS = 4096
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _is_fused(joiner: object) -> bool:
+    """True for a `Joiner` whose forward is the stock output(tanh(enc_proj + pred_proj))."""
+    return (
+        isinstance(joiner, Joiner)
+        and type(joiner).forward is Joiner.forward
+        and type(joiner).joint is Joiner.joint
+        and type(joiner).project_encoder is Joiner.project_encoder
+        and type(joiner).project_predictor is Joiner.project_predictor
+        and type(joiner.output) is nn.Linear
+    )
+
+
+def plan_groups(frames: Sequence[int], tokens: Sequence[int], group_size: int) -> list[list[int]]:
+    """Sample indices in groups of at most `group_size`, largest lattices first, so that
+    the samples of a group have similar sizes and pad little."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    order = sorted(range(len(frames)), key=lambda i: (-frames[i] * (tokens[i] + 1), i))
+    return [order[i : i + group_size] for i in range(0, len(order), group_size)]
+
+
+@dataclass
+class _Plan:
+    """Everything the Function needs besides its tensor inputs."""
+
+    joiner: Callable[[Tensor, Tensor], Tensor]
+    fused: bool
+    targets: Tensor
+    frames: Tensor
+    tokens: Tensor
+    groups: list[list[int]]
+    blank: int
+    reduction: str
+    logits_dtype: torch.dtype | None
+    grad_clamp: float | None
+
+    def lattice_dtype(self, like: Tensor) -> torch.dtype:
+        return torch.float64 if like.dtype == torch.float64 else torch.float32
+
+    def run(
+        self, enc: Tensor, pred: Tensor, params: Sequence[Tensor], weights: Tensor | None
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        """Losses (B,) and, when `weights` is given, the weighted gradients of the inputs."""
+        runner = _FusedGroups if self.fused else _GenericGroups
+        with torch.autocast(enc.device.type, enabled=False):
+            return runner(self, enc, pred, params).run(weights)
+
+
+class _Groups:
+    """Shared loop over groups: slicing, lattice, accumulation of input gradients."""
+
+    def __init__(self, plan: _Plan, enc: Tensor, pred: Tensor, params: Sequence[Tensor]):
+        self.plan, self.enc, self.pred, self.params = plan, enc, pred, list(params)
+        self.frames_list = plan.frames.tolist()
+        self.tokens_list = plan.tokens.tolist()
+        self.dtype = plan.lattice_dtype(enc)
+
+    def group_sizes(self, group: list[int]) -> tuple[int, int]:
+        return max(self.frames_list[i] for i in group), max(self.tokens_list[i] for i in group) + 1
+
+    def run(self, weights: Tensor | None) -> tuple[Tensor, list[Tensor | None]]:
+        plan, batch = self.plan, self.enc.size(0)
+        nll = torch.empty(batch, dtype=self.dtype, device=self.enc.device)
+        want_grad = weights is not None
+        grads: list[Tensor | None] = []
+        if want_grad:
+            grads = [torch.zeros_like(self.enc), torch.zeros_like(self.pred)]
+            grads += [torch.zeros_like(p) if p.requires_grad else None for p in self.params]
+        self.prepare([self.group_sizes(g) for g in plan.groups])
+        for group in plan.groups:
+            frames, u1 = self.group_sizes(group)
+            index = torch.tensor(group, device=self.enc.device)
+            logits = self.logits(index, frames, u1)
+            nll[index] = nll_and_logit_grad_(
+                logits,
+                plan.targets[index],
+                plan.frames[index],
+                plan.tokens[index],
+                blank=plan.blank,
+                weights=weights[index] if want_grad else None,
+                grad_clamp=plan.grad_clamp,
+            )
+            if want_grad:
+                g_enc, g_pred, g_params = self.backward(index, frames, u1, logits)
+                grads[0][index, :frames] = g_enc.to(grads[0].dtype)
+                grads[1][index, :u1] = g_pred.to(grads[1].dtype)
+                for acc, g in zip(grads[2:], g_params, strict=True):
+                    if acc is not None and g is not None:
+                        acc.add_(g.to(acc.dtype))
+        return nll, grads
+
+    def prepare(self, sizes: list[tuple[int, int]]) -> None:
+        """Allocate buffers for the largest group (sizes: (frames, U1) per group)."""
+
+    def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
+        raise NotImplementedError
+
+    def backward(
+        self, index: Tensor, frames: int, u1: int, logit_grad: Tensor
+    ) -> tuple[Tensor, Tensor, list[Tensor | None]]:
+        raise NotImplementedError
+
+
+class _FusedGroups(_Groups):
+    """enc/pred are already projected (B, T, J), (B, U1, J); params = (weight, bias)."""
+
+    def prepare(self, sizes: list[tuple[int, int]]) -> None:
+        weight = self.params[0]
+        self.joint_dim, self.vocab = weight.size(1), weight.size(0)
+        self.compute = self.plan.logits_dtype or self.dtype
+        largest = max(len(g) * f * u for g, (f, u) in zip(self.plan.groups, sizes, strict=True))
+        device = self.enc.device
+        self.hidden_buf = torch.empty(largest * self.joint_dim, dtype=self.compute, device=device)
+        self.logit_buf = torch.empty(largest * self.vocab, dtype=self.compute, device=device)
+        self.lattice_buf = self.logit_buf
+        if self.compute != self.dtype:  # low-precision matmuls, fp32 lattice
+            self.lattice_buf = torch.empty(largest * self.vocab, dtype=self.dtype, device=device)
+        rows = min(BACKWARD_CHUNK_ROWS, largest)
+        self.chunk_buf = torch.empty(rows * self.joint_dim, dtype=self.compute, device=device)
+        self.w = weight.detach().to(self.compute)
+        bias = self.params[1] if len(self.params) > 1 else None
+        self.b = None if bias is None else bias.detach().to(self.compute)
+
+    def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
+        g, j, v = index.numel(), self.joint_dim, self.vocab
+        n = g * frames * u1
+        enc = self.enc[index, :frames].to(self.compute)
+        pred = self.pred[index, :u1].to(self.compute)
+        self.hidden = self.hidden_buf[: n * j].view(g, frames, u1, j)
+        torch.add(enc[:, :, None], pred[:, None], out=self.hidden).tanh_()
+        out = self.logit_buf[: n * v].view(n, v)
+        if self.b is None:
+            torch.mm(self.hidden.view(n, j), self.w.t(), out=out)
+        else:
+            torch.addmm(self.b, self.hidden.view(n, j), self.w.t(), out=out)
+        if self.lattice_buf is self.logit_buf:
+            return out.view(g, frames, u1, v)
+        lattice = self.lattice_buf[: n * v].view(g, frames, u1, v)
+        return lattice.copy_(out.view(g, frames, u1, v))
+
+    def backward(
+        self, index: Tensor, frames: int, u1: int, logit_grad: Tensor
+    ) -> tuple[Tensor, Tensor, list[Tensor | None]]:
+        g, j, v = index.numel(), self.joint_dim, self.vocab
+        n = g * frames * u1
+        dz = self.logit_buf[: n * v].view(n, v)
+        if logit_grad.data_ptr() != dz.data_ptr():
+            dz.copy_(logit_grad.view(n, v))
+        hidden = self.hidden.view(n, j)
+        grad_w = dz.t() @ hidden if self.params[0].requires_grad else None
+        has_bias = len(self.params) > 1 and self.params[1] is not None
+        grad_b = dz.sum(0) if has_bias and self.params[1].requires_grad else None
+        # d(pre-tanh) = (dz @ W) * (1 - tanh^2), written over the hidden activations.
+        rows = self.chunk_buf.numel() // j
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            part = torch.mm(
+                dz[start:stop], self.w, out=self.chunk_buf[: (stop - start) * j].view(-1, j)
+            )
+            h = hidden[start:stop]
+            h.mul_(h).neg_().add_(1.0).mul_(part)
+        grad_pre = self.hidden
+        return grad_pre.sum(2), grad_pre.sum(1), [grad_w, grad_b][: len(self.params)]
+
+
+class _GenericGroups(_Groups):
+    """Any joiner callable; per-group autograd through it with the closed-form dL/dz."""
+
+    def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
+        self.enc_g = self.enc[index, :frames].detach().requires_grad_()
+        self.pred_g = self.pred[index, :u1].detach().requires_grad_()
+        low = self.plan.logits_dtype
+        with (
+            torch.enable_grad(),
+            torch.autocast(
+                self.enc.device.type, dtype=low or torch.float32, enabled=low is not None
+            ),
+        ):
+            self.out = self.plan.joiner(self.enc_g[:, :, None], self.pred_g[:, None])
+        logits = self.out.detach()
+        if not 0 <= self.plan.blank < logits.size(-1):
+            raise ValueError(
+                f"blank={self.plan.blank} is outside the joiner's vocabulary [0, {logits.size(-1)})"
+            )
+        return logits if logits.dtype == self.dtype else logits.to(self.dtype)
+
+    def backward(
+        self, index: Tensor, frames: int, u1: int, logit_grad: Tensor
+    ) -> tuple[Tensor, Tensor, list[Tensor | None]]:
+        wanted = [self.enc_g, self.pred_g, *(p for p in self.params if p.requires_grad)]
+        grads = torch.autograd.grad(
+            self.out, wanted, logit_grad.to(self.out.dtype), allow_unused=True
+        )
+        self.out = None
+        g_params = iter(grads[2:])
+        per_param = [next(g_params) if p.requires_grad else None for p in self.params]
+        return grads[0], grads[1], per_param
+
+
+class _SamplewiseTransducer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan: _Plan, enc: Tensor, pred: Tensor, *params: Tensor) -> Tensor:  # noqa: ANN001
+        batch = enc.size(0)
+        needs_grad = any(ctx.needs_input_grad[1:])
+        ctx.plan = plan
+        if not needs_grad:
+            nll, _ = plan.run(enc, pred, params, None)
+            return reduce_nll(nll, plan.reduction)
+        if plan.reduction == "none":
+            nll, _ = plan.run(enc, pred, params, None)
+            ctx.save_for_backward(enc, pred, *params)
+            return nll
+        scale = 1.0 / batch if plan.reduction == "mean" else 1.0
+        weights = torch.full((batch,), scale, dtype=plan.lattice_dtype(enc), device=enc.device)
+        nll, ctx.grads = plan.run(enc, pred, params, weights)
+        return reduce_nll(nll, plan.reduction)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+        if ctx.plan.reduction == "none":
+            enc, pred, *params = ctx.saved_tensors
+            _, grads = ctx.plan.run(enc, pred, params, grad_out.detach())
+        else:
+            grads = ctx.grads
+            ctx.grads = None
+            for g in grads:
+                if g is not None:
+                    g.mul_(grad_out.to(g.dtype))
+        return (None, *grads)
+
+
+def reduce_nll(nll: Tensor, reduction: str) -> Tensor:
+    """Per-utterance losses (B,) -> "mean" over the batch, "sum" or "none" (as is)."""
+    if reduction == "mean":
+        return nll.mean()
+    return nll.sum() if reduction == "sum" else nll
+
+
+def samplewise_loss(
+    joiner: Callable[[Tensor, Tensor], Tensor],
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    targets: Tensor,
+    encoder_lens: Tensor,
+    target_lens: Tensor,
+    *,
+    max_t: int,
+    max_u: int,
+    blank: int,
+    reduction: str,
+    group_size: int,
+    logits_dtype: torch.dtype | None,
+    grad_clamp: float | None,
+) -> Tensor:
+    """The sample-wise loss on validated inputs (see `samplewise_transducer_loss`)."""
+    if logits_dtype is not None and logits_dtype not in (*LOW_PRECISION, torch.float32):
+        raise ValueError(f"logits_dtype must be float16, bfloat16 or float32, got {logits_dtype}")
+    if grad_clamp is not None and not grad_clamp > 0:
+        raise ValueError(f"grad_clamp must be > 0, got {grad_clamp}")
+    encoder_out, predictor_out = encoder_out[:, :max_t], predictor_out[:, : max_u + 1]
+    fused = _is_fused(joiner)
+    if fused:
+        enc = joiner.project_encoder(encoder_out)
+        pred = joiner.project_predictor(predictor_out)
+        vocab = joiner.output.out_features
+        params = [joiner.output.weight] + (
+            [joiner.output.bias] if joiner.output.bias is not None else []
+        )
+    else:
+        enc, pred, vocab = encoder_out, predictor_out, None
+        params = list(joiner.parameters()) if isinstance(joiner, nn.Module) else []
+    if vocab is not None and not 0 <= blank < vocab:
+        raise ValueError(f"blank={blank} is outside the joiner's vocabulary [0, {vocab})")
+    frames, tokens = encoder_lens.long(), target_lens.long()
+    plan = _Plan(
+        joiner=joiner,
+        fused=fused,
+        targets=targets[:, :max_u].long(),
+        frames=frames,
+        tokens=tokens,
+        groups=plan_groups(frames.tolist(), tokens.tolist(), group_size),
+        blank=blank,
+        reduction=reduction,
+        logits_dtype=logits_dtype,
+        grad_clamp=grad_clamp,
+    )
+    return _SamplewiseTransducer.apply(plan, enc, pred, *params)
+
+
+def predicted_peak_bytes(
+    *,
+    batch_size: int,
+    max_frames: int,
+    max_tokens: int,
+    vocab_size: int,
+    encoder_dim: int,
+    predictor_dim: int,
+    joint_dim: int,
+    group_size: int = 1,
+    dtype_bytes: int = 4,
+) -> int:
+    """Peak extra memory of forward + backward with the fused joiner, in bytes (fp32 lattice).
+
+    The larger of two moments. In forward: the batch's projections and their gradient
+    accumulators (B x (T + U1) x J, twice) plus one group's workspace: logits
+    (G x T x U1 x V), hidden activations (G x T x U1 x J), the backward chunk, and the
+    lattice's per-node arrays (about 16 fp32 values per node). In backward: the stored
+    gradients plus the gradients of `encoder_out` and `predictor_out`.
+    """
+    u1, f4 = max_tokens + 1, 4
+    nodes = min(group_size, batch_size) * max_frames * u1
+    projections = batch_size * (max_frames + u1) * joint_dim * f4
+    workspace = nodes * (vocab_size + joint_dim) * dtype_bytes
+    if dtype_bytes != f4:
+        workspace += nodes * vocab_size * f4
+    workspace += min(BACKWARD_CHUNK_ROWS, nodes) * joint_dim * dtype_bytes + 16 * nodes * f4
+    forward = 2 * projections + workspace
+    backward = projections + batch_size * (max_frames * encoder_dim + u1 * predictor_dim) * f4
+    return int(max(forward, backward))

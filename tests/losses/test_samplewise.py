@@ -1,0 +1,150 @@
+"""The sample-wise loss against the batched reference (torchaudio) and its own options."""
+
+import pytest
+import torch
+from torch import nn
+
+from asr.losses.samplewise import plan_groups
+from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
+from asr.models.transducer import Joiner
+
+
+class WrappedJoiner(nn.Module):
+    """Not a stock Joiner, so the loss takes its generic (autograd) path."""
+
+    def __init__(self, joiner: Joiner) -> None:
+        super().__init__()
+        self.joiner = joiner
+
+    def forward(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        return self.joiner(enc, pred)
+
+
+def random_batch(seed: int, batch: int = 6, frames: int = 30, tokens: int = 9, vocab: int = 17):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    joiner = Joiner(encoder_dim=12, predictor_dim=10, joint_dim=16, vocab_size=vocab)
+    enc = torch.randn(batch, frames + 3, 12, generator=g)  # padded beyond the longest
+    pred = torch.randn(batch, tokens + 2, 10, generator=g)
+    targets = torch.randint(1, vocab, (batch, tokens + 1), generator=g)
+    enc_lens = torch.randint(1, frames + 1, (batch,), generator=g)
+    target_lens = torch.randint(0, tokens + 1, (batch,), generator=g)
+    enc_lens[0], target_lens[1] = frames, tokens  # a sample at each maximum
+    return joiner, enc, pred, targets, enc_lens, target_lens
+
+
+def loss_and_grads(loss_fn, joiner, module, enc, pred, *rest, reduction="mean", **options):
+    enc, pred = enc.clone().requires_grad_(True), pred.clone().requires_grad_(True)
+    loss = loss_fn(module, enc, pred, *rest, reduction=reduction, **options)
+    weights = torch.linspace(-1.0, 2.0, enc.size(0))
+    scalar = (loss * weights).sum() if reduction == "none" else loss
+    grads = torch.autograd.grad(scalar, [enc, pred, *joiner.parameters()])
+    return loss.detach(), grads
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("path", ["fused", "generic"])
+@pytest.mark.parametrize("group_size", [1, 4, 8])
+def test_float32_matches_the_batched_reference(reduction, path, group_size):
+    for seed in range(3):
+        joiner, *inputs = random_batch(seed)
+        module = joiner if path == "fused" else WrappedJoiner(joiner)
+        ref, ref_grads = loss_and_grads(
+            batched_transducer_loss, joiner, module, *inputs, reduction=reduction
+        )
+        got, grads = loss_and_grads(
+            samplewise_transducer_loss,
+            joiner,
+            module,
+            *inputs,
+            reduction=reduction,
+            group_size=group_size,
+        )
+        assert got.shape == ref.shape
+        assert rel_error(got, ref) < 1e-4
+        for g, r in zip(grads, ref_grads, strict=True):
+            assert rel_error(g, r) < 1e-4
+
+
+def test_without_gradients_only_the_loss_is_computed():
+    joiner, *inputs = random_batch(0)
+    with torch.no_grad():
+        loss = samplewise_transducer_loss(joiner, *inputs, reduction="none")
+    assert not loss.requires_grad
+    reference = batched_transducer_loss(joiner, *inputs, reduction="none")
+    assert rel_error(loss, reference.detach()) < 1e-5
+
+
+def test_frozen_joiner_output_layer_still_trains_the_inputs():
+    joiner, enc, pred, *rest = random_batch(1)
+    joiner.output.requires_grad_(False)
+    enc = enc.clone().requires_grad_(True)
+    samplewise_transducer_loss(joiner, enc, pred, *rest).backward()
+    enc_ref = enc.detach().clone().requires_grad_(True)
+    batched_transducer_loss(joiner, enc_ref, pred, *rest).backward()
+    assert joiner.output.weight.grad is None
+    assert rel_error(enc.grad, enc_ref.grad) < 1e-4
+
+
+@pytest.mark.parametrize("path", ["fused", "generic"])
+def test_bfloat16_logits_stay_close(path):
+    joiner, *inputs = random_batch(2)
+    module = joiner if path == "fused" else WrappedJoiner(joiner)
+    exact, exact_grads = loss_and_grads(samplewise_transducer_loss, joiner, module, *inputs)
+    low, low_grads = loss_and_grads(
+        samplewise_transducer_loss, joiner, module, *inputs, logits_dtype=torch.bfloat16
+    )
+    assert low.dtype == torch.float32
+    assert low.item() == pytest.approx(exact.item(), rel=0.02)
+    for g, e in zip(low_grads, exact_grads, strict=True):
+        cosine = torch.nn.functional.cosine_similarity(g.flatten(), e.flatten(), dim=0)
+        assert cosine > 0.98
+
+
+def test_grad_clamp_bounds_every_logit_gradient():
+    # A joiner whose encoder input *is* the logits: d loss / d enc = d loss / d logits.
+    def logits_in_encoder_out(enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        return enc.unflatten(-1, (pred.size(-2), -1)).squeeze(-3) + 0.0 * pred
+
+    g = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(1, 5, 4, 6, generator=g)
+    targets, lens = torch.tensor([[1, 2, 3]]), (torch.tensor([5]), torch.tensor([3]))
+    grads = {}
+    for clamp in (None, 0.05):
+        enc = logits.reshape(1, 5, 24).requires_grad_(True)
+        pred = torch.zeros(1, 4, 1)
+        loss = samplewise_transducer_loss(
+            logits_in_encoder_out, enc, pred, targets, *lens, reduction="sum", grad_clamp=clamp
+        )
+        loss.backward()
+        grads[clamp] = enc.grad
+    assert grads[None].abs().max() > 0.05
+    assert grads[0.05].abs().max() <= 0.05 + 1e-7
+    unclamped = grads[None].abs() < 0.05
+    assert torch.equal(grads[0.05][unclamped], grads[None][unclamped])
+
+
+def test_groups_hold_similar_sizes_largest_first():
+    frames, tokens = [10, 50, 20, 50, 5], [3, 9, 4, 2, 1]  # lattice sizes 40, 500, 100, 150, 10
+    assert plan_groups(frames, tokens, 2) == [[1, 3], [2, 0], [4]]
+    assert plan_groups(frames, tokens, 1) == [[1], [3], [2], [0], [4]]
+    with pytest.raises(ValueError, match="group_size"):
+        plan_groups(frames, tokens, 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"logits_dtype": torch.float64}, "logits_dtype"),
+        ({"grad_clamp": 0.0}, "grad_clamp"),
+        ({"group_size": 0}, "group_size"),
+    ],
+)
+def test_bad_options_are_explained(options, message):
+    joiner, *inputs = random_batch(0)
+    with pytest.raises(ValueError, match=message):
+        samplewise_transducer_loss(joiner, *inputs, **options)
