@@ -106,6 +106,20 @@ def backward_variables(
     return unskew(beta, t + 1)
 
 
+LOG_SOFTMAX_CHUNK = 1 << 20  # elements per temporary of `log_softmax_`
+
+
+def log_softmax_(logits: Tensor) -> Tensor:
+    """Log-softmax over the last dim in place, in chunks of frames so that logsumexp's
+    full-size temporary stays small."""
+    per_frame = max(1, logits[:, :1].numel())
+    step = max(1, LOG_SOFTMAX_CHUNK // per_frame)
+    for start in range(0, logits.size(1), step):
+        part = logits[:, start : start + step]
+        part.sub_(torch.logsumexp(part, -1, keepdim=True))
+    return logits
+
+
 def nll_and_logit_grad_(
     logits: Tensor,
     targets: Tensor,
@@ -126,7 +140,7 @@ def nll_and_logit_grad_(
     """
     g, t, u1, vocab = logits.shape
     device = logits.device
-    logits.sub_(torch.logsumexp(logits, -1, keepdim=True))  # log-softmax in place
+    log_softmax_(logits)
     time_ok = torch.arange(t, device=device)[None, :, None] < frames[:, None, None]
     u_range = torch.arange(u1, device=device)[None, None, :]
     node_ok = time_ok & (u_range <= tokens[:, None, None])

@@ -106,7 +106,7 @@ class _Groups:
     def run(self, weights: Tensor | None) -> tuple[Tensor, list[Tensor | None]]:
         plan, batch = self.plan, self.enc.size(0)
         nll = torch.empty(batch, dtype=self.dtype, device=self.enc.device)
-        want_grad = weights is not None
+        want_grad = self.want_grad = weights is not None
         grads: list[Tensor | None] = []
         if want_grad:
             grads = [torch.zeros_like(self.enc), torch.zeros_like(self.pred)]
