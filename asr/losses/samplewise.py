@@ -212,11 +212,11 @@ class _GenericGroups(_Groups):
     """Any joiner callable; per-group autograd through it with the closed-form dL/dz."""
 
     def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
-        self.enc_g = self.enc[index, :frames].detach().requires_grad_()
-        self.pred_g = self.pred[index, :u1].detach().requires_grad_()
+        self.enc_g = self.enc[index, :frames].detach().requires_grad_(self.want_grad)
+        self.pred_g = self.pred[index, :u1].detach().requires_grad_(self.want_grad)
         low = self.plan.logits_dtype
         with (
-            torch.enable_grad(),
+            torch.set_grad_enabled(self.want_grad),
             torch.autocast(
                 self.enc.device.type, dtype=low or torch.float32, enabled=low is not None
             ),
