@@ -55,13 +55,34 @@ def _is_fused(joiner: object) -> bool:
     )
 
 
-def plan_groups(frames: Sequence[int], tokens: Sequence[int], group_size: int) -> list[list[int]]:
-    """Sample indices in groups of at most `group_size`, largest lattices first, so that
-    the samples of a group have similar sizes and pad little."""
+def plan_groups(
+    frames: Sequence[int],
+    tokens: Sequence[int],
+    group_size: int,
+    max_group_nodes: int | None = None,
+) -> list[list[int]]:
+    """Sample indices in groups, largest lattices first so that a group's samples have
+    similar sizes and pad little. A group holds at most `group_size` samples and, when
+    `max_group_nodes` is set, at most that many padded lattice nodes
+    (samples x longest T x longest U+1) unless a single sample is larger."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if max_group_nodes is not None and max_group_nodes < 1:
+        raise ValueError(f"max_group_nodes must be >= 1 or None, got {max_group_nodes}")
     order = sorted(range(len(frames)), key=lambda i: (-frames[i] * (tokens[i] + 1), i))
-    return [order[i : i + group_size] for i in range(0, len(order), group_size)]
+    groups: list[list[int]] = []
+    longest = (0, 0)
+    for i in order:
+        grown = (max(longest[0], frames[i]), max(longest[1], tokens[i] + 1))
+        nodes = (len(groups[-1]) + 1) * grown[0] * grown[1] if groups else 0
+        full = not groups or len(groups[-1]) == group_size
+        if full or (max_group_nodes is not None and nodes > max_group_nodes):
+            groups.append([i])
+            longest = (frames[i], tokens[i] + 1)
+        else:
+            groups[-1].append(i)
+            longest = grown
+    return groups
 
 
 @dataclass
@@ -295,6 +316,7 @@ def samplewise_loss(
     blank: int,
     reduction: str,
     group_size: int,
+    max_group_nodes: int | None,
     logits_dtype: torch.dtype | None,
     grad_clamp: float | None,
 ) -> Tensor:
@@ -324,7 +346,7 @@ def samplewise_loss(
         targets=targets[:, :max_u].long(),
         frames=frames,
         tokens=tokens,
-        groups=plan_groups(frames.tolist(), tokens.tolist(), group_size),
+        groups=plan_groups(frames.tolist(), tokens.tolist(), group_size, max_group_nodes),
         blank=blank,
         reduction=reduction,
         logits_dtype=logits_dtype,
@@ -343,6 +365,7 @@ def predicted_peak_bytes(
     predictor_dim: int,
     joint_dim: int,
     group_size: int = 1,
+    max_group_nodes: int | None = None,
     dtype_bytes: int = 4,
 ) -> int:
     """Peak extra memory of forward + backward with the fused joiner, in bytes (fp32 lattice).
@@ -355,6 +378,8 @@ def predicted_peak_bytes(
     """
     u1, f4 = max_tokens + 1, 4
     nodes = min(group_size, batch_size) * max_frames * u1
+    if max_group_nodes is not None:
+        nodes = min(nodes, max(max_group_nodes, max_frames * u1))
     projections = batch_size * (max_frames + u1) * joint_dim * f4
     workspace = nodes * (vocab_size + joint_dim) * dtype_bytes
     if dtype_bytes != f4:

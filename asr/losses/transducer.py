@@ -121,13 +121,15 @@ def samplewise_transducer_loss(
     blank: int = 0,
     reduction: str = "mean",
     group_size: int = 1,
+    max_group_nodes: int | None = None,
     logits_dtype: torch.dtype | None = None,
     grad_clamp: float | None = None,
 ) -> Tensor:
     """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
 
-    Same result as `batched_transducer_loss`. Options: `group_size` samples of similar
-    size share one joiner call (padding only up to the group's longest), `logits_dtype`
+    Same result as `batched_transducer_loss`. Options: up to `group_size` samples of
+    similar size share one joiner call (padding only up to the group's longest), capped
+    at `max_group_nodes` padded lattice nodes per group when given; `logits_dtype`
     (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32,
     `grad_clamp` bounds each logit's gradient. See `asr.losses.samplewise`.
     """
@@ -146,6 +148,7 @@ def samplewise_transducer_loss(
         blank=blank,
         reduction=reduction,
         group_size=group_size,
+        max_group_nodes=max_group_nodes,
         logits_dtype=logits_dtype,
         grad_clamp=grad_clamp,
     )

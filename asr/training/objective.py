@@ -32,14 +32,15 @@ class TransducerLossConfig:
     - `ctc_weight`: weight of the auxiliary CTC loss (needs `model.ctc_head: true`).
     - `transducer_start_step`: optimizer steps of CTC-only training before the
       transducer loss is switched on (0: from the start).
-    - `group_size`, `logits_dtype` (`bfloat16`/`float16`/`float32`), `grad_clamp`:
-      options of the sample-wise loss (see `asr.losses.samplewise`).
+    - `group_size`, `max_group_nodes`, `logits_dtype` (`bfloat16`/`float16`/`float32`),
+      `grad_clamp`: options of the sample-wise loss (see `asr.losses.samplewise`).
     """
 
     kind: str = "samplewise"
     ctc_weight: float = 0.0
     transducer_start_step: int = 0
     group_size: int = 1
+    max_group_nodes: int | None = None
     logits_dtype: str | None = None
     grad_clamp: float | None = None
 
@@ -62,7 +63,7 @@ class TransducerLossConfig:
             )
         tuned = [
             k
-            for k in ("group_size", "logits_dtype", "grad_clamp")
+            for k in ("group_size", "max_group_nodes", "logits_dtype", "grad_clamp")
             if getattr(out, k) != getattr(cls, k)
         ]
         if out.kind != "samplewise" and tuned:
@@ -74,7 +75,12 @@ class TransducerLossConfig:
         if self.kind != "samplewise":
             return {}
         dtype = LOGITS_DTYPES[self.logits_dtype] if self.logits_dtype else None
-        return {"group_size": self.group_size, "logits_dtype": dtype, "grad_clamp": self.grad_clamp}
+        return {
+            "group_size": self.group_size,
+            "max_group_nodes": self.max_group_nodes,
+            "logits_dtype": dtype,
+            "grad_clamp": self.grad_clamp,
+        }
 
 
 class TransducerObjective:

@@ -134,6 +134,9 @@ def test_groups_hold_similar_sizes_largest_first():
     frames, tokens = [10, 50, 20, 50, 5], [3, 9, 4, 2, 1]  # lattice sizes 40, 500, 100, 150, 10
     assert plan_groups(frames, tokens, 2) == [[1, 3], [2, 0], [4]]
     assert plan_groups(frames, tokens, 1) == [[1], [3], [2], [0], [4]]
+    # A node budget: [1] alone (500), then 3 and 2 pad to 50 x 5 each (500 > 400) ...
+    assert plan_groups(frames, tokens, 8, max_group_nodes=400) == [[1], [3], [2, 0, 4]]
+    assert plan_groups(frames, tokens, 8, max_group_nodes=1) == [[1], [3], [2], [0], [4]]
     with pytest.raises(ValueError, match="group_size"):
         plan_groups(frames, tokens, 0)
 
@@ -144,6 +147,7 @@ def test_groups_hold_similar_sizes_largest_first():
         ({"logits_dtype": torch.float64}, "logits_dtype"),
         ({"grad_clamp": 0.0}, "grad_clamp"),
         ({"group_size": 0}, "group_size"),
+        ({"max_group_nodes": 0}, "max_group_nodes"),
     ],
 )
 def test_bad_options_are_explained(options, message):
