@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-fast lint install clean-demo
+.PHONY: demo test test-fast lint bench install clean-demo
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	pytest -q -m "not slow"
+
+## Transducer-loss benchmark: time and peak memory, one JSON line per case (a few minutes).
+bench: $(STAMP)
+	python scripts/benchmark_transducer_loss.py --cases a,b
 
 lint: $(STAMP)
 	ruff check asr tests scripts
