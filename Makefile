@@ -28,6 +28,7 @@ test-fast: $(STAMP)
 
 ## Transducer-loss benchmark: time and peak memory, one JSON line per case (a few minutes).
 bench: $(STAMP)
+	pip install --quiet -e ".[dev,bench]"
 	python scripts/benchmark_transducer_loss.py --cases a,b
 
 lint: $(STAMP)

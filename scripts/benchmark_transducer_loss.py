@@ -58,7 +58,13 @@ CASES = {
 # Braun et al. (arXiv 2211.16270): batch 1024 of 40 s utterances in 6 GB. Frame rate,
 # target length, vocabulary and joint width are our assumptions for a typical setup.
 PAPER = Case(1024, 1000, 100, 1024, 512)
-IMPLS = ("samplewise", "batched")
+IMPLS = ("samplewise", "batched", "warprnnt_numba")
+# Peers that are not installed here, and why (see the closing notes of issue 3).
+NOT_HERE = {
+    "optimized_transducer": "source build against PyPI's CUDA torch wants the CUDA toolkit",
+    "fast_rnnt": "source build against PyPI's CUDA torch wants the CUDA toolkit",
+    "warp_rnnt": "CUDA only: no CPU implementation",
+}
 
 
 def build_inputs(case: Case, device: str, seed: int = 0) -> tuple:
@@ -84,7 +90,20 @@ def loss_fn(impl: str, case: Case):
         return lambda *a: samplewise_transducer_loss(*a, group_size=case.group_size)
     if impl == "batched":
         return batched_transducer_loss
+    if impl == "warprnnt_numba":
+        return warprnnt_numba_loss
     raise ValueError(f"unknown implementation {impl!r}; known: {IMPLS}")
+
+
+def warprnnt_numba_loss(joiner: Joiner, enc, pred, targets, enc_lens, target_lens):
+    """NeMo's numba RNN-T loss (pip: warprnnt-numba) on the joiner's padded-batch logits."""
+    from warprnnt_numba import RNNTLossNumba
+
+    max_t, max_u = int(enc_lens.max()), int(target_lens.max())
+    logits = joiner(enc[:, :max_t, None], pred[:, None, : max_u + 1])
+    loss = RNNTLossNumba(blank=0, reduction="mean")
+    int32 = torch.int32
+    return loss(logits, targets[:, :max_u].to(int32), enc_lens.to(int32), target_lens.to(int32))
 
 
 class PeakMemory:
@@ -196,7 +215,7 @@ def spawn(case: str, impl: str, repeats: int, device: str, timeout: float) -> di
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="a,b", help="comma-separated: a, b, c")
-    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--impls", default=",".join((*IMPLS, *NOT_HERE)))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=1800)
@@ -207,6 +226,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     for case in args.cases.split(","):
         for impl in args.impls.split(","):
+            if impl in NOT_HERE:
+                line = {"case": case, "impl": impl, "status": "skipped", "reason": NOT_HERE[impl]}
+                print(json.dumps(line), flush=True)
+                continue
             if case == "c" and impl == "batched":
                 need = round(batched_bytes(CASES[case]) / MB)
                 line = {"case": case, "impl": impl, **asdict(CASES[case]), "status": "skipped"}
