@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from asr.losses.checks import reduce_nll, validate_inputs
 from asr.losses.lattice import nll_and_logit_grad_
 from asr.models.transducer import Joiner
 
@@ -296,14 +297,7 @@ class _SamplewiseTransducer(torch.autograd.Function):
         return (None, *grads)
 
 
-def reduce_nll(nll: Tensor, reduction: str) -> Tensor:
-    """Per-utterance losses (B,) -> "mean" over the batch, "sum" or "none" (as is)."""
-    if reduction == "mean":
-        return nll.mean()
-    return nll.sum() if reduction == "sum" else nll
-
-
-def samplewise_loss(
+def samplewise_transducer_loss(
     joiner: Callable[[Tensor, Tensor], Tensor],
     encoder_out: Tensor,
     predictor_out: Tensor,
@@ -311,16 +305,24 @@ def samplewise_loss(
     encoder_lens: Tensor,
     target_lens: Tensor,
     *,
-    max_t: int,
-    max_u: int,
-    blank: int,
-    reduction: str,
-    group_size: int,
-    max_group_nodes: int | None,
-    logits_dtype: torch.dtype | None,
-    grad_clamp: float | None,
+    blank: int = 0,
+    reduction: str = "mean",
+    group_size: int = 1,
+    max_group_nodes: int | None = None,
+    logits_dtype: torch.dtype | None = None,
+    grad_clamp: float | None = None,
 ) -> Tensor:
-    """The sample-wise loss on validated inputs (see `samplewise_transducer_loss`)."""
+    """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
+
+    Same result as `batched_transducer_loss`. Options: up to `group_size` samples of
+    similar size share one joiner call (padding only up to the group's longest), capped
+    at `max_group_nodes` padded lattice nodes per group when given; `logits_dtype`
+    (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32,
+    `grad_clamp` bounds each logit's gradient. See `asr.losses.samplewise`.
+    """
+    max_t, max_u = validate_inputs(
+        encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction
+    )
     if logits_dtype is not None and logits_dtype not in (*LOW_PRECISION, torch.float32):
         raise ValueError(f"logits_dtype must be float16, bfloat16 or float32, got {logits_dtype}")
     if grad_clamp is not None and not grad_clamp > 0:

@@ -20,6 +20,7 @@ from asr.losses.transducer import batched_transducer_loss, samplewise_transducer
 from asr.models.transducer import Transducer
 
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
+SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "logits_dtype", "grad_clamp")
 LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -61,11 +62,7 @@ class TransducerLossConfig:
                 f"model.loss.logits_dtype={out.logits_dtype!r} is unknown; valid: "
                 f"{sorted(LOGITS_DTYPES)} or null"
             )
-        tuned = [
-            k
-            for k in ("group_size", "max_group_nodes", "logits_dtype", "grad_clamp")
-            if getattr(out, k) != getattr(cls, k)
-        ]
+        tuned = [k for k in SAMPLEWISE_OPTIONS if getattr(out, k) != getattr(cls, k)]
         if out.kind != "samplewise" and tuned:
             raise ValueError(f"model.loss {tuned} apply only to kind=samplewise, not {out.kind!r}")
         return out
@@ -74,13 +71,9 @@ class TransducerLossConfig:
         """Keyword options for the chosen loss function."""
         if self.kind != "samplewise":
             return {}
-        dtype = LOGITS_DTYPES[self.logits_dtype] if self.logits_dtype else None
-        return {
-            "group_size": self.group_size,
-            "max_group_nodes": self.max_group_nodes,
-            "logits_dtype": dtype,
-            "grad_clamp": self.grad_clamp,
-        }
+        options = {k: getattr(self, k) for k in SAMPLEWISE_OPTIONS}
+        options["logits_dtype"] = LOGITS_DTYPES.get(self.logits_dtype)
+        return options
 
 
 class TransducerObjective:
