@@ -29,12 +29,14 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
 
 import torch
 
-from asr.losses.samplewise import predicted_peak_bytes
-from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
-from asr.models.transducer import Joiner
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the peers' venv lacks `asr`
+from asr.losses.samplewise import predicted_peak_bytes, samplewise_transducer_loss  # noqa: E402
+from asr.models.transducer import Joiner  # noqa: E402
 
 MB = 2**20
 
@@ -59,12 +61,14 @@ CASES = {
 # target length, vocabulary and joint width are our assumptions for a typical setup.
 PAPER = Case(1024, 1000, 100, 1024, 512)
 IMPLS = ("samplewise", "batched", "warprnnt_numba")
-# Peers that are not installed here, and why (see the closing notes of issue 3).
-NOT_HERE = {
-    "optimized_transducer": "source build against PyPI's CUDA torch wants the CUDA toolkit",
-    "fast_rnnt": "source build against PyPI's CUDA torch wants the CUDA toolkit",
-    "warp_rnnt": "CUDA only: no CPU implementation",
-}
+# k2-fsa's C++ losses, built from source by scripts/install_bench_peers.sh; on a machine
+# without a CUDA toolkit they live in a side venv with PyPI's CPU torch (--peer-python).
+SOURCE_PEERS = ("optimized_transducer", "fast_rnnt", "fast_rnnt_pruned")
+NOT_HERE = {"warp_rnnt": "CUDA only: no CPU implementation"}
+# These materialize logits for every (t, u) node of the padded (or packed) batch.
+FULL_LATTICE = ("batched", "warprnnt_numba", "optimized_transducer", "fast_rnnt")
+PRUNE_RANGE = 5  # icefall's default for the pruned loss
+PEER_VENV = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
 
 
 def build_inputs(case: Case, device: str, seed: int = 0) -> tuple:
@@ -89,21 +93,111 @@ def loss_fn(impl: str, case: Case):
     if impl == "samplewise":
         return lambda *a: samplewise_transducer_loss(*a, group_size=case.group_size)
     if impl == "batched":
+        from asr.losses.transducer import batched_transducer_loss  # imports torchaudio
+
         return batched_transducer_loss
-    if impl == "warprnnt_numba":
-        return warprnnt_numba_loss
-    raise ValueError(f"unknown implementation {impl!r}; known: {IMPLS}")
+    peers = {
+        "warprnnt_numba": warprnnt_numba_loss,
+        "optimized_transducer": optimized_transducer_loss,
+        "fast_rnnt": fast_rnnt_loss,
+        "fast_rnnt_pruned": fast_rnnt_pruned_loss,
+    }
+    if impl not in peers:
+        raise ValueError(f"unknown implementation {impl!r}; known: {IMPLS + SOURCE_PEERS}")
+    return peers[impl]
+
+
+def _padded_logits(joiner: Joiner, enc, pred, enc_lens, target_lens) -> tuple:
+    max_t, max_u = int(enc_lens.max()), int(target_lens.max())
+    return joiner(enc[:, :max_t, None], pred[:, None, : max_u + 1]), max_u
 
 
 def warprnnt_numba_loss(joiner: Joiner, enc, pred, targets, enc_lens, target_lens):
     """NeMo's numba RNN-T loss (pip: warprnnt-numba) on the joiner's padded-batch logits."""
     from warprnnt_numba import RNNTLossNumba
 
-    max_t, max_u = int(enc_lens.max()), int(target_lens.max())
-    logits = joiner(enc[:, :max_t, None], pred[:, None, : max_u + 1])
+    logits, max_u = _padded_logits(joiner, enc, pred, enc_lens, target_lens)
     loss = RNNTLossNumba(blank=0, reduction="mean")
     int32 = torch.int32
     return loss(logits, targets[:, :max_u].to(int32), enc_lens.to(int32), target_lens.to(int32))
+
+
+def optimized_transducer_loss(joiner: Joiner, enc, pred, targets, enc_lens, target_lens):
+    """optimized_transducer: logits packed sample after sample (no padding), built from the
+    projections as its README asks; the loss overwrites the logits with their gradient."""
+    import optimized_transducer
+
+    enc_p, pred_p = joiner.project_encoder(enc), joiner.project_predictor(pred)
+    lengths = zip(enc_lens.tolist(), target_lens.tolist(), strict=True)
+    hidden = [
+        (enc_p[b, :t, None] + pred_p[b, None, : u + 1]).flatten(0, 1)
+        for b, (t, u) in enumerate(lengths)
+    ]
+    logits = joiner.output(torch.tanh(torch.cat(hidden)))
+    max_u, int32 = int(target_lens.max()), torch.int32
+    return optimized_transducer.transducer_loss(
+        logits,
+        targets[:, :max_u].to(int32).contiguous(),
+        enc_lens.to(int32),
+        target_lens.to(int32),
+        blank=0,
+        from_log_softmax=False,
+        reduction="mean",
+    )
+
+
+def _boundary(enc_lens, target_lens):
+    """fast_rnnt's (B, 4) [begin_symbol, begin_frame, end_symbol, end_frame]."""
+    zeros = torch.zeros_like(enc_lens)
+    return torch.stack([zeros, zeros, target_lens, enc_lens], dim=1).long()
+
+
+def fast_rnnt_loss(joiner: Joiner, enc, pred, targets, enc_lens, target_lens):
+    """fast_rnnt's full RNN-T loss on the joiner's padded-batch logits."""
+    import fast_rnnt
+
+    logits, max_u = _padded_logits(joiner, enc, pred, enc_lens, target_lens)
+    symbols, boundary = targets[:, :max_u].long(), _boundary(enc_lens, target_lens)
+    return fast_rnnt.rnnt_loss(logits, symbols, termination_symbol=0, boundary=boundary)
+
+
+@cache
+def _simple_projections(enc_dim: int, pred_dim: int, vocab: int, device: str) -> tuple:
+    """The two extra D -> V layers (icefall's simple_am_proj/simple_lm_proj), seeded."""
+    torch.manual_seed(1)
+    return torch.nn.Linear(enc_dim, vocab).to(device), torch.nn.Linear(pred_dim, vocab).to(device)
+
+
+def fast_rnnt_pruned_loss(joiner: Joiner, enc, pred, targets, enc_lens, target_lens):
+    """fast_rnnt's pruned RNN-T as icefall trains it: a smoothed "simple" loss (joiner =
+    addition, over extra D -> V projections) picks PRUNE_RANGE symbols per frame, the real
+    joiner runs on those (B, T, PRUNE_RANGE) nodes only; loss = 0.5 * simple + pruned.
+    An approximation of the transducer loss (a different objective), not the exact one."""
+    import fast_rnnt
+
+    max_t, max_u = int(enc_lens.max()), int(target_lens.max())
+    enc, pred = enc[:, :max_t], pred[:, : max_u + 1]
+    am_proj, lm_proj = _simple_projections(
+        enc.size(-1), pred.size(-1), joiner.vocab_size, str(enc.device)
+    )
+    symbols, boundary = targets[:, :max_u].long(), _boundary(enc_lens, target_lens)
+    simple, (px_grad, py_grad) = fast_rnnt.rnnt_loss_smoothed(
+        lm=lm_proj(pred),
+        am=am_proj(enc),
+        symbols=symbols,
+        termination_symbol=0,
+        lm_only_scale=0.25,
+        am_only_scale=0.0,
+        boundary=boundary,
+        return_grad=True,
+    )
+    ranges = fast_rnnt.get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=PRUNE_RANGE)
+    am, lm = fast_rnnt.do_rnnt_pruning(
+        am=joiner.project_encoder(enc), lm=joiner.project_predictor(pred), ranges=ranges
+    )
+    logits = joiner.joint(am, lm)
+    pruned = fast_rnnt.rnnt_loss_pruned(logits, symbols, ranges, 0, boundary)
+    return 0.5 * simple + pruned
 
 
 class PeakMemory:
@@ -159,7 +253,7 @@ def worker(case_name: str, impl: str, repeats: int, device: str) -> dict:
     torch.set_num_threads(2)
     case = CASES[case_name]
     fn = loss_fn(impl, case)
-    small = Case(2, 8, 3, case.V, case.D)
+    small = Case(2, 8, 6, case.V, case.D)
     run_once(fn, *build_inputs(small, device))  # load code and kernels before the baseline
     inputs = build_inputs(case, device)
     times, loss = [], float("nan")
@@ -172,7 +266,7 @@ def worker(case_name: str, impl: str, repeats: int, device: str) -> dict:
             times.append(time.perf_counter() - start)
     out = {"case": case_name, "impl": impl, **asdict(case), "status": "ok"}
     out |= {"time_s": round(statistics.median(times), 3), "peak_mb": round(memory.extra_mb, 1)}
-    out["loss"] = round(loss, 4)
+    out |= {"loss": round(loss, 4), "torch": torch.__version__}
     if impl == "samplewise":
         out["formula_mb"] = round(formula_bytes(case) / MB, 1)
     return out
@@ -198,16 +292,23 @@ def batched_bytes(case: Case) -> int:
     return 4 * nodes * (3 * case.V + 2 * case.D)
 
 
-def spawn(case: str, impl: str, repeats: int, device: str, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--worker", case, impl, f"--repeats={repeats}"]
-    cmd.append(f"--device={device}")
+def spawn(case: str, impl: str, args: argparse.Namespace) -> dict:
+    python = args.python or sys.executable
+    if impl in SOURCE_PEERS and not args.python and PEER_VENV.exists():
+        python = str(PEER_VENV)
+    repeats = 1 if case == "c" else args.repeats
+    cmd = [python, __file__, "--worker", case, impl, f"--repeats={repeats}"]
+    cmd.append(f"--device={args.device}")
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        return {"case": case, "impl": impl, "status": "error", "reason": f"over {timeout} s"}
+        return {"case": case, "impl": impl, "status": "error", "reason": f"over {args.timeout} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        if impl not in IMPLS and any("ModuleNotFoundError" in line for line in tail):
+            hint = "not installed: run scripts/install_bench_peers.sh"
+            return {"case": case, "impl": impl, "status": "skipped", "reason": hint}
         return {"case": case, "impl": impl, "status": "error", "reason": " | ".join(tail)}
     return json.loads(lines[-1])
 
@@ -215,10 +316,15 @@ def spawn(case: str, impl: str, repeats: int, device: str, timeout: float) -> di
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="a,b", help="comma-separated: a, b, c")
-    parser.add_argument("--impls", default=",".join((*IMPLS, *NOT_HERE)))
+    parser.add_argument("--impls", default=",".join((*IMPLS, *SOURCE_PEERS, *NOT_HERE)))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--python",
+        help="interpreter for every worker (default: this one; the source-built peers use "
+        ".venv-peers/bin/python when it exists)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("CASE", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -230,13 +336,12 @@ def main(argv: list[str] | None = None) -> None:
                 line = {"case": case, "impl": impl, "status": "skipped", "reason": NOT_HERE[impl]}
                 print(json.dumps(line), flush=True)
                 continue
-            if case == "c" and impl == "batched":
+            if case == "c" and impl in FULL_LATTICE:
                 need = round(batched_bytes(CASES[case]) / MB)
                 line = {"case": case, "impl": impl, **asdict(CASES[case]), "status": "skipped"}
-                print(json.dumps(line | {"batched_would_need_mb": need}), flush=True)
+                print(json.dumps(line | {"full_lattice_would_need_mb": need}), flush=True)
                 continue
-            repeats = 1 if case == "c" else args.repeats
-            print(json.dumps(spawn(case, impl, repeats, args.device, args.timeout)), flush=True)
+            print(json.dumps(spawn(case, impl, args)), flush=True)
     paper = {"case": "paper", **asdict(PAPER), "formula_mb": round(formula_bytes(PAPER) / MB)}
     paper["batched_would_need_mb"] = round(batched_bytes(PAPER) / MB)
     print(json.dumps(paper), flush=True)
