@@ -1,18 +1,32 @@
-"""Duration bucketing: the sampler that groups utterances of similar length.
+"""Bucketing: the sampler that groups utterances of similar length.
 
 `build_sampler` puts lhotse's `DynamicBucketingSampler` behind the keys of the
-`data.sampler` config. With `sync_buckets` every data-parallel rank draws from the same
-duration bucket at each step, so no rank waits on a longer batch than the others.
+`data.sampler` config and adds what lhotse lacks: 2D buckets (duration x tokens), fixed
+per-bucket batch sizes on 1D or 2D buckets with exact resume, and tokens-per-second (TPS)
+filtering whose drops are counted per reason. With `sync_buckets` every data-parallel rank
+draws from the same bucket at each step, so no rank waits on a longer batch than the others.
+Bins are upper edges (see `asr.data.bins`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+import copy
+import logging
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lhotse import CutSet
+from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
+from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
+
+from asr.data.bins import Bin, cut_text, read_bins
+from asr.data.rank_sync import RankSynchronizedSampler
+from asr.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,20 +35,29 @@ class SamplerConfig:
 
     - `max_duration`: target seconds of audio per mini-batch, counted with padding
       (cuts x longest cut). It is soft: lhotse closes a batch once a cut has crossed it,
-      so leave headroom when it is tuned to memory.
+      so leave headroom when it is tuned to memory. Ignored with `bucket_batch_size`.
     - `num_buckets`: duration buckets, estimated from the data unless
-      `bucket_duration_bins` (the num_buckets - 1 upper edges, seconds) is given.
+      `bucket_duration_bins` is given.
+    - `bucket_duration_bins`: upper edges of the buckets, inclusive: seconds `[d, ...]`
+      (1D) or `[[seconds, tokens], ...]` (2D), or the path of a bins file written by
+      `asr-estimate-bins` / `asr-oomptimizer` (its `max_tps` and `bucket_batch_size` are
+      used unless given here). Cuts beyond the last edge are dropped (counted).
+    - `bucket_batch_size`: a fixed batch size per bucket (same length as the bins).
+    - `max_tps` / `min_tps`: tokens per second above / below which a cut is dropped
+      (counted); `max_tps` may be one number or one per bucket.
     - `min_cut_duration` / `max_cut_duration`: utterances outside are not sampled.
     - `buffer_size`: cuts held in memory to fill the buckets.
     - `quadratic_duration`: seconds at which attention's quadratic cost doubles an
       utterance's weight (None: linear), keeping long-utterance batches in memory.
-    - `sync_buckets`: every data-parallel rank draws from the same duration bucket at each
-      step; must stay true (see `build_sampler`).
+    - `sync_buckets`: every data-parallel rank draws from the same bucket at each step.
     """
 
-    max_duration: float = 200.0
+    max_duration: float | None = 200.0
     num_buckets: int = 10
-    bucket_duration_bins: tuple[float, ...] | None = None
+    bucket_duration_bins: tuple[Bin, ...] | str | None = None
+    bucket_batch_size: tuple[int, ...] | None = None
+    max_tps: float | tuple[float, ...] | None = None
+    min_tps: float | None = None
     min_cut_duration: float = 0.3
     max_cut_duration: float = 30.0
     sync_buckets: bool = True
@@ -46,15 +69,195 @@ class SamplerConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
-        """Build from a config mapping; an unknown key is an error that names it."""
+        """Build from a config mapping; an unknown key is an error that names it. A bins
+        file given as `bucket_duration_bins` is read here."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
             raise KeyError(f"unknown data.sampler key(s) {unknown}; valid keys: {sorted(known)}")
         values = dict(cfg)
+        if isinstance(values.get("bucket_duration_bins"), str):
+            from_file = read_bins(values["bucket_duration_bins"])
+            for key in ("bucket_duration_bins", "bucket_batch_size", "max_tps"):
+                if key in from_file and (key == "bucket_duration_bins" or values.get(key) is None):
+                    values[key] = from_file[key]
         if values.get("bucket_duration_bins") is not None:
-            values["bucket_duration_bins"] = tuple(float(b) for b in values["bucket_duration_bins"])
+            values["bucket_duration_bins"] = tuple(_bin(b) for b in values["bucket_duration_bins"])
+        if values.get("bucket_batch_size") is not None:
+            values["bucket_batch_size"] = tuple(int(b) for b in values["bucket_batch_size"])
+        if isinstance(values.get("max_tps"), Sequence):
+            values["max_tps"] = tuple(float(x) for x in values["max_tps"])
         return cls(**values)
+
+
+def _bin(edge: Any) -> Bin:
+    if isinstance(edge, Sequence) and not isinstance(edge, str):
+        if len(edge) != 2:
+            raise ValueError(f"a 2D bin is [seconds, tokens], got {list(edge)}")
+        return float(edge[0]), int(edge[1])
+    return float(edge)
+
+
+def num_tokens(cut: Cut) -> int:
+    """Token count stored on the cut by `count_tokens` (or by whoever made the cut)."""
+    try:
+        return cut.custom["num_tokens"]
+    except (KeyError, TypeError):
+        raise KeyError(
+            f"cut {cut.id} has no custom num_tokens: 2D buckets and TPS limits need "
+            "build_sampler(..., tokenizer=...)"
+        ) from None
+
+
+def count_tokens(cuts: CutSet, tokenizer: Tokenizer) -> CutSet:
+    """Lazily store each cut's token count in `cut.custom["num_tokens"]`."""
+
+    def annotate(cut: Cut) -> Cut:
+        cut.num_tokens = len(tokenizer.encode(cut_text(cut)))
+        return cut
+
+    return cuts.map(annotate)
+
+
+def bucket_index(bins: Sequence[Bin], duration: float, tokens: int | None = None) -> int:
+    """The first bin holding the cut (2D: duration and tokens both within); len(bins) if none."""
+    for i, edge in enumerate(bins):
+        if isinstance(edge, tuple):
+            if duration <= edge[0] and tokens <= edge[1]:
+                return i
+        elif duration <= edge:
+            return i
+    return len(bins)
+
+
+def duration_bucket_index(bins: Sequence[Bin], duration: float) -> int:
+    """The first bin whose duration edge holds `duration` (the last one if none)."""
+    for i, edge in enumerate(bins):
+        if duration <= (edge[0] if isinstance(edge, tuple) else edge):
+            return i
+    return len(bins) - 1
+
+
+@dataclass
+class BucketConstraint(SamplingConstraint):
+    """Which bucket a cut falls in (`bucket_index`) and when a batch is full:
+    `batch_sizes[bucket]` cuts, or else lhotse's `TimeConstraint` (padded seconds,
+    optionally quadratic)."""
+
+    bins: list[Bin]
+    batch_sizes: list[int] | None = None
+    time: TimeConstraint | None = None
+    current_bucket: int | None = None
+    num_cuts: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.batch_sizes is None) == (self.time is None):
+            raise ValueError("BucketConstraint needs exactly one of batch_sizes and time")
+        self.two_d = isinstance(self.bins[0], tuple)
+
+    def is_active(self) -> bool:
+        return True
+
+    def measure_length(self, example: Cut) -> float:
+        return example.duration
+
+    def select_bucket(self, buckets: Any, example: Cut = None, example_len: Any = None) -> int:
+        tokens = num_tokens(example) if self.two_d else None
+        return bucket_index(self.bins, example.duration, tokens)
+
+    def add(self, example: Cut) -> None:
+        if self.time is not None:
+            self.time.add(example)
+        elif self.current_bucket is None:
+            self.current_bucket = self.select_bucket(self.bins, example)
+        self.num_cuts += 1
+
+    def exceeded(self) -> bool:
+        if self.time is not None:
+            return self.time.exceeded()
+        return self.num_cuts > self.batch_sizes[self.current_bucket]
+
+    def close_to_exceeding(self) -> bool:
+        if self.time is not None:
+            return self.time.close_to_exceeding()
+        return self.num_cuts >= self.batch_sizes[self.current_bucket]
+
+    def reset(self) -> None:
+        if self.time is not None:
+            self.time.reset()
+        self.current_bucket, self.num_cuts = None, 0
+
+    def copy(self) -> BucketConstraint:
+        return copy.deepcopy(self)
+
+
+@dataclass
+class CutFilter:
+    """The sampler's admission check; counts each dropped cut once per reason.
+
+    `max_tps` is one limit or one per bin (chosen by the cut's duration); cuts need
+    `num_tokens` (see `count_tokens`) when TPS limits or 2D bins are set."""
+
+    min_duration: float
+    max_duration: float
+    bins: list[Bin] | None = None
+    max_tps: float | Sequence[float] | None = None
+    min_tps: float | None = None
+    dropped: dict[str, set[str]] = field(default_factory=dict)
+
+    def reason(self, cut: Cut) -> str | None:
+        """Why `cut` is not sampled, or None."""
+        duration = cut.duration
+        if duration < self.min_duration:
+            return "shorter than min_cut_duration"
+        if duration > self.max_duration:
+            return "longer than max_cut_duration"
+        two_d = bool(self.bins) and isinstance(self.bins[0], tuple)
+        uses_tps = self.max_tps is not None or self.min_tps is not None
+        tokens = num_tokens(cut) if two_d or uses_tps else None
+        if uses_tps:  # before the bins: an outlier's tokens may fit no 2D bin either
+            limit = self.max_tps
+            if isinstance(limit, Sequence):
+                limit = limit[duration_bucket_index(self.bins, duration)]
+            if limit is not None and tokens / duration > limit:
+                return "tokens per second above max_tps"
+            if self.min_tps is not None and tokens / duration < self.min_tps:
+                return "tokens per second below min_tps"
+        if self.bins and bucket_index(self.bins, duration, tokens) == len(self.bins):
+            return "beyond the last bucket"
+        return None
+
+    def __call__(self, cut: Cut) -> bool:
+        reason = self.reason(cut)
+        if reason is not None:
+            self.dropped.setdefault(reason, set()).add(cut.id)
+        return reason is None
+
+    def counts(self) -> dict[str, int]:
+        """Reason -> distinct cuts dropped so far."""
+        return {reason: len(ids) for reason, ids in sorted(self.dropped.items())}
+
+
+def _check_bins(cfg: SamplerConfig) -> list[Bin] | None:
+    bins = list(cfg.bucket_duration_bins) if cfg.bucket_duration_bins is not None else None
+    if bins is None:
+        if cfg.bucket_batch_size is not None:
+            raise ValueError("data.sampler.bucket_batch_size needs bucket_duration_bins")
+        return None
+    if not bins or bins != sorted(bins):
+        raise ValueError(f"data.sampler.bucket_duration_bins must be increasing, got {bins}")
+    if len({type(b) for b in bins}) > 1:
+        raise ValueError("data.sampler.bucket_duration_bins mixes 1D and 2D bins")
+    for name in ("bucket_batch_size", "max_tps"):
+        value = getattr(cfg, name)
+        if isinstance(value, tuple) and len(value) != len(bins):
+            raise ValueError(
+                f"data.sampler.{name} has {len(value)} entries but bucket_duration_bins has "
+                f"{len(bins)}: give one per bucket"
+            )
+    if cfg.bucket_batch_size is not None and min(cfg.bucket_batch_size) < 1:
+        raise ValueError(f"data.sampler.bucket_batch_size must be >= 1: {cfg.bucket_batch_size}")
+    return bins
 
 
 def build_sampler(
@@ -63,49 +266,81 @@ def build_sampler(
     *,
     rank: int = 0,
     world_size: int = 1,
-) -> DynamicBucketingSampler:
+    tokenizer: Tokenizer | None = None,
+) -> RankSynchronizedSampler:
     """A bucketing sampler yielding CutSet mini-batches, with `state_dict()`/`load_state_dict()`.
 
     `cuts` should be opened lazily (`asr.data.corpus.load_cuts`). `rank`/`world_size` split
-    the data across data-parallel processes.
+    the data across data-parallel processes. `tokenizer` is needed for 2D bins and TPS
+    limits. Dropped cuts are counted in `sampler.cut_filter.counts()`.
     """
     if not isinstance(cfg, SamplerConfig):
         cfg = SamplerConfig.from_mapping(cfg)
-    if cfg.max_duration <= 0:
-        raise ValueError(f"data.sampler.max_duration must be positive, got {cfg.max_duration}")
-    if cfg.max_cut_duration > cfg.max_duration:
-        raise ValueError(
-            f"data.sampler.max_cut_duration ({cfg.max_cut_duration}) exceeds max_duration "
-            f"({cfg.max_duration}): such utterances could never form a batch"
-        )
-    if not cfg.sync_buckets:
-        # lhotse 1.33 picks among "non-empty" buckets with `if bucket` on a queue.Queue,
-        # which is always true, so near the end of an epoch it can pick an empty bucket
-        # and stop the epoch early, silently dropping the cuts still buffered.
-        raise ValueError(
-            "data.sampler.sync_buckets=false is not supported: lhotse 1.33's unsynchronized "
-            "bucket selection can end an epoch early and drop cuts; use sync_buckets=true "
-            "(identical on one process, synchronized across data-parallel ranks)"
-        )
-    bins = list(cfg.bucket_duration_bins) if cfg.bucket_duration_bins is not None else None
-    if bins is not None and bins != sorted(bins):
-        raise ValueError(f"data.sampler.bucket_duration_bins must be increasing, got {bins}")
-    sampler = DynamicBucketingSampler(
+    bins = _check_bins(cfg)
+    fixed = cfg.bucket_batch_size is not None
+    if not fixed:
+        if cfg.max_duration is None or cfg.max_duration <= 0:
+            raise ValueError(
+                f"data.sampler.max_duration must be positive (or give bucket_batch_size), "
+                f"got {cfg.max_duration}"
+            )
+        if cfg.max_cut_duration > cfg.max_duration:
+            raise ValueError(
+                f"data.sampler.max_cut_duration ({cfg.max_cut_duration}) exceeds max_duration "
+                f"({cfg.max_duration}): such utterances could never form a batch"
+            )
+    two_d = bins is not None and isinstance(bins[0], tuple)
+    if isinstance(cfg.max_tps, tuple) and bins is None:
+        raise ValueError("per-bucket data.sampler.max_tps needs bucket_duration_bins")
+    needs_tokens = two_d or cfg.max_tps is not None or cfg.min_tps is not None
+    if needs_tokens and tokenizer is not None:  # else the cuts carry num_tokens already
+        cuts = count_tokens(cuts, tokenizer)
+    constraint = None
+    if bins is not None and (fixed or two_d):
+        time = None
+        if not fixed:
+            time = TimeConstraint(
+                max_duration=cfg.max_duration, quadratic_duration=cfg.quadratic_duration
+            )
+        batch_sizes = list(cfg.bucket_batch_size) if fixed else None
+        constraint = BucketConstraint(bins, batch_sizes=batch_sizes, time=time)
+    # lhotse's bins are the K-1 inner edges of K buckets; ours are K upper edges.
+    lhotse_bins = bins[:-1] if bins is not None and constraint is None else bins
+    # One stream of batches, identical on every rank; RankSynchronizedSampler splits it.
+    stream = DynamicBucketingSampler(
         cuts,
-        max_duration=cfg.max_duration,
-        num_buckets=cfg.num_buckets if bins is None else len(bins) + 1,
-        duration_bins=bins,
+        max_duration=None if constraint is not None else cfg.max_duration,
+        constraint=constraint,
+        num_buckets=cfg.num_buckets if bins is None else len(bins),
+        duration_bins=lhotse_bins,
         shuffle=cfg.shuffle,
         drop_last=cfg.drop_last,
         buffer_size=cfg.buffer_size,
-        quadratic_duration=cfg.quadratic_duration,
-        sync_buckets=cfg.sync_buckets,
-        world_size=world_size,
-        rank=rank,
+        quadratic_duration=None if constraint is not None else cfg.quadratic_duration,
+        sync_buckets=True,  # lhotse's unsynchronized path can end an epoch early (1.33)
         seed=cfg.seed,
     )
-    lo, hi = cfg.min_cut_duration, cfg.max_cut_duration
-    return sampler.filter(lambda cut: lo <= cut.duration <= hi)
+    cut_filter = CutFilter(
+        cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
+    )
+    stream.filter(cut_filter)
+
+    def bucket_of(batch: CutSet) -> int:
+        cut = next(iter(batch))
+        if constraint is not None:
+            return constraint.select_bucket(bins, example=cut)
+        return bisect_left(stream.duration_bins, cut.duration)
+
+    sampler = RankSynchronizedSampler(
+        stream,
+        bucket_of,
+        rank=rank,
+        world_size=world_size,
+        sync=cfg.sync_buckets,
+        drop_last=cfg.drop_last,
+    )
+    sampler.cut_filter = cut_filter
+    return sampler
 
 
 def build_eval_sampler(

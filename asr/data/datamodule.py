@@ -18,13 +18,13 @@ from typing import Any
 import lightning as L
 import torch
 from lhotse import CutSet
-from lhotse.dataset import DynamicBucketingSampler
 
 from asr.data.batch import Batch
 from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import load_cuts
 from asr.data.dataset import AsrDataset, SpecAugmentConfig
 from asr.data.features import FeatureConfig
+from asr.data.rank_sync import RankSynchronizedSampler
 from asr.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class _SkipFirst:
     """Iterate `sampler` but drop its first `n` mini-batches (cut metadata only)."""
 
-    def __init__(self, sampler: DynamicBucketingSampler) -> None:
+    def __init__(self, sampler: RankSynchronizedSampler) -> None:
         self.sampler, self.n = sampler, 0
 
     def __iter__(self) -> Iterator[CutSet]:
@@ -53,7 +53,7 @@ class TrainLoader:
     that epoch skip the batches already trained on. Workers persist across epochs.
     """
 
-    def __init__(self, dataset: AsrDataset, sampler: DynamicBucketingSampler, num_workers: int):
+    def __init__(self, dataset: AsrDataset, sampler: RankSynchronizedSampler, num_workers: int):
         self.sampler = sampler
         self._batches = _SkipFirst(sampler)
         self._loader = _loader(dataset, self._batches, num_workers)
@@ -70,6 +70,14 @@ class TrainLoader:
             log.info("resuming epoch %d after %d batches", self.sampler.epoch, self._batches.n)
         self._resume = None
         yield from self._loader
+        counts = self.dropped_counts()
+        if counts:
+            log.info("the sampler dropped (distinct cuts, by reason): %s", counts)
+
+    def dropped_counts(self) -> dict[str, int]:
+        """Reason -> distinct cuts the sampler's filter dropped so far (TPS, bins, ...)."""
+        cut_filter = getattr(self.sampler, "cut_filter", None)
+        return cut_filter.counts() if cut_filter is not None else {}
 
 
 def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.data.DataLoader:
@@ -159,7 +167,9 @@ class AsrDataModule(L.LightningDataModule):
     def train_dataloader(self) -> TrainLoader:
         rank, world = self._rank_and_world()
         cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
-        sampler = build_sampler(cuts, self.sampler_cfg, rank=rank, world_size=world)
+        sampler = build_sampler(
+            cuts, self.sampler_cfg, rank=rank, world_size=world, tokenizer=self.tokenizer
+        )
         loader = TrainLoader(self._dataset(train=True), sampler, self.num_workers)
         if self._resume is not None:
             loader.resume_at(*self._resume)
@@ -172,9 +182,10 @@ class AsrDataModule(L.LightningDataModule):
         Iterates the sampler over cut metadata only: seconds for LibriSpeech's 281k cuts.
         """
         cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
-        return sum(
-            1 for _ in build_sampler(cuts, self.sampler_cfg, rank=rank, world_size=world_size)
+        sampler = build_sampler(
+            cuts, self.sampler_cfg, rank=rank, world_size=world_size, tokenizer=self.tokenizer
         )
+        return sum(1 for _ in sampler)
 
     def _eval_loader(self, paths: Sequence[str]) -> torch.utils.data.DataLoader:
         rank, world = self._rank_and_world()

@@ -124,6 +124,9 @@ class AsrLitModule(L.LightningModule):
         self._log_wers("test")
 
     def on_train_epoch_end(self) -> None:
+        loader = self.trainer.train_dataloader if self._trainer is not None else None
+        for reason, count in getattr(loader, "dropped_counts", dict)().items():
+            self.log(f"data/dropped_{reason.replace(' ', '_')}", float(count))
         if self.skipped:
             counts = {reason: len(ids) for reason, ids in self.skipped.items()}
             log.warning("distinct cuts skipped so far: %s", counts)

@@ -70,10 +70,11 @@ def test_every_cut_once_with_large_batches(sampler_of, durations, shuffle) -> No
     assert Counter(i for b in batch_ids(sampler) for i in b) == Counter(list(durations))
 
 
-def test_unsynchronized_buckets_are_refused(sampler_of) -> None:
-    # lhotse 1.33 drops cuts at the end of an epoch without sync_buckets.
-    with pytest.raises(ValueError, match="sync_buckets=false"):
-        sampler_of({"max_duration": 200.0, "num_buckets": 4, "sync_buckets": False})
+def test_unsynchronized_buckets_on_one_process_keep_every_cut(sampler_of, durations) -> None:
+    # lhotse 1.33's unsynchronized selection can end an epoch early; one process has nothing
+    # to synchronize, so build_sampler takes the synchronized path there.
+    sampler = sampler_of({"max_duration": 200.0, "num_buckets": 4, "sync_buckets": False})
+    assert Counter(i for b in batch_ids(sampler) for i in b) == Counter(list(durations))
 
 
 def test_cut_duration_limits_filter(sampler_of, durations) -> None:
@@ -100,9 +101,14 @@ def test_invalid_values_are_errors_naming_the_key(sampler_of) -> None:
         sampler_of({**SMALL, "bucket_duration_bins": [4.0, 2.0]})
 
 
-def test_given_bucket_bins_are_used(sampler_of) -> None:
-    sampler = sampler_of({**SMALL, "bucket_duration_bins": [2.5, 4]})
-    assert list(sampler.duration_bins) == [2.5, 4.0] and sampler.num_buckets == 3
+def test_given_bucket_bins_are_upper_edges(sampler_of, durations) -> None:
+    # Three buckets (<= 2.5 s, <= 4 s, <= 6 s); lhotse gets the two inner edges.
+    sampler = sampler_of({**SMALL, "bucket_duration_bins": [2.5, 4, 6]})
+    assert list(sampler.sampler.duration_bins) == [2.5, 4.0] and sampler.sampler.num_buckets == 3
+    kept = {i for b in batch_ids(sampler) for i in b}
+    assert kept == {i for i, d in durations.items() if SMALL.get("min_cut_duration", 0.3) <= d <= 6}
+    beyond = {i for i, d in durations.items() if d > 6}
+    assert sampler.cut_filter.dropped.get("beyond the last bucket", set()) == beyond
 
 
 def test_state_round_trip_mid_epoch(sampler_of) -> None:
@@ -154,3 +160,98 @@ def test_two_ranks_partition_the_data(sampler_of, durations) -> None:
     assert Counter(originals[0] + originals[1]) == Counter(list(durations))
     for batches in ranks:
         assert not any(DUPLICATE.search(i) for b in batches[:-1] for i in b)
+
+
+# --- data-parallel ranks, fixed bucket batch sizes, 2D bins (audio-free synthetic cuts) ---
+
+SYN_BINS = [11.0, 13.0, 14.5, 16.0, 18.0, 35.0]
+
+
+@pytest.fixture(scope="module")
+def syn_cuts():
+    from asr.data.synthetic_cuts import synthetic_cuts
+
+    return synthetic_cuts(2000, seed=5)
+
+
+def _bucket(cuts, bins) -> int:
+    from asr.data.buckets import bucket_index
+
+    cut = max(cuts, key=lambda c: c.duration)
+    tokens = cut.custom["num_tokens"] if isinstance(bins[0], (list, tuple)) else None
+    return bucket_index(
+        [tuple(b) if isinstance(b, list) else b for b in bins], cut.duration, tokens
+    )
+
+
+SYNC_CASES = {
+    "1d_max_duration": {"bucket_duration_bins": SYN_BINS, "max_duration": 300},
+    "1d_fixed": {"bucket_duration_bins": SYN_BINS, "bucket_batch_size": [24, 20, 18, 16, 14, 8]},
+    "2d_fixed": {
+        "bucket_duration_bins": [[13.0, 40], [13.0, 60], [16.0, 55], [16.0, 70], [35.0, 140]],
+        "bucket_batch_size": [20, 18, 16, 14, 8],
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(SYNC_CASES))
+def test_two_ranks_draw_the_same_bucket_at_every_step(syn_cuts, case) -> None:
+    cfg = {**SYNC_CASES[case], "max_cut_duration": 40, "buffer_size": 2000}
+    bins = cfg["bucket_duration_bins"]
+    for sync in (True, False):
+        ranks = [
+            build_sampler(syn_cuts, {**cfg, "sync_buckets": sync}, rank=r, world_size=2)
+            for r in (0, 1)
+        ]
+        batches = [list(sampler) for sampler in ranks]
+        assert len(batches[0]) == len(batches[1]) > 40
+        same = [_bucket(a, bins) == _bucket(b, bins) for a, b in zip(*batches, strict=True)]
+        if sync:
+            assert all(same), f"{same.count(False)} of {len(same)} steps differ"
+        else:
+            assert same.count(False) > len(same) // 4  # random pairs of buckets
+        # Nothing lost: together the ranks see every cut (duplicates only to even out).
+        seen = {DUPLICATE.sub("", c.id) for b in batches[0] + batches[1] for c in b}
+        kept = {c.id for c in syn_cuts if _bucket([c], bins) < len(bins)}
+        assert seen == kept
+
+
+def test_fixed_bucket_batch_sizes(syn_cuts) -> None:
+    cfg = {**SYNC_CASES["2d_fixed"], "max_cut_duration": 40}
+    sampler = build_sampler(syn_cuts, cfg)
+    sizes = cfg["bucket_batch_size"]
+    batches = list(sampler)
+    full = [len(b) == sizes[_bucket(b, cfg["bucket_duration_bins"])] for b in batches]
+    # Only the last batch of each bucket may be partial.
+    assert full.count(False) <= len(sizes)
+    assert sum(len(b) for b in batches) + sum(sampler.cut_filter.counts().values()) == len(syn_cuts)
+
+
+def test_bins_and_batch_sizes_of_different_lengths_are_an_error(syn_cuts) -> None:
+    cfg = {"bucket_duration_bins": SYN_BINS, "bucket_batch_size": [8, 4]}
+    with pytest.raises(
+        ValueError, match="bucket_batch_size has 2 entries but bucket_duration_bins has 6"
+    ):
+        build_sampler(syn_cuts, cfg)
+    with pytest.raises(ValueError, match="needs bucket_duration_bins"):
+        build_sampler(syn_cuts, {"bucket_batch_size": [8]})
+
+
+@pytest.mark.parametrize("case", ["1d_max_duration", "2d_fixed"])
+def test_state_resumes_to_the_identical_next_batch(syn_cuts, case) -> None:
+    cfg = {**SYNC_CASES[case], "max_cut_duration": 40}
+    sampler = build_sampler(syn_cuts, cfg, rank=1, world_size=2)
+    sampler.set_epoch(3)
+    iterator = iter(sampler)
+    for _ in range(7):
+        next(iterator)
+    buffer = io.BytesIO()
+    torch.save(sampler.state_dict(), buffer)
+    expected = [list(b.ids) for b in iterator]
+    fresh = build_sampler(syn_cuts, cfg, rank=1, world_size=2)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer))
+    assert fresh.epoch == 3
+    assert batch_ids(fresh) == expected and len(expected) > 10
+    with pytest.raises(ValueError, match="world_size=2"):
+        build_sampler(syn_cuts, cfg, rank=0, world_size=4).load_state_dict(sampler.state_dict())

@@ -1,0 +1,109 @@
+"""Split one stream of bucketed mini-batches across data-parallel ranks, optionally so that
+every rank draws from the same bucket at every step.
+
+Every rank runs the same single-process bucketing sampler (same seed, same epoch), so all
+ranks see the same global sequence of batches, and each keeps its share of it. lhotse does
+the same, but its `sync_buckets` only re-draws the same bucket index per step: when that
+bucket has run short after the first rank's batch, the next rank's batch comes from a
+neighbouring bucket (about 1 step in 10 in our measurements). Here a step is only formed
+once its bucket has produced one batch per rank, so the buckets match at every step; the
+step's cuts are then dealt out evenly (a bucket's last batch is usually partial, and a
+rank with 1 cut beside ranks with 40 would waste their time).
+
+At the end of an epoch a bucket may hold fewer batches than ranks: their cuts are dealt
+out to all ranks (duplicating cuts, with lhotse's `_dup` id suffix, only when there are
+fewer cuts than ranks), so nothing is dropped unless `drop_last`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lhotse import CutSet
+from lhotse.cut import Cut
+
+
+def deal_out(batches: list[CutSet], world_size: int) -> list[CutSet]:
+    """The cuts of `batches` dealt into `world_size` non-empty batches (longest first, so
+    each part gets cuts of similar length); cuts are repeated only if there are too few."""
+    cuts: list[Cut] = sorted((c for b in batches for c in b), key=lambda c: -c.duration)
+    repeat = 0
+    while len(cuts) < world_size:
+        repeat += 1
+        cuts += [c.with_id(f"{c.id}_dup{repeat}") for c in cuts[: world_size - len(cuts)]]
+    return [CutSet.from_cuts(cuts[r::world_size]) for r in range(world_size)]
+
+
+class RankSynchronizedSampler:
+    """This rank's mini-batches from a shared `sampler` (iterable of CutSet batches with
+    `set_epoch` and `epoch`). `bucket_of(batch)` names a batch's bucket; with `sync` each
+    step's batches share it, without it rank r simply takes every world_size-th batch.
+
+    `state_dict()` records the epoch and the steps taken; `load_state_dict()` makes the
+    next iteration replay that epoch's batch order and skip those steps (metadata only).
+    """
+
+    def __init__(
+        self,
+        sampler: Any,
+        bucket_of: Callable[[CutSet], int],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        sync: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        self.sampler, self.bucket_of = sampler, bucket_of
+        self.rank, self.world_size, self.sync, self.drop_last = rank, world_size, sync, drop_last
+        self.steps_done = 0
+        self._skip = 0
+        self.cut_filter: Any = None  # set by build_sampler: counts the dropped cuts
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def steps(self) -> Iterator[list[CutSet]]:
+        """Every step of the epoch as the list of all ranks' batches."""
+        if self.world_size == 1:
+            yield from ([batch] for batch in self.sampler)
+            return
+        pending: dict[int, list[CutSet]] = {}
+        for batch in self.sampler:
+            key = self.bucket_of(batch) if self.sync else 0
+            group = pending.setdefault(key, [])
+            group.append(batch)
+            if len(group) == self.world_size:
+                # Dealing evens out a bucket's last, partial batch against the full ones.
+                batches = pending.pop(key)
+                yield deal_out(batches, self.world_size) if self.sync else batches
+        if self.drop_last:
+            return
+        for key in sorted(pending):
+            yield deal_out(pending[key], self.world_size)
+
+    def __iter__(self) -> Iterator[CutSet]:
+        skip, self._skip = self._skip, 0
+        self.steps_done = 0
+        for step in self.steps():
+            self.steps_done += 1
+            if self.steps_done > skip:
+                yield step[self.rank]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "steps_done": self.steps_done, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("world_size", self.world_size) != self.world_size:
+            raise ValueError(
+                f"sampler state was saved with world_size={state['world_size']}, resuming "
+                f"with {self.world_size}: the batch order would differ"
+            )
+        self.set_epoch(state["epoch"])
+        self._skip = state["steps_done"]

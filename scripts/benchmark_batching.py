@@ -1,0 +1,157 @@
+"""How much of each mini-batch is padding, per batching strategy; prints JSON lines.
+
+    python scripts/benchmark_batching.py --synthetic                 # 20k LibriSpeech-like cuts
+    python scripts/benchmark_batching.py --tokenizer data/demo/tokenizer/bpe128.model \\
+        --cuts data/demo/manifests/librispeech_cuts_train-clean-100.jsonl.gz
+    python scripts/benchmark_batching.py --synthetic --write-bins bins.yaml   # for asr-oomptimizer
+    python scripts/benchmark_batching.py --synthetic --searched sizes.yaml    # its output
+
+Strategies (one epoch each, cut metadata only, no audio is read):
+- `random`: shuffled batches of up to `--max-duration` seconds (lhotse's DynamicCutSampler);
+- `buckets_1d`: `--num-buckets` duration buckets, `--max-duration` each;
+- `buckets_2d`: the same duration bins split into `--num-token-buckets` token sub-buckets;
+- `buckets_2d_searched`: 2D buckets with the per-bucket batch sizes that `asr-oomptimizer`
+  found (`--searched`, a YAML with `bucket_duration_bins` and `bucket_batch_size`), next to
+  `max_duration_same_budget`: one `max_duration` that fits the same memory, i.e. the largest
+  M with M / d_k <= batch_size_k for every bucket k (d_k its longest duration), run as 1D.
+
+Per strategy: padding fraction of input frames and of output tokens (1 - real / padded),
+mean audio seconds per batch, batches per epoch; for `--ranks` simulated data-parallel
+ranks, with and without `sync_buckets`, the mean over steps of the slowest rank's padded
+frames over the fastest rank's (a proxy for time lost waiting at each all-reduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import yaml
+from lhotse import CutSet
+from lhotse.dataset import DynamicCutSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from asr.data.bins import CutLengths, equal_total_edges, token_sub_bins, write_bins  # noqa: E402
+from asr.data.buckets import build_sampler, count_tokens, num_tokens  # noqa: E402
+from asr.data.synthetic_cuts import synthetic_cuts  # noqa: E402
+
+FRAMES_PER_SECOND = 100
+
+
+def batch_stats(batches: Iterable[CutSet]) -> dict[str, float]:
+    """Padding fractions, mean seconds per batch and the batch count of one epoch."""
+    real_frames = padded_frames = real_tokens = padded_tokens = seconds = 0.0
+    count = 0
+    for batch in batches:
+        durations = [c.duration for c in batch]
+        tokens = [num_tokens(c) for c in batch]
+        real_frames += sum(durations) * FRAMES_PER_SECOND
+        padded_frames += len(durations) * max(durations) * FRAMES_PER_SECOND
+        real_tokens += sum(tokens)
+        padded_tokens += len(tokens) * max(tokens)
+        seconds += sum(durations)
+        count += 1
+    return {
+        "frame_padding": round(1 - real_frames / padded_frames, 4),
+        "token_padding": round(1 - real_tokens / padded_tokens, 4),
+        "seconds_per_batch": round(seconds / count, 1),
+        "batches": count,
+    }
+
+
+def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
+    """Mean over steps of max/min padded frames across `ranks`, with and without sync."""
+    out = {}
+    for sync in (True, False):
+        per_rank = []
+        for rank in range(ranks):
+            sampler = build_sampler(
+                cuts, {**cfg, "sync_buckets": sync}, rank=rank, world_size=ranks
+            )
+            per_rank.append([len(b) * max(c.duration for c in b) for b in sampler])
+        steps = np.array(per_rank)  # (ranks, steps): equal step counts on every rank
+        out["imbalance_sync" if sync else "imbalance_no_sync"] = round(
+            float(np.mean(steps.max(axis=0) / steps.min(axis=0))), 3
+        )
+    return out
+
+
+def load_cuts(args: argparse.Namespace) -> CutSet:
+    """Cuts with `custom[\"num_tokens\"]`, in memory."""
+    if args.synthetic:
+        return synthetic_cuts(args.num_cuts, seed=args.seed)
+    from asr.data.corpus import load_cuts as load
+    from asr.data.tokenizer import Tokenizer
+
+    if not args.tokenizer:
+        raise SystemExit("--cuts needs --tokenizer (token counts)")
+    tokenizer = Tokenizer.load(args.tokenizer)
+    return CutSet.from_cuts(count_tokens(load(args.cuts), tokenizer))  # kept in memory
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--synthetic", action="store_true", help="LibriSpeech-like, no audio")
+    source.add_argument("--cuts", help="a cut manifest")
+    parser.add_argument("--tokenizer", help="SentencePiece model (with --cuts)")
+    parser.add_argument("--num-cuts", type=int, default=20_000)
+    parser.add_argument("--max-duration", type=float, default=600.0)
+    parser.add_argument("--num-buckets", type=int, default=30)
+    parser.add_argument("--num-token-buckets", type=int, default=6)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write-bins", help="write the 2D bins here (for asr-oomptimizer)")
+    parser.add_argument("--searched", help="asr-oomptimizer output for the 2D bins")
+    args = parser.parse_args(argv)
+
+    cuts = load_cuts(args)
+    lengths = CutLengths(
+        list(cuts.ids),
+        np.array([c.duration for c in cuts]),
+        np.array([num_tokens(c) for c in cuts]),
+    )
+    longest = float(lengths.durations.max())
+    duration_bins = equal_total_edges(lengths.durations, args.num_buckets)
+    bins_2d = [list(b) for b in token_sub_bins(lengths, duration_bins, args.num_token_buckets)]
+    if args.write_bins:
+        write_bins(args.write_bins, {"bucket_duration_bins": bins_2d}, "benchmark_batching.py")
+    common = {"max_cut_duration": longest, "min_cut_duration": 0.0, "seed": args.seed}
+    common["buffer_size"] = min(len(cuts), 20_000)
+    max_d = {"max_duration": max(args.max_duration, longest)}
+    strategies = {
+        "buckets_1d": {**common, **max_d, "bucket_duration_bins": duration_bins},
+        "buckets_2d": {**common, **max_d, "bucket_duration_bins": bins_2d},
+    }
+    if args.searched:
+        searched = yaml.safe_load(Path(args.searched).read_text())
+        edges = [b[0] if isinstance(b, list) else b for b in searched["bucket_duration_bins"]]
+        sizes = searched["bucket_batch_size"]
+        strategies["buckets_2d_searched"] = {**common, **searched}
+        same_budget = min(size * edge for size, edge in zip(sizes, edges, strict=True))
+        strategies["max_duration_same_budget"] = {
+            **common,
+            "max_duration": same_budget,
+            "max_cut_duration": min(longest, same_budget),
+            "bucket_duration_bins": duration_bins,
+        }
+
+    base = {"cuts": len(cuts), "hours": round(lengths.durations.sum() / 3600, 1)}
+    random_batches = DynamicCutSampler(cuts, max_duration=max_d["max_duration"], shuffle=True)
+    line = {"strategy": "random", **base, **max_d, **batch_stats(random_batches)}
+    print(json.dumps(line), flush=True)
+    for name, cfg in strategies.items():
+        stats = batch_stats(build_sampler(cuts, cfg))
+        line = {"strategy": name, **base, "max_duration": cfg.get("max_duration"), **stats}
+        if name == "max_duration_same_budget":
+            line["max_duration"] = round(cfg["max_duration"], 1)
+        line |= rank_imbalance(cuts, cfg, args.ranks)
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

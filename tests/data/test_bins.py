@@ -1,0 +1,139 @@
+import numpy as np
+import pytest
+import yaml
+from lhotse import CutSet
+
+from asr.data.bins import (
+    CutLengths,
+    equal_total_edges,
+    estimate_bins,
+    main,
+    read_bins,
+    token_sub_bins,
+)
+from asr.data.buckets import SamplerConfig, bucket_index, build_sampler
+from asr.data.synthetic_cuts import synthetic_cuts
+from asr.data.tokenizer import Tokenizer
+
+TRAIN = "train-clean-100"
+PLANTED = 6
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_corpus) -> Tokenizer:
+    return Tokenizer.load(tiny_corpus.tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def words(tiny_corpus) -> list[str]:
+    return sorted({w for text in tiny_corpus.transcripts(TRAIN).values() for w in text.split()})
+
+
+def clean_cuts(words: list[str]) -> list:
+    """LibriSpeech-like cuts of 4 s and more: below that, a handful of words makes the
+    tokens-per-second tail heavy enough for genuine 4-sigma cuts."""
+    return [c for c in synthetic_cuts(1600, seed=3, vocabulary=words) if c.duration >= 4.0]
+
+
+@pytest.fixture(scope="module")
+def cuts_with_outliers(words):
+    """The clean cuts with PLANTED of them given 5x their words."""
+    cuts = clean_cuts(words)
+    rng = np.random.default_rng(0)
+    planted = {cuts[i].id for i in rng.choice(len(cuts), PLANTED, replace=False)}
+    for cut in cuts:
+        if cut.id in planted:
+            repeated = cut.supervisions[0].transform_text(lambda t: " ".join([t] * 5))
+            cut.supervisions = [repeated]
+    return CutSet.from_cuts(cuts), planted
+
+
+def test_equal_total_edges_split_within_one_cut() -> None:
+    # Jitter breaks the ties of 10 ms rounding: tied cuts must share a bucket.
+    durations = np.array([c.duration for c in synthetic_cuts(3000, seed=1)])
+    durations += np.random.default_rng(0).uniform(0, 0.01, len(durations))
+    for k in (2, 7, 30):
+        edges = equal_total_edges(durations, k)
+        assert len(edges) == k and edges == sorted(edges) and edges[-1] == durations.max()
+        which = np.searchsorted(edges, durations, side="left")
+        totals = np.bincount(which, weights=durations, minlength=k)
+        assert np.all(np.abs(totals - durations.sum() / k) <= durations.max()), totals
+
+
+def test_identical_edges_are_merged() -> None:
+    values = np.array([5.0] * 500 + [1.0, 2.0, 9.0])
+    edges = equal_total_edges(values, 6)
+    assert edges == sorted(set(edges)) and 5.0 in edges and len(edges) < 6
+    with pytest.raises(ValueError, match="cannot fill"):
+        equal_total_edges([1.0, 2.0], 3)
+
+
+def test_2d_bins_split_tokens_inside_each_duration_bin() -> None:
+    cuts = synthetic_cuts(3000, seed=2)
+    lengths = CutLengths(
+        [c.id for c in cuts],
+        np.array([c.duration for c in cuts]),
+        np.array([c.custom["num_tokens"] for c in cuts]),
+    )
+    duration_bins = equal_total_edges(lengths.durations, 5)
+    bins = token_sub_bins(lengths, duration_bins, 4)
+    assert bins == sorted(bins) and {d for d, _ in bins} == set(duration_bins)
+    which = [
+        bucket_index(bins, d, t) for d, t in zip(lengths.durations, lengths.tokens, strict=True)
+    ]
+    assert max(which) < len(bins)  # every cut fits a bin
+    for edge in duration_bins:
+        sub = [i for i, (d, _) in enumerate(bins) if d == edge]
+        assert len(sub) == 4
+        totals = np.array([lengths.tokens[np.array(which) == i].sum() for i in sub])
+        # Token counts tie a lot, and tied cuts share a sub-bucket: each total lies within
+        # the largest tie group (value x count) of the target.
+        values, counts = np.unique(
+            np.concatenate([lengths.tokens[np.array(which) == i] for i in sub]), return_counts=True
+        )
+        assert np.all(np.abs(totals - totals.mean()) <= (values * counts).max()), totals
+
+
+def test_tps_outliers_are_exactly_the_planted_ones(cuts_with_outliers, tokenizer, words):
+    clean = CutLengths.of(clean_cuts(words), tokenizer, progress=False)
+    assert estimate_bins(clean, num_buckets=6, num_token_buckets=3)[1].above_max == 0
+    cuts, planted = cuts_with_outliers
+    lengths = CutLengths.of(cuts, tokenizer, progress=False)
+    keys, report = estimate_bins(lengths, num_buckets=6, num_token_buckets=3)
+    assert report.above_max == PLANTED and report.below_min == 0
+    assert len(keys["max_tps"]) == len(keys["bucket_duration_bins"])
+
+    cfg = {**keys, "bucket_batch_size": [8] * len(keys["max_tps"]), "max_cut_duration": 40}
+    sampler = build_sampler(cuts, cfg, tokenizer=tokenizer)
+    sampled = [c.id for batch in sampler for c in batch]
+    dropped = sampler.cut_filter.dropped
+    assert dropped["tokens per second above max_tps"] == planted
+    assert set(dropped) == {"tokens per second above max_tps"}
+    assert sorted(sampled) == sorted(set(cuts.ids) - planted)  # each other cut exactly once
+
+
+def test_global_tps_limits_count_each_reason(cuts_with_outliers, tokenizer) -> None:
+    cuts, planted = cuts_with_outliers
+    cfg = {"max_duration": 200, "max_cut_duration": 40, "max_tps": 20.0, "min_tps": 1.0}
+    sampler = build_sampler(cuts, cfg, tokenizer=tokenizer)
+    sampled = {c.id for batch in sampler for c in batch}
+    counts = sampler.cut_filter.counts()
+    assert sum(counts.values()) + len(sampled) == len(cuts)
+    assert sampler.cut_filter.dropped["tokens per second above max_tps"] >= planted
+
+
+def test_cli_writes_a_bins_file_the_sampler_reads(tmp_path, cuts_with_outliers, tiny_corpus):
+    cuts, _ = cuts_with_outliers
+    manifest = tmp_path / "cuts.jsonl.gz"
+    cuts.to_file(manifest)
+    out = tmp_path / "bins.yaml"
+    args = [str(manifest), "--tokenizer", str(tiny_corpus.tokenizer_path), "--num-buckets", "5"]
+    main([*args, "--num-token-buckets", "2", "-o", str(out)])
+    keys = yaml.safe_load(out.read_text())
+    assert len(keys["bucket_duration_bins"]) == len(keys["max_tps"]) <= 10
+    assert out.read_text().startswith("# asr-estimate-bins")
+    cfg = SamplerConfig.from_mapping({"bucket_duration_bins": str(out)})
+    assert cfg.bucket_duration_bins[0] == tuple(keys["bucket_duration_bins"][0])
+    assert cfg.max_tps == tuple(keys["max_tps"])
+    with pytest.raises(FileNotFoundError, match="asr-estimate-bins"):
+        read_bins(tmp_path / "missing.yaml")
