@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     keys, report = estimate_bins(
         lengths, args.num_buckets, args.num_token_buckets, args.tps_num_std, args.min_tps
     )
-    command = "asr-estimate-bins " + " ".join(argv if argv is not None else [])
+    command = "asr-estimate-bins " + " ".join(argv if argv is not None else sys.argv[1:])
     comment = (
         f"{command.strip()}\n{len(lengths.ids)} cuts, {lengths.durations.sum() / 3600:.2f} h; "
         f"TPS outliers: {report.above_max} above the per-bucket limit, "

@@ -39,9 +39,10 @@ class SamplerConfig:
     - `num_buckets`: duration buckets, estimated from the data unless
       `bucket_duration_bins` is given.
     - `bucket_duration_bins`: upper edges of the buckets, inclusive: seconds `[d, ...]`
-      (1D) or `[[seconds, tokens], ...]` (2D), or the path of a bins file written by
-      `asr-estimate-bins` / `asr-oomptimizer` (its `max_tps` and `bucket_batch_size` are
-      used unless given here). Cuts beyond the last edge are dropped (counted).
+      (1D) or `[[seconds, tokens], ...]` (2D). Cuts beyond the last edge are dropped
+      (counted).
+    - `bins_file`: a YAML file written by `asr-estimate-bins` or `asr-oomptimizer`; its
+      `bucket_duration_bins`, `bucket_batch_size` and `max_tps` apply unless given here.
     - `bucket_batch_size`: a fixed batch size per bucket (same length as the bins).
     - `max_tps` / `min_tps`: tokens per second above / below which a cut is dropped
       (counted); `max_tps` may be one number or one per bucket.
@@ -54,7 +55,8 @@ class SamplerConfig:
 
     max_duration: float | None = 200.0
     num_buckets: int = 10
-    bucket_duration_bins: tuple[Bin, ...] | str | None = None
+    bucket_duration_bins: tuple[Bin, ...] | None = None
+    bins_file: str | None = None
     bucket_batch_size: tuple[int, ...] | None = None
     max_tps: float | tuple[float, ...] | None = None
     min_tps: float | None = None
@@ -69,17 +71,17 @@ class SamplerConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
-        """Build from a config mapping; an unknown key is an error that names it. A bins
-        file given as `bucket_duration_bins` is read here."""
+        """Build from a config mapping; an unknown key is an error that names it. The keys
+        of `bins_file` fill those not given."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
             raise KeyError(f"unknown data.sampler key(s) {unknown}; valid keys: {sorted(known)}")
         values = dict(cfg)
-        if isinstance(values.get("bucket_duration_bins"), str):
-            from_file = read_bins(values["bucket_duration_bins"])
+        if values.get("bins_file"):
+            from_file = read_bins(values["bins_file"])
             for key in ("bucket_duration_bins", "bucket_batch_size", "max_tps"):
-                if key in from_file and (key == "bucket_duration_bins" or values.get(key) is None):
+                if values.get(key) is None and from_file.get(key) is not None:
                     values[key] = from_file[key]
         if values.get("bucket_duration_bins") is not None:
             values["bucket_duration_bins"] = tuple(_bin(b) for b in values["bucket_duration_bins"])

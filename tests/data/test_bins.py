@@ -132,7 +132,7 @@ def test_cli_writes_a_bins_file_the_sampler_reads(tmp_path, cuts_with_outliers, 
     keys = yaml.safe_load(out.read_text())
     assert len(keys["bucket_duration_bins"]) == len(keys["max_tps"]) <= 10
     assert out.read_text().startswith("# asr-estimate-bins")
-    cfg = SamplerConfig.from_mapping({"bucket_duration_bins": str(out)})
+    cfg = SamplerConfig.from_mapping({"bins_file": str(out)})
     assert cfg.bucket_duration_bins[0] == tuple(keys["bucket_duration_bins"][0])
     assert cfg.max_tps == tuple(keys["max_tps"])
     with pytest.raises(FileNotFoundError, match="asr-estimate-bins"):
