@@ -11,7 +11,6 @@ Bins are upper edges (see `asr.data.bins`).
 from __future__ import annotations
 
 import copy
-import logging
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -25,8 +24,6 @@ from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 from asr.data.bins import Bin, cut_text, read_bins
 from asr.data.rank_sync import RankSynchronizedSampler
 from asr.data.tokenizer import Tokenizer
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
