@@ -11,7 +11,7 @@ into sub-buckets of equal total tokens. A cut longer than every edge is not samp
         --num-token-buckets 3 -o data/demo/bins.yaml
 
 The output is a YAML file whose keys are ``data.sampler`` keys (``bucket_duration_bins``,
-``max_tps``); load it with ``+data/sampler_bins=...`` or copy it into a config.
+``max_tps``); point ``data.sampler.bins_file`` at it or copy its keys into a config.
 """
 
 from __future__ import annotations

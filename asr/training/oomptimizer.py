@@ -158,10 +158,12 @@ class BatchSizeSearch:
 
 @dataclass(frozen=True)
 class Bucket:
-    """A bucket's worst case: its upper duration edge (seconds) and the most tokens."""
+    """A bucket's worst case: its upper duration edge (seconds) and the most tokens;
+    `max_tps` is the bucket's tokens-per-second limit from a bins file, if any."""
 
     max_duration: float
     max_tokens: int
+    max_tps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -177,23 +179,36 @@ class BucketResult:
         return self.batch_size * self.bucket.max_duration
 
 
-def buckets_from_bins(bins: Sequence[Any], max_tps: float = 12.0) -> tuple[list[Bucket], bool]:
+def buckets_from_bins(
+    bins: Sequence[Any], max_tps: float | Sequence[float] = 12.0
+) -> tuple[list[Bucket], bool]:
     """Upper edges -> (buckets, is_2d). 1D `[d, ...]`: max tokens ceil(d * max_tps);
-    2D `[[d, t], ...]`: the given token edges. Edges must be increasing."""
+    2D `[[d, t], ...]`: the given token edges. Edges must be increasing. `max_tps` is one
+    limit or one per bucket (a bins file's); a per-bucket list is kept on the buckets so
+    that the output carries it on to the sampler."""
     if not isinstance(bins, Sequence) or isinstance(bins, str) or not bins:
         raise ValueError(f"bucket bins must be a non-empty list, got {bins!r}")
     is_2d = [isinstance(b, Sequence) and not isinstance(b, str) for b in bins]
     if any(is_2d) and not all(is_2d):
         raise ValueError(f"bucket bins mix 1D (seconds) and 2D ([seconds, tokens]) edges: {bins}")
+    per_bucket = isinstance(max_tps, Sequence) and not isinstance(max_tps, str)
+    limits = [float(x) for x in max_tps] if per_bucket else [float(max_tps)] * len(bins)
+    if len(limits) != len(bins):
+        raise ValueError(f"{len(limits)} max_tps values for {len(bins)} buckets: {max_tps}")
+    if any(not limit > 0 for limit in limits):
+        raise ValueError(f"max_tps must be positive, got {max_tps}")
+    kept = limits if per_bucket else [None] * len(bins)
     if all(is_2d):
         if any(len(b) != 2 for b in bins):
             raise ValueError(f"a 2D bucket edge is [seconds, tokens], got {bins}")
-        buckets = [Bucket(float(d), int(t)) for d, t in bins]
+        buckets = [Bucket(float(d), int(t), k) for (d, t), k in zip(bins, kept, strict=True)]
     else:
-        if max_tps <= 0:
-            raise ValueError(f"max_tps must be positive, got {max_tps}")
-        # Rounded first, so that 2.0 x 12 is 24 tokens, not 25.
-        buckets = [Bucket(float(d), max(1, math.ceil(round(d * max_tps, 6)))) for d in bins]
+        # Rounded first, so that 2.0 x 12 is 24 tokens, not 25. An infinite limit (a bins
+        # file's empty bucket) cannot bound tokens: such a bucket gets the global default.
+        buckets = [
+            Bucket(float(d), max(1, math.ceil(round(d * (x if math.isfinite(x) else 12.0), 6))), k)
+            for d, x, k in zip(bins, limits, kept, strict=True)
+        ]
     keys = [(b.max_duration, b.max_tokens) for b in buckets]
     if any(b.max_duration <= 0 for b in buckets) or keys != sorted(set(keys)):
         raise ValueError(f"bucket edges must be positive and increasing, got {bins}")
@@ -259,22 +274,30 @@ def search_buckets(
 
 def merge_equal_sizes(results: Sequence[BucketResult]) -> list[BucketResult]:
     """Merge adjacent (1D) buckets of equal batch size into the one with the larger edge:
-    its batch size fits every shorter utterance too. Probes are summed."""
+    its batch size fits every shorter utterance too. Probes are summed. With per-bucket
+    `max_tps`, only when the larger bucket's limit is not below the shorter's, so that the
+    merged bucket keeps every cut either kept and no cut has more tokens than was probed."""
     merged: list[BucketResult] = []
     for result in results:
         if merged and merged[-1].batch_size == result.batch_size:
-            result = replace(result, probes=result.probes + merged.pop().probes)
+            shorter, longer = merged[-1].bucket.max_tps, result.bucket.max_tps
+            if shorter is None or longer is None or longer >= shorter:
+                result = replace(result, probes=result.probes + merged.pop().probes)
         merged.append(result)
     return merged
 
 
 def sampler_keys(results: Sequence[BucketResult], is_2d: bool) -> dict[str, list]:
-    """`data.sampler` keys: `bucket_duration_bins` and `bucket_batch_size`."""
+    """`data.sampler` keys: `bucket_duration_bins`, `bucket_batch_size` and, when the
+    buckets carry per-bucket limits, `max_tps`."""
     bins = [
         [r.bucket.max_duration, r.bucket.max_tokens] if is_2d else r.bucket.max_duration
         for r in results
     ]
-    return {"bucket_duration_bins": bins, "bucket_batch_size": [r.batch_size for r in results]}
+    keys = {"bucket_duration_bins": bins, "bucket_batch_size": [r.batch_size for r in results]}
+    if all(r.bucket.max_tps is not None for r in results):
+        keys["max_tps"] = [r.bucket.max_tps for r in results]
+    return keys
 
 
 # --- memory sizes ------------------------------------------------------------------------
@@ -314,7 +337,7 @@ def summary_table(results: Sequence[BucketResult]) -> Table:
         table.add_column(name, justify="right")
     for r in results:
         table.add_row(
-            f"{r.bucket.max_duration:g} s",
+            f"{r.bucket.max_duration:.2f} s",
             str(r.bucket.max_tokens),
             str(r.batch_size),
             f"{r.audio_seconds:.0f} s",
@@ -347,7 +370,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--start", type=int, default=16, help="first batch size tried")
     parser.add_argument("--rel-tolerance", type=float, default=0.05)
     parser.add_argument("--max-size", type=int, default=None, help="never try larger batches")
-    parser.add_argument("--max-tps", type=float, default=12.0, help="1D: tokens per second")
+    parser.add_argument(
+        "--max-tps",
+        type=float,
+        default=None,
+        help="1D: most tokens per second (default: the bins file's per-bucket max_tps, else 12)",
+    )
     parser.add_argument("--vocab-size", type=int, default=None, help="without a tokenizer file")
     parser.add_argument("--ddp-grad-copy", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--threads", type=int, default=None, help="CPU probes: torch threads")
@@ -362,8 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console)]
     )
-    bins = read_bins(args.bins_file)["bucket_duration_bins"] if args.bins_file else args.buckets
-    buckets, is_2d = buckets_from_bins(bins, args.max_tps)
+    from_file = read_bins(args.bins_file) if args.bins_file else {}
+    bins = from_file.get("bucket_duration_bins", args.buckets)
+    max_tps = args.max_tps if args.max_tps is not None else from_file.get("max_tps", 12.0)
+    buckets, is_2d = buckets_from_bins(bins, max_tps)
     cfg = compose_config(args.overrides)
     setup = ModelSetup.from_config(cfg, args.vocab_size, args.ddp_grad_copy)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -397,8 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{command.strip()}\nworst-case batches within {format_bytes(args.memory_budget)} on "
         f"{device}; {len(results)} buckets searched, {len(final)} after merging equal sizes"
     )
-    if not is_2d:
-        comment += f"\nassumes at most {args.max_tps:g} tokens/s (data.sampler.max_tps)"
+    if not is_2d and not isinstance(max_tps, Sequence):
+        comment += f"\nassumes at most {max_tps:g} tokens/s (data.sampler.max_tps)"
     write_bins(args.output, sampler_keys(final, is_2d), comment)
     console.print(summary_table(final))
     print(f"{len(final)} buckets -> {args.output}")

@@ -131,6 +131,15 @@ def test_bins_give_worst_case_buckets() -> None:
     assert buckets_from_bins([2.1], max_tps=10)[0] == [Bucket(2.1, 21)]  # not 22 from 21.000001
 
 
+def test_per_bucket_max_tps_bounds_tokens_and_is_kept() -> None:
+    buckets, _ = buckets_from_bins([2, 4], max_tps=[10, 7.5])
+    assert buckets == [Bucket(2.0, 20, 10.0), Bucket(4.0, 30, 7.5)]
+    buckets, _ = buckets_from_bins([[2, 10], [4, 50]], max_tps=[9, 13])
+    assert buckets == [Bucket(2.0, 10, 9.0), Bucket(4.0, 50, 13.0)]  # 2D: tokens from the bins
+    with pytest.raises(ValueError, match="3 max_tps values for 2 buckets"):
+        buckets_from_bins([2, 4], max_tps=[1, 2, 3])
+
+
 @pytest.mark.parametrize(
     ("bins", "message"),
     [
@@ -192,6 +201,16 @@ def test_equal_sizes_merge_into_the_larger_edge() -> None:
         (5.0, 3, 2),
         (6.0, 1, 1),
     ]
+
+
+def test_equal_sizes_merge_only_where_the_larger_bucket_allows_as_many_tokens_per_second() -> None:
+    limits = [12.0, 14.0, 11.0, 13.0]  # the 4 s bucket's limit is below the 2 s bucket's
+    buckets = [Bucket(d, math.ceil(d * x), x) for d, x in zip([1.5, 2, 4, 8], limits, strict=True)]
+    results = [BucketResult(b, 50, None, 1) for b in buckets]
+    merged = merge_equal_sizes(results)
+    # 1.5 s into 2 s (14 >= 12), not 2 s into 4 s (11 < 14), 4 s into 8 s (13 >= 11)
+    assert [r.bucket.max_duration for r in merged] == [2.0, 8.0]
+    assert oomptimizer.sampler_keys(merged, is_2d=False)["max_tps"] == [14.0, 13.0]
 
 
 def test_a_bucket_where_nothing_fits_is_named() -> None:
@@ -305,9 +324,16 @@ def test_cli_writes_sampler_keys_from_a_bins_file(tmp_path: Path, fake_cpu_probe
         + ["--rel-tolerance", "0"]
     )
     keys = yaml.safe_load(out.read_text())
-    assert keys == {"bucket_duration_bins": [2.0, 4.0, 8.0], "bucket_batch_size": [100, 50, 25]}
+    assert keys == {
+        "bucket_duration_bins": [2.0, 4.0, 8.0],
+        "bucket_batch_size": [100, 50, 25],
+        "max_tps": [10.0, 11.0, 12.0],  # carried on from the bins file
+    }
     sampler = SamplerConfig.from_mapping(keys)  # the keys are data.sampler keys
     assert sampler.bucket_batch_size == (100, 50, 25)
+    assert sampler.max_tps == (10.0, 11.0, 12.0)
+    max_tokens = {duration: tokens for duration, tokens, _ in fake_cpu_probe.calls}
+    assert max_tokens == {8.0: 96, 4.0: 44, 2.0: 20, 1.5: 15}  # d x that bucket's max_tps
 
 
 def test_cli_keeps_2d_buckets(tmp_path: Path, fake_cpu_probe) -> None:
