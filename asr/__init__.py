@@ -1,4 +1,5 @@
-"""asr: Conformer-Transducer speech recognition on lhotse, Lightning and Hydra."""
+"""asr: Conformer-Transducer and attention encoder-decoder speech recognition on lhotse,
+Lightning and Hydra."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def load_model(path: str | Path, device: str = "cpu") -> Recognizer:
-    """Load an exported bundle (or a training checkpoint); `.transcribe(audio) -> list[str]`
-    takes file paths or 16 kHz mono arrays. Needs neither Hydra nor Lightning."""
+def load_model(path: str | Path, device: str = "cpu", beam_size: int = 1) -> Recognizer:
+    """Load an exported bundle (or a training checkpoint) of any model kind;
+    `.transcribe(audio) -> list[str]` takes file paths or 16 kHz mono arrays. `beam_size`
+    above 1: beam search (attention encoder-decoders). Needs neither Hydra nor Lightning."""
     from asr.transcribe import load_recognizer
 
-    return load_recognizer(path, device)
+    return load_recognizer(path, device, beam_size)

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from asr.data.tokenizer import Tokenizer
-from asr.models.build import build_model
-from asr.models.transducer import Transducer
+from asr.models.build import Model, build_model
 
 BUNDLE_FORMAT = "asr-bundle-1"
 BUNDLE_KEY = "asr_bundle"  # where asr-train puts model config + tokenizer in checkpoints
@@ -103,7 +102,7 @@ def export_bundle(ckpt: str | Path, output: str | Path, average: int = 1) -> Pat
     return output
 
 
-def load_bundle(path: str | Path) -> tuple[Transducer, Tokenizer, dict[str, Any]]:
+def load_bundle(path: str | Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
     """(model in eval mode, tokenizer, feature config) from a bundle or a training checkpoint."""
     path = Path(path)
     if not path.is_file():

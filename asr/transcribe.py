@@ -15,9 +15,9 @@ from lhotse import Recording
 
 from asr.data.features import SAMPLE_RATE, FeatureConfig, compute_features
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.transducer import GreedyOptions, greedy_search
+from asr.decoding.search import SearchOptions, decode, default_options
 from asr.export import load_bundle
-from asr.models.transducer import Transducer
+from asr.models.build import Model
 
 AudioInput = str | Path | np.ndarray
 
@@ -38,15 +38,16 @@ def read_audio(path: str | Path) -> np.ndarray:
 
 
 class Recognizer:
-    """A model with its tokenizer and feature settings, ready to transcribe."""
+    """A model with its tokenizer and feature settings, ready to transcribe. `options`:
+    the search (default: greedy; `AedSearchOptions(beam_size=4)` for attention decoders)."""
 
     def __init__(
         self,
-        model: Transducer,
+        model: Model,
         tokenizer: Tokenizer,
         features: FeatureConfig,
         device: str | torch.device = "cpu",
-        options: GreedyOptions = GreedyOptions(),
+        options: SearchOptions | None = None,
     ) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
@@ -54,7 +55,7 @@ class Recognizer:
             **{**features.__dict__, "source": "on_the_fly", "dither": 0.0}
         )
         self.device = torch.device(device)
-        self.options = options
+        self.options = options or default_options(model)
         self._extractor = self.features.extractor()
 
     @torch.inference_mode()
@@ -63,7 +64,7 @@ class Recognizer:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
         padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
         enc, enc_lens = self.model.encode(padded, lens)
-        ids = greedy_search(self.model, enc, enc_lens, self.options)
+        ids = decode(self.model, enc, enc_lens, self.options)
         return [self.tokenizer.decode(i) for i in ids]
 
     def transcribe(
@@ -87,10 +88,14 @@ class Recognizer:
         return texts
 
 
-def load_recognizer(path: str | Path, device: str | torch.device = "cpu") -> Recognizer:
-    """A `Recognizer` from a bundle (`asr-export`) or a training checkpoint."""
+def load_recognizer(
+    path: str | Path, device: str | torch.device = "cpu", beam_size: int = 1
+) -> Recognizer:
+    """A `Recognizer` from a bundle (`asr-export`) or a training checkpoint; `beam_size`
+    above 1 decodes attention-decoder models with beam search."""
     model, tokenizer, features = load_bundle(path)
-    return Recognizer(model, tokenizer, FeatureConfig(**features), device)
+    options = default_options(model, beam_size)
+    return Recognizer(model, tokenizer, FeatureConfig(**features), device, options)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")
     parser.add_argument("audio", type=Path, nargs="+", help="audio files (flac, wav, ...)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--beam-size", type=int, default=1, help="attention decoders: beam search")
     args = parser.parse_args(argv)
-    recognizer = load_recognizer(args.bundle, args.device)
+    recognizer = load_recognizer(args.bundle, args.device, args.beam_size)
     for path, text in zip(args.audio, recognizer.transcribe(args.audio), strict=True):
         print(f"{path}\t{text}")
 

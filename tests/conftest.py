@@ -95,8 +95,15 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def tiny_overrides(corpus: TinyCorpus, exp_dir: Path) -> list[str]:
-    """Hydra overrides: a ~0.4M-parameter Transducer on the tiny corpus, CSV logging only."""
+def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") -> list[str]:
+    """Hydra overrides: a ~0.4M-parameter Transducer (or, `kind="aed"`, encoder-decoder)
+    on the tiny corpus, CSV logging only."""
+    if kind == "aed":
+        model = ["model.decoder.d_model=64", "model.decoder.num_layers=1"]
+        model += ["model.decoder.num_heads=2"]
+    else:
+        model = ["model.predictor.embed_dim=64", "model.predictor.hidden_dim=64"]
+        model += ["model.joiner.joint_dim=64"]
     return [
         f"data_dir={corpus.root}",
         f"exp_dir={exp_dir}",
@@ -109,9 +116,7 @@ def tiny_overrides(corpus: TinyCorpus, exp_dir: Path) -> list[str]:
         "model.encoder.num_layers=2",
         "model.encoder.num_heads=2",
         "model.encoder.subsampling_factor=4",
-        "model.predictor.embed_dim=64",
-        "model.predictor.hidden_dim=64",
-        "model.joiner.joint_dim=64",
+        *model,
         "data.sampler.max_duration=10",
         "data.sampler.max_cut_duration=10",
         "data.sampler.num_buckets=4",
@@ -122,13 +127,13 @@ def tiny_overrides(corpus: TinyCorpus, exp_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def compose_train(tiny_corpus: TinyCorpus) -> Callable[..., DictConfig]:
-    """`compose(exp_dir, *overrides)`: configs/train.yaml with the tiny overrides, then yours."""
+    """`compose(exp_dir, *overrides, kind=...)`: configs/train.yaml with the tiny overrides
+    of that model kind, then yours (`experiment=...` among them picks the model group)."""
 
-    def compose(exp_dir: Path, *overrides: str) -> DictConfig:
+    def compose(exp_dir: Path, *overrides: str, kind: str = "transducer") -> DictConfig:
+        tiny = tiny_overrides(tiny_corpus, exp_dir, kind)
         with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return hydra.compose(
-                "train", overrides=[*tiny_overrides(tiny_corpus, exp_dir), *overrides]
-            )
+            return hydra.compose("train", overrides=[*tiny, *overrides])
 
     return compose
 

@@ -1,4 +1,5 @@
-"""Export, inference and decoding from the checkpoints of the shared training run."""
+"""Export, inference and decoding from the checkpoints of the shared training run, and an
+attention encoder-decoder through the same tool chain."""
 
 import json
 import os
@@ -14,6 +15,7 @@ import torch
 import asr
 from asr.data.corpus import load_cuts
 from asr.export import BUNDLE_FORMAT, checkpoints_to_average, export_bundle, load_bundle
+from asr.models.aed import EncoderDecoder
 from asr.transcribe import read_audio
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
@@ -169,3 +171,53 @@ def test_load_model_needs_neither_lightning_nor_hydra(bundle: Path, test_flacs) 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == repr(asr.load_model(bundle).transcribe([test_flacs[0]]))
+
+
+# --- attention encoder-decoder: asr-train, export, load_model, asr-decode, asr-transcribe ---
+
+
+@pytest.fixture(scope="module")
+def aed_run(compose_train, feature_manifests, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 epochs of experiment=demo_aed_flash, shrunk to the tiny model; its exp_dir."""
+    from asr.training.train import run
+
+    exp_dir = tmp_path_factory.mktemp("aed") / "exp"
+    cfg = compose_train(
+        exp_dir,
+        "experiment=demo_aed_flash",
+        "trainer.max_epochs=2",
+        "optim.lr=3e-3",
+        kind="aed",
+    )
+    metrics = run(cfg)
+    assert {"val/wer", "val/ctc_wer", "train/cross_entropy", "train/ctc"} <= set(metrics)
+    return exp_dir
+
+
+def test_the_checkpoint_exports_to_a_bundle_that_rebuilds_the_same_network(aed_run, tmp_path):
+    ckpt = aed_run / "checkpoints" / "last.ckpt"
+    bundle = export_bundle(ckpt, tmp_path / "aed.bundle.pt")
+    model, tokenizer, features = load_bundle(bundle)
+    assert isinstance(model, EncoderDecoder) and len(model.decoder.layers) == 1
+    assert tokenizer.vocab_size == model.vocab_size
+    weights = _model_weights(ckpt)
+    assert model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+
+
+def test_load_model_decode_and_transcribe_work_for_the_aed(aed_run, tiny_corpus, tmp_path):
+    bundle = export_bundle(aed_run / "checkpoints" / "last.ckpt", tmp_path / "aed.bundle.pt")
+    flacs = sorted((tiny_corpus.librispeech / TEST).rglob("*.flac"))[:3]
+    greedy = asr.load_model(bundle).transcribe(flacs)
+    assert len(greedy) == 3 and all(isinstance(t, str) for t in greedy)
+    lines = _cli("asr-transcribe", bundle, *flacs, "--device", "cpu").splitlines()
+    assert lines == [f"{p}\t{t}" for p, t in zip(flacs, greedy, strict=True)]
+    for beam in (1, 3):
+        out = tmp_path / f"beam{beam}"
+        _cli("asr-decode", bundle, tiny_corpus.cuts(TEST), "-o", out, "--beam-size", str(beam))
+        summary = json.loads((out / "wer.json").read_text())
+        assert summary["utterances_skipped"] == 0 and summary["ref_words"] > 0
+        hyps = {h["id"]: h["hyp"] for h in _hyps(out)}
+        assert len(hyps) == len(list((tiny_corpus.librispeech / TEST).rglob("*.flac")))
+    beam3 = asr.load_model(bundle, beam_size=3).transcribe(flacs)
+    assert len(beam3) == 3

@@ -92,11 +92,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-duration", type=float, default=200.0, help="seconds per batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--beam-size", type=int, default=1, help="attention decoders: beam search")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     output_dir = args.output_dir or args.model.parent / f"decode-{args.manifest.name.split('.')[0]}"
     summary = decode_manifest(
-        load_recognizer(args.model, args.device), args.manifest, output_dir, args.max_duration
+        load_recognizer(args.model, args.device, args.beam_size),
+        args.manifest,
+        output_dir,
+        args.max_duration,
     )
     print(json.dumps(summary))
     print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")

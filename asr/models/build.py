@@ -11,10 +11,14 @@ from typing import Any
 
 from torch import nn
 
+from asr.models.aed import EncoderDecoder, TransformerDecoder
 from asr.models.conformer import ConformerEncoder
 from asr.models.transducer import Joiner, Predictor, Transducer
 
+Model = Transducer | EncoderDecoder
+
 _TOP_KEYS = ("kind", "encoder", "predictor", "joiner", "ctc_head", "blank_id")
+_AED_TOP_KEYS = ("kind", "encoder", "decoder", "ctc_head")
 _ENCODER_KEYS = (
     "input_dim",
     "d_model",
@@ -29,7 +33,17 @@ _ENCODER_KEYS = (
 )
 _PREDICTOR_KEYS = ("kind", "embed_dim", "hidden_dim", "num_layers", "context_size", "dropout")
 _JOINER_KEYS = ("joint_dim",)
-_MODEL_KINDS = ("transducer",)
+_DECODER_KEYS = (
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "ff_expansion",
+    "dropout",
+    "positions",
+    "max_positions",
+    "tie_embeddings",
+)
+_MODEL_KINDS = ("transducer", "aed")
 
 
 def _checked(section: str, cfg: Any, valid: Iterable[str]) -> dict[str, Any]:
@@ -46,13 +60,17 @@ def _checked(section: str, cfg: Any, valid: Iterable[str]) -> dict[str, Any]:
     return dict(cfg)
 
 
-def build_model(cfg: Mapping[str, Any], vocab_size: int) -> Transducer:
+def build_model(cfg: Mapping[str, Any], vocab_size: int) -> Model:
     """cfg like ``{"kind": "transducer", "encoder": {...}, "predictor": {...},
-    "joiner": {"joint_dim": 256}, "ctc_head": True}`` -> a Transducer over ``vocab_size``."""
-    cfg = _checked("model", cfg, _TOP_KEYS)
-    kind = cfg.get("kind", "transducer")
+    "joiner": {"joint_dim": 256}, "ctc_head": True}`` -> a Transducer over ``vocab_size``;
+    ``{"kind": "aed", "encoder": {...}, "decoder": {...}, "ctc_head": True}`` -> an
+    EncoderDecoder."""
+    kind = cfg.get("kind", "transducer") if isinstance(cfg, Mapping) else None
     if kind not in _MODEL_KINDS:
         raise ValueError(f"unknown model.kind {kind!r}; valid kinds: {', '.join(_MODEL_KINDS)}")
+    if kind == "aed":
+        return _build_aed(cfg, vocab_size)
+    cfg = _checked("model", cfg, _TOP_KEYS)
     blank_id = int(cfg.get("blank_id", 0))
     encoder = ConformerEncoder(**_checked("model.encoder", cfg.get("encoder", {}), _ENCODER_KEYS))
     pred_cfg = _checked("model.predictor", cfg.get("predictor", {}), _PREDICTOR_KEYS)
@@ -66,6 +84,18 @@ def build_model(cfg: Mapping[str, Any], vocab_size: int) -> Transducer:
     )
     ctc_head = nn.Linear(encoder.output_dim, vocab_size) if cfg.get("ctc_head", False) else None
     return Transducer(encoder, predictor, joiner, ctc_head=ctc_head, blank_id=blank_id)
+
+
+def _build_aed(cfg: Mapping[str, Any], vocab_size: int) -> EncoderDecoder:
+    cfg = _checked("model", cfg, _AED_TOP_KEYS)
+    encoder = ConformerEncoder(**_checked("model.encoder", cfg.get("encoder", {}), _ENCODER_KEYS))
+    decoder = TransformerDecoder(
+        vocab_size=vocab_size,
+        encoder_dim=encoder.output_dim,
+        **_checked("model.decoder", cfg.get("decoder", {}), _DECODER_KEYS),
+    )
+    ctc_head = nn.Linear(encoder.output_dim, vocab_size) if cfg.get("ctc_head", False) else None
+    return EncoderDecoder(encoder, decoder, ctc_head=ctc_head)
 
 
 def count_parameters(model: nn.Module) -> int:

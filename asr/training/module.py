@@ -13,18 +13,19 @@ import torch
 from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.ctc import ctc_greedy_search
-from asr.decoding.transducer import greedy_search
+from asr.decoding.search import decode
 from asr.export import BUNDLE_KEY
 from asr.metrics import ErrorCounts, corpus_errors
-from asr.models.transducer import Transducer
-from asr.training.objective import TransducerObjective
+from asr.models.build import Model
+from asr.training.objective import Objective
 from asr.training.schedules import build_scheduler
 
 log = logging.getLogger(__name__)
 
 
 class AsrLitModule(L.LightningModule):
-    """Train a `Transducer` with `objective`; validate and test by greedy-decoding WER.
+    """Train a `Transducer` or an `EncoderDecoder` with `objective`; validate and test by
+    greedy-decoding WER (and the CTC head's, when there is one).
 
     Args:
         model: the network (a plain nn.Module).
@@ -38,8 +39,8 @@ class AsrLitModule(L.LightningModule):
 
     def __init__(
         self,
-        model: Transducer,
-        objective: TransducerObjective,
+        model: Model,
+        objective: Objective,
         tokenizer: Tokenizer,
         optim: Mapping[str, Any],
         bundle_meta: Mapping[str, Any],
@@ -82,19 +83,20 @@ class AsrLitModule(L.LightningModule):
         losses = self.objective(self.model, batch, self.global_step)
         self.log(f"{stage}/loss", losses["loss"], batch_size=len(batch), sync_dist=True)
         for name, hyps in self.transcribe_batch(batch).items():
-            key = stage if name == "transducer" else f"{stage}_{name}"
+            key = stage if name == "main" else f"{stage}_{name}"
             errors = self._errors.get(key, ErrorCounts())
             self._errors[key] = errors + corpus_errors(batch.texts, hyps)
 
     @torch.inference_mode()
     def transcribe_batch(self, batch: Batch) -> dict[str, list[str]]:
-        """Greedy hypotheses of a batch: transducer, and CTC when the model has a CTC head."""
+        """Greedy hypotheses of a batch: `main` (transducer or attention decoder), and `ctc`
+        when the model has a CTC head."""
         enc, enc_lens = self.model.encode(batch.features, batch.feature_lens)
-        decode = self.tokenizer.decode
-        hyps = {"transducer": [decode(ids) for ids in greedy_search(self.model, enc, enc_lens)]}
+        text = self.tokenizer.decode
+        hyps = {"main": [text(ids) for ids in decode(self.model, enc, enc_lens)]}
         if self.model.ctc_head is not None:
             best = ctc_greedy_search(self.model.ctc_log_probs(enc), enc_lens, self.model.blank_id)
-            hyps["ctc"] = [decode(ids) for ids in best]
+            hyps["ctc"] = [text(ids) for ids in best]
         return hyps
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:

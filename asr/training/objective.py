@@ -1,9 +1,11 @@
-"""The training objective of a Transducer: transducer loss plus an optional CTC term.
+"""Training objectives: transducer loss, or the attention decoder's label-smoothed
+cross-entropy, each plus an optional auxiliary CTC term on the encoder.
 
 Transducers trained from scratch often sit on a plateau where they emit only what the
 predictor guesses, because the encoder has not yet learnt anything. An auxiliary CTC
 loss on the encoder, and optionally a CTC-only phase at the start
-(`transducer_start_step`), gives the encoder a direct signal and gets past it.
+(`transducer_start_step`), gives the encoder a direct signal and gets past it. Attention
+decoders learn to align faster with the same auxiliary CTC loss.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 import torch
 
 from asr.data.batch import Batch
+from asr.losses.cross_entropy import label_smoothed_cross_entropy
 from asr.losses.ctc import ctc_loss
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
+from asr.models.aed import EncoderDecoder
 from asr.models.transducer import Transducer
 
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
@@ -117,3 +121,85 @@ class TransducerObjective:
         else:
             out["loss"] = out["ctc"]
         return out
+
+
+@dataclass(frozen=True)
+class AedLossConfig:
+    """Keys of `model.loss` for `model.kind: aed`.
+
+    - `label_smoothing`: weight e of the uniform distribution in the decoder's targets.
+    - `ctc_weight`: w of the auxiliary CTC loss (needs `model.ctc_head: true`); the loss is
+      (1 - w) x cross-entropy + w x CTC.
+    """
+
+    label_smoothing: float = 0.1
+    ctc_weight: float = 0.0
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> AedLossConfig:
+        cfg = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise KeyError(
+                f"unknown model.loss key(s) {unknown} for model.kind=aed; valid keys: "
+                f"{sorted(known)}"
+            )
+        out = cls(**cfg)
+        if not 0.0 <= out.ctc_weight < 1.0:
+            raise ValueError(f"model.loss.ctc_weight must be in [0, 1), got {out.ctc_weight}")
+        if not 0.0 <= out.label_smoothing < 1.0:
+            raise ValueError(
+                f"model.loss.label_smoothing must be in [0, 1), got {out.label_smoothing}"
+            )
+        return out
+
+
+class AedObjective:
+    """Compute the weighted losses of an `EncoderDecoder` on a `Batch`: `loss` and its
+    parts `cross_entropy`, `ctc` (when weighted), means over the batch of per-utterance sums."""
+
+    def __init__(self, config: AedLossConfig) -> None:
+        self.config = config
+
+    def uses_ctc(self, step: int) -> bool:
+        return self.config.ctc_weight > 0
+
+    def __call__(self, model: EncoderDecoder, batch: Batch, step: int) -> dict[str, torch.Tensor]:
+        w = self.config.ctc_weight
+        enc, enc_lens, logits, targets = model(
+            batch.features, batch.feature_lens, batch.tokens, batch.token_lens
+        )
+        out = {
+            "cross_entropy": label_smoothed_cross_entropy(
+                logits, targets, label_smoothing=self.config.label_smoothing
+            )
+        }
+        out["loss"] = out["cross_entropy"]
+        if w > 0:
+            out["ctc"] = ctc_loss(
+                model.ctc_log_probs(enc),
+                enc_lens,
+                batch.tokens,
+                batch.token_lens,
+                blank=model.blank_id,
+            )
+            out["loss"] = (1 - w) * out["cross_entropy"] + w * out["ctc"]
+        return out
+
+
+Objective = TransducerObjective | AedObjective
+
+
+def build_objective(kind: str, loss_cfg: Mapping[str, Any] | None) -> Objective:
+    """The objective of a model kind ("transducer" or "aed") from its `model.loss` keys."""
+    if kind == "aed":
+        return AedObjective(AedLossConfig.from_mapping(loss_cfg))
+    return TransducerObjective(TransducerLossConfig.from_mapping(loss_cfg))
+
+
+def first_full_loss_step(objective: Objective) -> int:
+    """The first optimizer step at which every part of the loss runs."""
+    if isinstance(objective, TransducerObjective):
+        return objective.config.transducer_start_step
+    return 0

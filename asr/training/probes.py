@@ -30,7 +30,7 @@ from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
 from asr.models.build import build_model
 from asr.training.module import AsrLitModule
-from asr.training.objective import TransducerLossConfig, TransducerObjective
+from asr.training.objective import Objective, build_objective, first_full_loss_step
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +115,12 @@ def resolve_vocab_size(cfg: DictConfig, vocab_size: int | None) -> int:
 
 def build_training(
     setup: ModelSetup, device: str
-) -> tuple[torch.nn.Module, TransducerObjective, torch.optim.Optimizer, int]:
+) -> tuple[torch.nn.Module, Objective, torch.optim.Optimizer, int]:
     """Model (on `device`, training mode), objective and optimizer as `asr-train` builds
     them, and a training step at which the transducer loss runs."""
     model_cfg = copy.deepcopy(setup.model)
-    loss_cfg = TransducerLossConfig.from_mapping(model_cfg.pop("loss", None))
+    objective = build_objective(model_cfg.get("kind", "transducer"), model_cfg.pop("loss", None))
     model = build_model(model_cfg, setup.vocab_size).to(device).train()
-    objective = TransducerObjective(loss_cfg)
     module = AsrLitModule(
         model,
         objective,
@@ -131,7 +130,7 @@ def build_training(
         total_steps=1,  # and any schedule length will do
     )
     optimizer = module.configure_optimizers()["optimizer"]
-    return model, objective, optimizer, loss_cfg.transducer_start_step
+    return model, objective, optimizer, first_full_loss_step(objective)
 
 
 def worst_case_batch(

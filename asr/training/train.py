@@ -26,7 +26,7 @@ from asr.models.build import build_model, count_parameters
 from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
-from asr.training.objective import TransducerLossConfig, TransducerObjective
+from asr.training.objective import build_objective
 
 log = logging.getLogger("asr.train")
 
@@ -61,7 +61,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     """Instantiate tokenizer, model, objective, data, loggers and trainer from `cfg`."""
     tokenizer = Tokenizer.load(cfg.data.tokenizer)
     model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
-    loss_cfg = TransducerLossConfig.from_mapping(model_cfg.pop("loss", None))
+    objective = build_objective(model_cfg.get("kind", "transducer"), model_cfg.pop("loss", None))
     model = build_model(model_cfg, tokenizer.vocab_size)
     log.info("model: %s parameters", f"{count_parameters(model):,}")
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
@@ -85,7 +85,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     needs_total = cfg.optim.scheduler.kind == "warmup_cosine"
     module = AsrLitModule(
         model,
-        TransducerObjective(loss_cfg),
+        objective,
         tokenizer,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},

@@ -4,10 +4,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from asr.data.buckets import SamplerConfig
-from asr.training import oomptimizer
+from asr.training import oomptimizer, probes
 from asr.training.oomptimizer import (
     BatchSizeSearch,
     Bucket,
@@ -258,6 +259,26 @@ def test_vocab_size_comes_from_the_tokenizer_or_the_option(tmp_path: Path) -> No
     bad = compose_config([*TINY_MODEL, f"data_dir={tmp_path}", "+model.encoder.depth=2"])
     with pytest.raises(ValueError, match=r"unknown config key model\.encoder\.depth"):
         ModelSetup.from_config(bad, vocab_size=64)
+
+
+def test_an_encoder_decoder_worst_case_step_trains_its_own_objective(tmp_path: Path) -> None:
+    tiny_aed = ["experiment=demo_aed_flash", "model.encoder.num_layers=1"]
+    tiny_aed += [
+        "model.encoder.d_model=32",
+        "model.decoder.d_model=32",
+        "model.decoder.num_layers=1",
+    ]
+    setup = ModelSetup.from_config(compose_config([*tiny_aed, f"data_dir={tmp_path}"]), 64)
+    model, objective, optimizer, step = probes.build_training(setup, "cpu")
+    assert step == 0 and objective.config.ctc_weight == 0.3
+    before = [p.detach().clone() for p in model.parameters()]
+    probes.worst_case_step(setup, max_duration=2.0, max_tokens=20, batch_size=3, device="cpu")
+    batch = probes.worst_case_batch(3, 2.0, 20, setup.num_mel_bins, setup.vocab_size)
+    losses = objective(model, batch, step)
+    assert set(losses) == {"loss", "cross_entropy", "ctc"} and losses["loss"].isfinite()
+    losses["loss"].backward()
+    optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_dead_probe_processes_do_not_fit_and_crashes_are_errors() -> None:

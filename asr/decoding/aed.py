@@ -1,0 +1,173 @@
+"""Attention encoder-decoder decoding: batched greedy search and batched beam search.
+
+Legend: B utterances, K beam size, N rows (hypotheses) of the decoder, T frames,
+V vocabulary. Both searches feed one token per row per step through the decoder's KV
+cache, and drop an utterance's rows from the batch as soon as it is finished, so the
+cost of a step follows the hypotheses still alive. Each utterance may emit at most
+ceil(audio seconds x `max_tps`) tokens before EOS. Call ``model.eval()`` first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from asr.models.aed import EncoderDecoder
+
+
+@dataclass(frozen=True)
+class AedSearchOptions:
+    """beam_size: 1 is greedy search. length_penalty: a finished hypothesis scores
+    log P / (tokens + 1) ** length_penalty (0: plain log-probability). max_tps: at most
+    this many tokens per second of audio (bounds the output length)."""
+
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    max_tps: float = 25.0
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not self.max_tps > 0:
+            raise ValueError(f"max_tps must be positive, got {self.max_tps}")
+
+
+def max_output_lengths(encoder_lens: Tensor, frame_seconds: float, max_tps: float) -> Tensor:
+    """The most tokens (EOS excluded) each utterance may emit: ceil(seconds x max_tps), >= 1."""
+    seconds = encoder_lens.double() * frame_seconds
+    return torch.ceil(seconds * max_tps).long().clamp(min=1)
+
+
+def _check(encoder_out: Tensor, encoder_lens: Tensor) -> None:
+    if encoder_out.dim() != 3 or encoder_lens.shape != encoder_out.shape[:1]:
+        raise ValueError(
+            f"expected encoder_out (B, T, D) and encoder_lens (B,), got "
+            f"{tuple(encoder_out.shape)} and {tuple(encoder_lens.shape)}"
+        )
+
+
+def decode(
+    model: EncoderDecoder,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: AedSearchOptions = AedSearchOptions(),
+) -> list[list[int]]:
+    """Greedy search when `options.beam_size` is 1, else beam search."""
+    if options.beam_size == 1:
+        return greedy_search(model, encoder_out, encoder_lens, options.max_tps)
+    return beam_search(
+        model, encoder_out, encoder_lens, options.beam_size, options.length_penalty, options.max_tps
+    )
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: EncoderDecoder, encoder_out: Tensor, encoder_lens: Tensor, max_tps: float = 25.0
+) -> list[list[int]]:
+    """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (no BOS/EOS)."""
+    _check(encoder_out, encoder_lens)
+    batch, device = encoder_out.size(0), encoder_out.device
+    results: list[list[int]] = [[] for _ in range(batch)]
+    if batch == 0:
+        return results
+    limits = max_output_lengths(encoder_lens, model.frame_seconds, max_tps).tolist()
+    state = model.decoder.init_state(encoder_out, encoder_lens)
+    rows = list(range(batch))  # the utterance of each row still decoding
+    tokens = torch.full((batch,), model.bos_id, dtype=torch.long, device=device)
+    for step in range(max(limits) + 1):
+        logits, state = model.decoder.step(tokens, state)
+        best = logits.argmax(dim=-1)
+        keep = []
+        for i, (row, token) in enumerate(zip(rows, best.tolist(), strict=True)):
+            if token != model.eos_id and step < limits[row]:
+                results[row].append(token)
+                keep.append(i)
+        if not keep:
+            break
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, device=device)
+            state, best = state.select(index), best.index_select(0, index)
+            rows = [rows[i] for i in keep]
+        tokens = best
+    return results
+
+
+@torch.inference_mode()
+def beam_search(
+    model: EncoderDecoder,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    max_tps: float = 25.0,
+) -> list[list[int]]:
+    """encoder_out (B, T, D), encoder_lens (B,) -> the best hypothesis of each utterance.
+
+    Each step expands every live hypothesis by every token and keeps the 2K best
+    candidates of each utterance: EOS candidates among the first K end a hypothesis
+    (scored with the length penalty), the first K others go on. An utterance stops when
+    it has K finished hypotheses, or at its length limit, where only EOS is allowed.
+    With K = 1 this is exactly greedy search.
+    """
+    _check(encoder_out, encoder_lens)
+    k, eos = beam_size, model.eos_id
+    batch, device = encoder_out.size(0), encoder_out.device
+    if batch == 0:
+        return []
+    limits_all = max_output_lengths(encoder_lens, model.frame_seconds, max_tps).to(device)
+    expand = torch.arange(batch, device=device).repeat_interleave(k)
+    state = model.decoder.init_state(encoder_out, encoder_lens).select(expand)  # N = B x K
+    utts = list(range(batch))  # the utterance of each group of K rows still decoding
+    limits = limits_all
+    scores = torch.full((batch, k), -math.inf, device=device)
+    scores[:, 0] = 0.0  # one live hypothesis at the start; the copies are -inf
+    history = torch.empty((batch * k, 0), dtype=torch.long, device=device)
+    tokens = torch.full((batch * k,), model.bos_id, dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    for step in range(int(limits_all.max()) + 1):
+        logits, state = model.decoder.step(tokens, state)
+        b, vocab = len(utts), logits.size(-1)
+        log_probs = torch.log_softmax(logits.float(), dim=-1).view(b, k, vocab)
+        candidates = scores[:, :, None] + log_probs  # (b, K, V)
+        at_limit = step >= limits  # (b,): only EOS may follow
+        if bool(at_limit.any()):
+            only_eos = torch.full_like(candidates[0, 0], -math.inf)
+            only_eos[eos] = 0.0
+            candidates = torch.where(at_limit[:, None, None], candidates + only_eos, candidates)
+        top_scores, top = candidates.view(b, k * vocab).topk(min(2 * k, k * vocab), dim=-1)
+        top_beam, top_token = top // vocab, top % vocab  # (b, 2K)
+        is_eos = top_token == eos
+        rank = torch.arange(top.size(1), device=device)
+        ends = is_eos & (rank < k) & torch.isfinite(top_scores)
+        if bool(ends.any()):
+            penalty = float(step + 1) ** length_penalty
+            for g, c in ends.nonzero().tolist():
+                utt = utts[g]
+                if len(finished[utt]) < k:
+                    prefix = history[g * k + int(top_beam[g, c])].tolist()
+                    finished[utt].append((float(top_scores[g, c]) / penalty, prefix))
+        # The first K candidates that are not EOS go on (at least K exist among 2K).
+        order = (is_eos.long() * top.size(1) + rank).argsort(dim=-1)[:, :k]  # (b, K)
+        new_scores = top_scores.gather(1, order)
+        source = top_beam.gather(1, order) + torch.arange(b, device=device)[:, None] * k
+        new_tokens = top_token.gather(1, order)
+        done = [
+            len(finished[u]) >= k or end for u, end in zip(utts, at_limit.tolist(), strict=True)
+        ]
+        if all(done):
+            break
+        keep = [g for g, d in enumerate(done) if not d]
+        if len(keep) < b:  # finished utterances leave the batch
+            source, new_tokens, new_scores = source[keep], new_tokens[keep], new_scores[keep]
+            limits = limits.index_select(0, torch.tensor(keep, device=device))
+            utts = [utts[g] for g in keep]
+            state = state.select(source.reshape(-1))
+        else:  # hypotheses only move between the rows of their own utterance
+            state = state.select(source.reshape(-1), same_memory=True)
+        rows = source.reshape(-1)
+        history = torch.cat([history.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
+        tokens, scores = new_tokens.reshape(-1), new_scores
+    return [max(hyps, key=lambda h: h[0])[1] if hyps else [] for hyps in finished]

@@ -1,0 +1,147 @@
+"""Greedy and beam search of the attention encoder-decoder against plain references."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from asr.decoding.aed import (
+    AedSearchOptions,
+    beam_search,
+    decode,
+    greedy_search,
+    max_output_lengths,
+)
+from asr.models.aed import EncoderDecoder
+from asr.models.build import build_model
+
+VOCAB = 40
+
+
+def trained_looking_aed(vocab: int = VOCAB, seed: int = 0) -> EncoderDecoder:
+    """A random model whose EOS is likely enough that hypotheses end before the limit."""
+    torch.manual_seed(seed)
+    cfg = {
+        "kind": "aed",
+        "encoder": {"input_dim": 20, "d_model": 32, "num_layers": 2, "num_heads": 2}
+        | {"conv_kernel_size": 7, "dropout": 0.0},
+        "decoder": {"d_model": 32, "num_layers": 2, "num_heads": 4, "dropout": 0.0},
+    }
+    model = build_model(cfg, vocab).double().eval()
+    with torch.no_grad():
+        model.decoder.output_bias[model.eos_id] = 2.5
+    return model
+
+
+def encoded(model: EncoderDecoder, lens: list[int], seed: int = 1) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(seed)
+    feats = torch.randn(len(lens), max(lens), 20, dtype=torch.double)
+    return model.encode(feats, torch.tensor(lens))
+
+
+@torch.no_grad()
+def uncached_greedy(model: EncoderDecoder, enc, enc_lens, max_tps: float) -> list[list[int]]:
+    """Greedy search without any cache: the whole prefix through the decoder every step."""
+    limits = max_output_lengths(enc_lens, model.frame_seconds, max_tps).tolist()
+    out = []
+    for i in range(enc.size(0)):
+        prefix = [model.bos_id]
+        while len(prefix) - 1 < limits[i]:
+            logits = model.decoder(torch.tensor([prefix]), enc[i : i + 1], enc_lens[i : i + 1])
+            token = int(logits[0, -1].argmax())
+            if token == model.eos_id:
+                break
+            prefix.append(token)
+        out.append(prefix[1:])
+    return out
+
+
+LENS = [120, 97, 64, 30, 111, 8]
+
+
+def test_cached_greedy_gives_exactly_the_tokens_of_uncached_greedy() -> None:
+    model = trained_looking_aed()
+    enc, enc_lens = encoded(model, LENS)
+    hyps = greedy_search(model, enc, enc_lens, max_tps=6)
+    assert hyps == uncached_greedy(model, enc, enc_lens, max_tps=6)
+    limits = max_output_lengths(enc_lens, model.frame_seconds, 6).tolist()
+    lengths = [len(h) for h in hyps]
+    assert any(n < limit for n, limit in zip(lengths, limits, strict=True))  # some chose EOS
+    assert all(n <= limit for n, limit in zip(lengths, limits, strict=True))
+    assert len(set(lengths)) > 1  # rows finished at different steps
+
+
+def test_batched_greedy_equals_greedy_one_utterance_at_a_time() -> None:
+    model = trained_looking_aed()
+    enc, enc_lens = encoded(model, LENS)
+    batched = greedy_search(model, enc, enc_lens, max_tps=6)
+    alone = [
+        greedy_search(model, enc[i : i + 1, : enc_lens[i]], enc_lens[i : i + 1], max_tps=6)[0]
+        for i in range(len(LENS))
+    ]
+    assert batched == alone
+
+
+def test_beam_search_of_beam_one_is_greedy_search() -> None:
+    model = trained_looking_aed()
+    enc, enc_lens = encoded(model, LENS)
+    greedy = greedy_search(model, enc, enc_lens, max_tps=6)
+    assert beam_search(model, enc, enc_lens, beam_size=1, max_tps=6) == greedy
+    assert decode(model, enc, enc_lens, AedSearchOptions(beam_size=1, max_tps=6)) == greedy
+
+
+@torch.no_grad()
+def sequence_score(model: EncoderDecoder, enc, enc_lens, tokens: list[int]) -> float:
+    """log P(tokens + EOS) under the model, with the full (uncached) decoder."""
+    inputs = torch.tensor([[model.bos_id, *tokens]])
+    log_probs = model.decoder(inputs, enc, enc_lens)[0].log_softmax(-1)
+    targets = [*tokens, model.eos_id]
+    return float(sum(log_probs[i, t] for i, t in enumerate(targets)))
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_a_beam_wider_than_every_hypothesis_finds_the_best_sequence(length_penalty: float) -> None:
+    """Exhaustive search over a 6-token vocabulary and at most 3 tokens (EOS forced after
+    the third): with a beam wider than every step's candidates, beam search must return
+    the best-scoring sequence."""
+    model = trained_looking_aed(vocab=6, seed=3)
+    enc, enc_lens = encoded(model, [48], seed=4)  # 12 frames x 40 ms x 6 tokens/s -> 3 tokens
+    limit = int(max_output_lengths(enc_lens, model.frame_seconds, 6)[0])
+    assert limit == 3
+    best, best_score = None, -math.inf
+    for n in range(limit + 1):
+        for tokens in itertools.product(range(6), repeat=n):
+            if model.eos_id in tokens:
+                continue
+            score = sequence_score(model, enc, enc_lens, list(tokens))
+            score /= (n + 1) ** length_penalty
+            if score > best_score:
+                best, best_score = list(tokens), score
+    found = beam_search(model, enc, enc_lens, 6**3, length_penalty=length_penalty, max_tps=6)
+    assert found == [best]
+    greedy = greedy_search(model, enc, enc_lens, max_tps=6)[0]
+    g = len(greedy)
+    greedy_score = sequence_score(model, enc, enc_lens, greedy) / (g + 1) ** length_penalty
+    assert best_score >= greedy_score
+
+
+def test_beam_search_batches_like_one_utterance_at_a_time() -> None:
+    model = trained_looking_aed()
+    enc, enc_lens = encoded(model, LENS)
+    batched = beam_search(model, enc, enc_lens, beam_size=4, max_tps=6)
+    alone = [
+        beam_search(model, enc[i : i + 1, : enc_lens[i]], enc_lens[i : i + 1], 4, max_tps=6)[0]
+        for i in range(len(LENS))
+    ]
+    assert batched == alone
+
+
+def test_search_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="beam_size"):
+        AedSearchOptions(beam_size=0)
+    with pytest.raises(ValueError, match="max_tps"):
+        AedSearchOptions(max_tps=0)
+    model = trained_looking_aed()
+    with pytest.raises(ValueError, match="encoder_out"):
+        greedy_search(model, torch.zeros(2, 3), torch.tensor([1, 2]))
