@@ -5,20 +5,26 @@
 #   recipes/demo/run.sh --stage train         # from a stage on (name or number)
 #   recipes/demo/run.sh --stage 4 --stop-stage 4
 #
-# Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 train, 5 decode, 6 export,
-# 7 transcribe. Each stage skips work already done, so re-running is cheap; extra
-# arguments after "--" go to asr-train (Hydra overrides), e.g. -- trainer.max_epochs=2.
+# Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 bins, 5 batch-sizes, 6 train,
+# 7 decode, 8 export, 9 transcribe. Each stage skips work already done, so re-running is
+# cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
+# -- trainer.max_epochs=2. BATCH_MEMORY (default 192MiB) is the memory one training step may
+# use; stage 5 finds each bucket's batch size under it for the experiment's model (remove
+# exp/<experiment>/batch_sizes.yaml to search again). EXPERIMENT picks the Hydra preset
+# (default demo; demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
 
 stage=0
-stop_stage=7
+stop_stage=9
 data=${DATA:-data/demo}
-exp=${EXP:-exp/demo}
+experiment=${EXPERIMENT:-demo}
+exp=${EXP:-exp/$experiment}
 train_hours=${TRAIN_HOURS:-2}
+batch_memory=${BATCH_MEMORY:-192MiB}
 vocab_size=128
 train_args=()
 
-names=(corpus manifests tokenizer features train decode export transcribe)
+names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe)
 to_number() {
   for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && { echo "$i"; return; }; done
   [[ "$1" =~ ^[0-9]+$ ]] && { echo "$1"; return; }
@@ -54,16 +60,32 @@ if run 3; then say 3
     python -m asr.data.features --cuts "$(cuts $part)" --output "$(cuts $part-feats)"
   done
 fi
+bins=$data/bins.yaml
+batch_sizes=$exp/batch_sizes.yaml
 if run 4; then say 4
-  asr-train experiment=demo data_dir="$data" exp_dir="$exp" "${train_args[@]}"
+  if [[ -f $bins ]]; then echo "$bins exists"; else
+    # 6 duration bins x 2 token bins of equal totals, per-bucket tokens-per-second limits
+    asr-estimate-bins "$(cuts train-clean-100)" --tokenizer "$data/tokenizer/bpe$vocab_size.model" \
+      --num-buckets 6 --num-token-buckets 2 -o "$bins"
+  fi
 fi
 if run 5; then say 5
-  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" -o "$exp/decode-test-clean"
+  if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
+    asr-oomptimizer experiment="$experiment" data_dir="$data" --bins-file "$bins" \
+      --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
+  fi
 fi
 if run 6; then say 6
-  asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
+  asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" \
+    data.sampler.bins_file="$batch_sizes" "${train_args[@]}"
 fi
 if run 7; then say 7
+  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" -o "$exp/decode-test-clean"
+fi
+if run 8; then say 8
+  asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
+fi
+if run 9; then say 9
   wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | head -n 1)
   echo "reference: $(grep "$(basename "$wav" .flac)" "$(dirname "$wav")"/*.trans.txt | cut -d' ' -f2-)"
   asr-transcribe "$exp/model.bundle.pt" "$wav"
