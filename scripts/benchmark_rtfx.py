@@ -1,0 +1,140 @@
+"""Decoding speed (RTFx) of a deep and a flash attention encoder-decoder; prints JSON lines.
+
+    python scripts/benchmark_rtfx.py exp/demo_aed_deep/model.bundle.pt \\
+        exp/demo_aed_flash/model.bundle.pt data/demo/manifests/librispeech_cuts_test-clean.jsonl.gz
+
+RTFx = seconds of audio / seconds of decoding wall time (encoder + search; features are
+computed once beforehand and not timed). For each search (greedy, beam search of
+`--beam`) and batch size (`--batch-sizes`), both models decode the same utterances, one
+batch of each in turn (deep, flash, flash, deep, ...) so that drift in the machine's speed
+hits both alike. Batches of more than one utterance group utterances of similar length.
+Per line: parameters, RTFx, the flash/deep RTFx ratio, the fractions of time in the
+encoder and in the decoder, and each model's WER on these utterances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import track
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from asr.data.corpus import load_cuts  # noqa: E402
+from asr.data.features import normalize_features  # noqa: E402
+from asr.decoding.aed import AedSearchOptions, decode  # noqa: E402
+from asr.metrics import ErrorCounts, word_errors  # noqa: E402
+from asr.models.aed import EncoderDecoder  # noqa: E402
+from asr.models.build import count_parameters  # noqa: E402
+from asr.transcribe import Recognizer, load_recognizer  # noqa: E402
+
+
+def utterance_features(recognizer: Recognizer, manifest: Path, limit: int | None) -> list[dict]:
+    """Features, duration and reference of the first `limit` cuts (longest first)."""
+    cuts = list(load_cuts(manifest))[:limit]
+    extractor = recognizer.features.extractor()
+    out = []
+    for cut in track(cuts, description="features", transient=True):
+        feats = extractor.extract(cut.load_audio()[0], cut.sampling_rate)
+        feats = normalize_features(feats, recognizer.features.normalize)
+        text = " ".join(s.text for s in cut.supervisions if s.text)
+        out.append({"feats": torch.from_numpy(feats), "seconds": cut.duration, "text": text})
+    return sorted(out, key=lambda u: -u["seconds"])
+
+
+def batches(utterances: list[dict], size: int) -> list[list[dict]]:
+    return [utterances[i : i + size] for i in range(0, len(utterances), size)]
+
+
+@torch.inference_mode()
+def decode_batch(
+    recognizer: Recognizer, batch: list[dict], options: AedSearchOptions
+) -> tuple[float, float, list[str]]:
+    """(encoder seconds, search seconds, texts) of one batch."""
+    model = recognizer.model
+    lens = torch.tensor([u["feats"].shape[0] for u in batch])
+    padded = torch.nn.utils.rnn.pad_sequence([u["feats"] for u in batch], batch_first=True)
+    start = time.perf_counter()
+    enc, enc_lens = model.encode(padded, lens)
+    encoded = time.perf_counter()
+    ids = decode(model, enc, enc_lens, options)
+    done = time.perf_counter()
+    return encoded - start, done - encoded, [recognizer.tokenizer.decode(i) for i in ids]
+
+
+def measure(
+    models: dict[str, Recognizer],
+    utterances: list[dict],
+    batch_size: int,
+    options: AedSearchOptions,
+) -> dict:
+    """Both models over the same batches, alternating; one JSON-ready dict."""
+    times = {name: [0.0, 0.0] for name in models}
+    errors = {name: ErrorCounts() for name in models}
+    for batch in batches(utterances[: max(batch_size, 4)], batch_size):  # warm-up
+        for recognizer in models.values():
+            decode_batch(recognizer, batch, options)
+    search = "greedy" if options.beam_size == 1 else f"beam{options.beam_size}"
+    order = list(models)
+    for batch in track(batches(utterances, batch_size), description=f"{search} x{batch_size}"):
+        order.reverse()  # deep first, then flash first, ...
+        for name in order:
+            enc_s, dec_s, texts = decode_batch(models[name], batch, options)
+            times[name][0] += enc_s
+            times[name][1] += dec_s
+            for u, text in zip(batch, texts, strict=True):
+                errors[name] = errors[name] + word_errors(u["text"], text)
+    audio = sum(u["seconds"] for u in utterances)
+    line: dict = {"search": search, "batch_size": batch_size, "utterances": len(utterances)}
+    line["audio_seconds"] = round(audio, 1)
+    for name, recognizer in models.items():
+        enc_s, dec_s = times[name]
+        line[name] = {
+            "parameters": count_parameters(recognizer.model),
+            "encoder_layers": len(recognizer.model.encoder.layers),
+            "decoder_layers": len(recognizer.model.decoder.layers),
+            "rtfx": round(audio / (enc_s + dec_s), 1),
+            "seconds": round(enc_s + dec_s, 2),
+            "encoder_fraction": round(enc_s / (enc_s + dec_s), 3),
+            "decoder_fraction": round(dec_s / (enc_s + dec_s), 3),
+            "wer": round(100 * errors[name].wer, 2),
+        }
+    line["flash_over_deep"] = round(line["flash"]["rtfx"] / line["deep"]["rtfx"], 2)
+    return line
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("deep", type=Path, help="bundle or checkpoint of the deep-decoder model")
+    parser.add_argument("flash", type=Path, help="bundle or checkpoint of the flash model")
+    parser.add_argument("manifest", type=Path, help="cut manifest with audio and transcripts")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--max-utterances", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = {"deep": load_recognizer(args.deep), "flash": load_recognizer(args.flash)}
+    for name, recognizer in models.items():
+        if not isinstance(recognizer.model, EncoderDecoder):
+            raise SystemExit(
+                f"{name} model {getattr(args, name)} is not an attention encoder-decoder"
+            )
+    if models["deep"].features != models["flash"].features:
+        raise SystemExit(
+            "the two models were trained on different features; compare like with like"
+        )
+    utterances = utterance_features(models["deep"], args.manifest, args.max_utterances)
+    for beam in (1, args.beam):
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            options = AedSearchOptions(beam_size=beam)
+            print(json.dumps(measure(models, utterances, batch_size, options)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
