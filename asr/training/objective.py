@@ -28,6 +28,18 @@ SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "logits_dtype", "grad_cla
 LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def _known_keys(cls: type, cfg: Mapping[str, Any] | None, kind: str) -> dict[str, Any]:
+    """`cfg` as a dict, after checking that every key is a field of `cls`."""
+    cfg = dict(cfg or {})
+    known = sorted(f.name for f in fields(cls))
+    unknown = sorted(set(cfg) - set(known))
+    if unknown:
+        raise KeyError(
+            f"unknown model.loss key(s) {unknown} for model.kind={kind}; valid keys: {known}"
+        )
+    return cfg
+
+
 @dataclass(frozen=True)
 class TransducerLossConfig:
     """Keys of `model.loss`.
@@ -51,12 +63,7 @@ class TransducerLossConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TransducerLossConfig:
-        cfg = dict(cfg or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise KeyError(f"unknown model.loss key(s) {unknown}; valid keys: {sorted(known)}")
-        out = cls(**cfg)
+        out = cls(**_known_keys(cls, cfg, "transducer"))
         if out.kind not in TRANSDUCER_LOSSES:
             raise ValueError(
                 f"model.loss.kind={out.kind!r} is unknown; valid: {sorted(TRANSDUCER_LOSSES)}"
@@ -137,15 +144,7 @@ class AedLossConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> AedLossConfig:
-        cfg = dict(cfg or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise KeyError(
-                f"unknown model.loss key(s) {unknown} for model.kind=aed; valid keys: "
-                f"{sorted(known)}"
-            )
-        out = cls(**cfg)
+        out = cls(**_known_keys(cls, cfg, "aed"))
         if not 0.0 <= out.ctc_weight < 1.0:
             raise ValueError(f"model.loss.ctc_weight must be in [0, 1), got {out.ctc_weight}")
         if not 0.0 <= out.label_smoothing < 1.0:

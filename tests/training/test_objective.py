@@ -1,0 +1,53 @@
+"""Objectives from `model.loss` keys: which one per model kind, key checks, how parts add up."""
+
+import pytest
+import torch
+
+from asr.data.batch import Batch
+from asr.losses.cross_entropy import label_smoothed_cross_entropy
+from asr.losses.ctc import ctc_loss
+from asr.models.build import build_model
+from asr.training.objective import AedObjective, TransducerObjective, build_objective
+
+
+def test_each_model_kind_gets_its_objective_and_unknown_keys_are_named() -> None:
+    assert isinstance(build_objective("transducer", {"ctc_weight": 0.3}), TransducerObjective)
+    aed = build_objective("aed", {"label_smoothing": 0.2, "ctc_weight": 0.3})
+    assert isinstance(aed, AedObjective) and aed.config.label_smoothing == 0.2
+    with pytest.raises(KeyError, match=r"'transducer_start_step'\] for model.kind=aed"):
+        build_objective("aed", {"transducer_start_step": 5})
+    with pytest.raises(KeyError, match=r"'label_smoothing'\] for model.kind=transducer"):
+        build_objective("transducer", {"label_smoothing": 0.1})
+    with pytest.raises(ValueError, match="ctc_weight must be in"):
+        build_objective("aed", {"ctc_weight": 1.0})
+
+
+def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
+    torch.manual_seed(0)
+    cfg = {
+        "kind": "aed",
+        "encoder": {"input_dim": 20, "d_model": 32, "num_layers": 1, "num_heads": 2}
+        | {"conv_kernel_size": 7, "dropout": 0.0},
+        "decoder": {"d_model": 32, "num_layers": 1, "num_heads": 2, "dropout": 0.0},
+        "ctc_head": True,
+    }
+    model = build_model(cfg, 30).double()
+    batch = Batch(
+        features=torch.randn(2, 80, 20, dtype=torch.double),
+        feature_lens=torch.tensor([80, 60]),
+        tokens=torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
+        token_lens=torch.tensor([4, 2]),
+        cut_ids=["a", "b"],
+        texts=["", ""],
+    )
+    losses = build_objective("aed", {"label_smoothing": 0.1, "ctc_weight": 0.25})(model, batch, 0)
+    enc, enc_lens, logits, targets = model(
+        batch.features, batch.feature_lens, batch.tokens, batch.token_lens
+    )
+    ce = label_smoothed_cross_entropy(logits, targets, label_smoothing=0.1)
+    ctc = ctc_loss(model.ctc_log_probs(enc), enc_lens, batch.tokens, batch.token_lens)
+    torch.testing.assert_close(losses["cross_entropy"], ce)
+    torch.testing.assert_close(losses["ctc"], ctc)
+    torch.testing.assert_close(losses["loss"], 0.75 * ce + 0.25 * ctc)
+    without_ctc = build_objective("aed", {"ctc_weight": 0.0})(model, batch, 0)
+    assert set(without_ctc) == {"loss", "cross_entropy"}
