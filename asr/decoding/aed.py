@@ -117,17 +117,16 @@ def beam_search(
     batch, device = encoder_out.size(0), encoder_out.device
     if batch == 0:
         return []
-    limits_all = max_output_lengths(encoder_lens, model.frame_seconds, max_tps).to(device)
+    limits = max_output_lengths(encoder_lens, model.frame_seconds, max_tps).to(device)
     expand = torch.arange(batch, device=device).repeat_interleave(k)
     state = model.decoder.init_state(encoder_out, encoder_lens).select(expand)  # N = B x K
     utts = list(range(batch))  # the utterance of each group of K rows still decoding
-    limits = limits_all
     scores = torch.full((batch, k), -math.inf, device=device)
     scores[:, 0] = 0.0  # one live hypothesis at the start; the copies are -inf
     history = torch.empty((batch * k, 0), dtype=torch.long, device=device)
     tokens = torch.full((batch * k,), model.bos_id, dtype=torch.long, device=device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    for step in range(int(limits_all.max()) + 1):
+    for step in range(int(limits.max()) + 1):
         logits, state = model.decoder.step(tokens, state)
         b, vocab = len(utts), logits.size(-1)
         log_probs = torch.log_softmax(logits.float(), dim=-1).view(b, k, vocab)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.data.tokenizer import BLANK_ID, BOS_ID, EOS_ID
-from asr.models.conformer import lengths_to_mask
+from asr.models.conformer import lengths_to_mask, sinusoids
 
 POSITIONS = ("sinusoidal", "learned")
 IGNORE_INDEX = -100  # target positions beyond each sequence (F.cross_entropy's default)
@@ -26,12 +26,7 @@ FEATURE_FRAME_SECONDS = 0.01  # 10 ms feature hop
 
 def sinusoidal_positions(length: int, dim: int, offset: int = 0, device=None) -> Tensor:
     """Absolute sinusoidal encodings of positions offset .. offset+length-1: (length, dim)."""
-    pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
-    inv_freq = torch.exp(
-        torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim)
-    )
-    angles = pos[:, None] * inv_freq[None, :]
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+    return sinusoids(torch.arange(offset, offset + length, device=device, dtype=torch.float32), dim)
 
 
 @dataclass

@@ -91,15 +91,20 @@ class ConvSubsampling(nn.Module):
         return x, lens
 
 
+def sinusoids(positions: Tensor, dim: int) -> Tensor:
+    """Sinusoidal encodings of float positions (L,) -> (L, dim), sin and cos interleaved."""
+    inv_freq = torch.exp(
+        torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
+        * (-math.log(10000.0) / dim)
+    )
+    angles = positions[:, None] * inv_freq[None, :]  # (L, dim/2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+
+
 def relative_positions(length: int, d_model: int, device=None, dtype=None) -> Tensor:
     """Sinusoidal encodings of relative positions T-1, T-2, ..., -(T-1): (2T-1, D)."""
     pos = torch.arange(length - 1, -length, -1, device=device, dtype=torch.float32)
-    inv_freq = torch.exp(
-        torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
-        * (-math.log(10000.0) / d_model)
-    )
-    angles = pos[:, None] * inv_freq[None, :]  # (2T-1, D/2)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1).to(dtype)
+    return sinusoids(pos, d_model).to(dtype)
 
 
 def rel_shift(scores: Tensor) -> Tensor:

@@ -12,7 +12,8 @@ bucket's batch size is a lower bound for a shorter one's.
     asr-oomptimizer experiment=demo --bins-file data/demo/bins.yaml --memory-budget 4GiB \\
         -o data/demo/batch_sizes.yaml
 
-The output YAML holds `data.sampler` keys: `bucket_duration_bins` and `bucket_batch_size`.
+The output YAML holds `data.sampler` keys: `bucket_duration_bins`, `bucket_batch_size` and,
+when the bins file has per-bucket limits, `max_tps`.
 
 How memory is measured:
 
@@ -58,20 +59,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from asr.data.bins import read_bins, write_bins
-from asr.training.probes import (  # noqa: F401  (re-exported)
-    WATCHDOG_EXIT_CODE,
+from asr.training.probes import (
     ModelSetup,
     Probe,
     ProbeResult,
-    _cpu_result,
-    build_training,
     cpu_probe,
     cuda_probe,
     format_bytes,
-    resolve_vocab_size,
-    serve_cpu_probes,
-    worst_case_batch,
-    worst_case_step,
 )
 from asr.training.train import CONFIG_DIR
 

@@ -282,16 +282,16 @@ def test_an_encoder_decoder_worst_case_step_trains_its_own_objective(tmp_path: P
 
 
 def test_dead_probe_processes_do_not_fit_and_crashes_are_errors() -> None:
-    result = oomptimizer._cpu_result(None, -9, 100 * MiB, 1.0)
+    result = probes._cpu_result(None, -9, 100 * MiB, 1.0)
     assert not result.fits and result.reason == "probe process killed by SIGKILL"
-    stopped = oomptimizer._cpu_result(None, oomptimizer.WATCHDOG_EXIT_CODE, 100 * MiB, 1.0)
+    stopped = probes._cpu_result(None, probes.WATCHDOG_EXIT_CODE, 100 * MiB, 1.0)
     assert not stopped.fits and "past the budget 100.0 MiB" in stopped.reason
-    assert oomptimizer._cpu_result({"peak": 99 * MiB}, 0, 100 * MiB, 1.0).fits
-    assert not oomptimizer._cpu_result({"peak": 101 * MiB}, 0, 100 * MiB, 1.0).fits
+    assert probes._cpu_result({"peak": 99 * MiB}, 0, 100 * MiB, 1.0).fits
+    assert not probes._cpu_result({"peak": 101 * MiB}, 0, 100 * MiB, 1.0).fits
     with pytest.raises(RuntimeError, match="exited with code 1"):
-        oomptimizer._cpu_result(None, 1, 100 * MiB, 1.0)
+        probes._cpu_result(None, 1, 100 * MiB, 1.0)
     with pytest.raises(RuntimeError, match="KeyError: 'x'"):
-        oomptimizer._cpu_result({"error": "KeyError: 'x'"}, 1, 100 * MiB, 1.0)
+        probes._cpu_result({"error": "KeyError: 'x'"}, 1, 100 * MiB, 1.0)
 
 
 @pytest.mark.slow
