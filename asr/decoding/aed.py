@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from asr.decoding.checks import check_encoder_output
 from asr.models.aed import EncoderDecoder
 
 
@@ -41,14 +42,6 @@ def max_output_lengths(encoder_lens: Tensor, frame_seconds: float, max_tps: floa
     return torch.ceil(seconds * max_tps).long().clamp(min=1)
 
 
-def _check(encoder_out: Tensor, encoder_lens: Tensor) -> None:
-    if encoder_out.dim() != 3 or encoder_lens.shape != encoder_out.shape[:1]:
-        raise ValueError(
-            f"expected encoder_out (B, T, D) and encoder_lens (B,), got "
-            f"{tuple(encoder_out.shape)} and {tuple(encoder_lens.shape)}"
-        )
-
-
 def decode(
     model: EncoderDecoder,
     encoder_out: Tensor,
@@ -68,7 +61,7 @@ def greedy_search(
     model: EncoderDecoder, encoder_out: Tensor, encoder_lens: Tensor, max_tps: float = 25.0
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (no BOS/EOS)."""
-    _check(encoder_out, encoder_lens)
+    check_encoder_output(encoder_out, encoder_lens)
     batch, device = encoder_out.size(0), encoder_out.device
     results: list[list[int]] = [[] for _ in range(batch)]
     if batch == 0:
@@ -112,7 +105,7 @@ def beam_search(
     it has K finished hypotheses, or at its length limit, where only EOS is allowed.
     With K = 1 this is exactly greedy search.
     """
-    _check(encoder_out, encoder_lens)
+    check_encoder_output(encoder_out, encoder_lens)
     k, eos = beam_size, model.eos_id
     batch, device = encoder_out.size(0), encoder_out.device
     if batch == 0:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from asr.decoding.checks import check_encoder_output
 from asr.models.transducer import PredictorState, Transducer
 
 
@@ -44,11 +45,7 @@ def greedy_search(
     """
     if options.max_symbols_per_frame < 1:
         raise ValueError(f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}")
-    if encoder_out.dim() != 3 or encoder_lens.shape != encoder_out.shape[:1]:
-        raise ValueError(
-            f"expected encoder_out (B, T, D) and encoder_lens (B,), got "
-            f"{tuple(encoder_out.shape)} and {tuple(encoder_lens.shape)}"
-        )
+    check_encoder_output(encoder_out, encoder_lens)
     predictor, joiner, blank = model.predictor, model.joiner, model.blank_id
     batch, device = encoder_out.size(0), encoder_out.device
     enc = joiner.project_encoder(encoder_out)  # (B, T, D_joint), all frames at once

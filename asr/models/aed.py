@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from asr.data.tokenizer import BLANK_ID, BOS_ID, EOS_ID
 from asr.models.conformer import lengths_to_mask, sinusoids
+from asr.models.ctc_head import ctc_log_probs
 
 POSITIONS = ("sinusoidal", "learned")
 IGNORE_INDEX = -100  # target positions beyond each sequence (F.cross_entropy's default)
@@ -285,12 +286,7 @@ class EncoderDecoder(nn.Module):
 
     def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
         """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
-        if self.ctc_head is None:
-            raise RuntimeError(
-                "this EncoderDecoder has no CTC head: build it with ctc_head=True "
-                "(config key model.ctc_head) to use a CTC loss"
-            )
-        return F.log_softmax(self.ctc_head(encoder_out), dim=-1)
+        return ctc_log_probs(self.ctc_head, encoder_out, "EncoderDecoder")
 
     def decoder_io(self, tokens: Tensor, token_lens: Tensor) -> tuple[Tensor, Tensor]:
         """tokens (B, U) padded, token_lens (B,) -> decoder inputs BOS + tokens (B, U+1)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.models.ctc_head import ctc_log_probs
+
 PredictorState = Tensor | tuple[Tensor, ...]
 _PREDICTOR_KINDS = ("lstm", "stateless")
 
@@ -172,12 +174,7 @@ class Transducer(nn.Module):
 
     def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
         """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
-        if self.ctc_head is None:
-            raise RuntimeError(
-                "this Transducer has no CTC head: build it with ctc_head=True "
-                "(config key model.ctc_head) to use a CTC loss"
-            )
-        return F.log_softmax(self.ctc_head(encoder_out), dim=-1)
+        return ctc_log_probs(self.ctc_head, encoder_out, "Transducer")
 
     def forward(
         self, features: Tensor, feature_lens: Tensor, tokens: Tensor, token_lens: Tensor

@@ -92,3 +92,20 @@ def test_unknown_predictor_kind_is_named():
     pred = {"kind": "gru", "embed_dim": 10, "hidden_dim": 12}
     with pytest.raises(ValueError, match=r"\('lstm', 'stateless'\), got 'gru'"):
         build_model(_cfg(predictor=pred), VOCAB)
+
+
+@pytest.mark.parametrize("kind", ["transducer", "aed"])
+def test_ctc_log_probs_are_normalized_and_a_missing_head_is_named(kind):
+    if kind == "aed":
+        extra = {"decoder": {"d_model": 24, "num_layers": 1, "num_heads": 4}}
+        cfgs = [{"kind": "aed", "encoder": dict(ENCODER), **extra, "ctc_head": h} for h in (1, 0)]
+    else:
+        cfgs = [_cfg(ctc_head=True), _cfg(ctc_head=False)]
+    with_head, without = (build_model(c, VOCAB) for c in cfgs)
+    encoder_out = torch.randn(2, 7, ENCODER["d_model"])
+    log_probs = with_head.ctc_log_probs(encoder_out)
+    assert log_probs.shape == (2, 7, VOCAB)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 7))
+    name = type(without).__name__
+    with pytest.raises(RuntimeError, match=f"this {name} has no CTC head.*model.ctc_head"):
+        without.ctc_log_probs(encoder_out)
