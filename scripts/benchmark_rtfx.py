@@ -9,7 +9,10 @@ computed once beforehand and not timed). For each search (greedy, beam search of
 batch of each in turn (deep, flash, flash, deep, ...) so that drift in the machine's speed
 hits both alike. Batches of more than one utterance group utterances of similar length.
 Per line: parameters, RTFx, the flash/deep RTFx ratio, the fractions of time in the
-encoder and in the decoder, and each model's WER on these utterances.
+encoder and in the decoder, the encoder's milliseconds per second of audio, the search's
+milliseconds per emitted token, each model's WER on these utterances, and
+`flash_over_deep_decoder_only`: the ratio of search times alone, the ceiling of the RTFx
+ratio if the encoders cost nothing.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ def batches(utterances: list[dict], size: int) -> list[list[dict]]:
 @torch.inference_mode()
 def decode_batch(
     recognizer: Recognizer, batch: list[dict], options: AedSearchOptions
-) -> tuple[float, float, list[str]]:
-    """(encoder seconds, search seconds, texts) of one batch."""
+) -> tuple[float, float, list[list[int]]]:
+    """(encoder seconds, search seconds, token ids) of one batch."""
     model = recognizer.model
     lens = torch.tensor([u["feats"].shape[0] for u in batch])
     padded = torch.nn.utils.rnn.pad_sequence([u["feats"] for u in batch], batch_first=True)
@@ -63,7 +66,7 @@ def decode_batch(
     encoded = time.perf_counter()
     ids = decode(model, enc, enc_lens, options)
     done = time.perf_counter()
-    return encoded - start, done - encoded, [recognizer.tokenizer.decode(i) for i in ids]
+    return encoded - start, done - encoded, ids
 
 
 def measure(
@@ -74,6 +77,7 @@ def measure(
 ) -> dict:
     """Both models over the same batches, alternating; one JSON-ready dict."""
     times = {name: [0.0, 0.0] for name in models}
+    tokens = dict.fromkeys(models, 0)
     errors = {name: ErrorCounts() for name in models}
     for batch in batches(utterances[: max(batch_size, 4)], batch_size):  # warm-up
         for recognizer in models.values():
@@ -83,10 +87,12 @@ def measure(
     for batch in track(batches(utterances, batch_size), description=f"{search} x{batch_size}"):
         order.reverse()  # deep first, then flash first, ...
         for name in order:
-            enc_s, dec_s, texts = decode_batch(models[name], batch, options)
+            enc_s, dec_s, ids = decode_batch(models[name], batch, options)
             times[name][0] += enc_s
             times[name][1] += dec_s
-            for u, text in zip(batch, texts, strict=True):
+            tokens[name] += sum(len(i) for i in ids)
+            for u, hyp in zip(batch, ids, strict=True):
+                text = models[name].tokenizer.decode(hyp)
                 errors[name] = errors[name] + word_errors(u["text"], text)
     audio = sum(u["seconds"] for u in utterances)
     line: dict = {"search": search, "batch_size": batch_size, "utterances": len(utterances)}
@@ -101,9 +107,14 @@ def measure(
             "seconds": round(enc_s + dec_s, 2),
             "encoder_fraction": round(enc_s / (enc_s + dec_s), 3),
             "decoder_fraction": round(dec_s / (enc_s + dec_s), 3),
+            "encoder_ms_per_audio_second": round(1000 * enc_s / audio, 3),
+            "decoder_ms_per_token": round(1000 * dec_s / max(tokens[name], 1), 3),
+            "tokens": tokens[name],
             "wer": round(100 * errors[name].wer, 2),
         }
     line["flash_over_deep"] = round(line["flash"]["rtfx"] / line["deep"]["rtfx"], 2)
+    # The ratio's ceiling: what it would be if both encoders cost nothing.
+    line["flash_over_deep_decoder_only"] = round(times["deep"][1] / times["flash"][1], 2)
     return line
 
 
