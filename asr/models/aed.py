@@ -286,7 +286,7 @@ class EncoderDecoder(nn.Module):
 
     def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
         """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
-        return ctc_log_probs(self.ctc_head, encoder_out, "EncoderDecoder")
+        return ctc_log_probs(self.ctc_head, encoder_out, type(self).__name__)
 
     def decoder_io(self, tokens: Tensor, token_lens: Tensor) -> tuple[Tensor, Tensor]:
         """tokens (B, U) padded, token_lens (B,) -> decoder inputs BOS + tokens (B, U+1)

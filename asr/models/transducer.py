@@ -174,7 +174,7 @@ class Transducer(nn.Module):
 
     def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
         """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
-        return ctc_log_probs(self.ctc_head, encoder_out, "Transducer")
+        return ctc_log_probs(self.ctc_head, encoder_out, type(self).__name__)
 
     def forward(
         self, features: Tensor, feature_lens: Tensor, tokens: Tensor, token_lens: Tensor
