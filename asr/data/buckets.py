@@ -22,7 +22,7 @@ from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
 from asr.data.bins import Bin, cut_text, read_bins
-from asr.data.rank_sync import RankSynchronizedSampler
+from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
 from asr.data.tokenizer import Tokenizer
 
 
@@ -318,6 +318,10 @@ def build_sampler(
         quadratic_duration=None if constraint is not None else cfg.quadratic_duration,
         sync_buckets=True,  # lhotse's unsynchronized path can end an epoch early (1.33)
         seed=cfg.seed,
+        # The whole stream on every rank: lhotse would otherwise split it by the
+        # WORLD_SIZE/RANK of the environment, and RankSynchronizedSampler splits it again.
+        world_size=1,
+        rank=0,
     )
     cut_filter = CutFilter(
         cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
@@ -344,14 +348,16 @@ def build_sampler(
 
 def build_eval_sampler(
     cuts: CutSet, max_duration: float, *, rank: int = 0, world_size: int = 1
-) -> DynamicCutSampler:
-    """Batches of up to `max_duration` seconds in manifest order, every cut exactly once.
+) -> EvalSplit:
+    """Batches of up to `max_duration` seconds in manifest order, every cut exactly once
+    over all ranks, and the same number of batches on each rank (see `EvalSplit`).
 
     Evaluation needs no bucketing (and lhotse 1.33's bucketing sampler without
-    `sync_buckets` can end an epoch early, dropping cuts).
+    `sync_buckets` can end an epoch early, dropping cuts). lhotse's own rank split repeats
+    cuts when a rank would otherwise get none, which would count them twice in the WER.
     """
     if max_duration <= 0:
         raise ValueError(f"evaluation max_duration must be positive, got {max_duration}")
-    return DynamicCutSampler(
-        cuts, max_duration=max_duration, shuffle=False, rank=rank, world_size=world_size
-    )
+    # world_size=1: lhotse would otherwise split by the environment's WORLD_SIZE/RANK.
+    stream = DynamicCutSampler(cuts, max_duration=max_duration, shuffle=False, world_size=1, rank=0)
+    return EvalSplit(stream, rank=rank, world_size=world_size)

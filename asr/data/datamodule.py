@@ -65,9 +65,12 @@ class TrainLoader:
     def __iter__(self) -> Iterator[Batch]:
         # A generator: nothing happens until the first batch is asked for, so Lightning's
         # probing iter() calls do not consume the resume position.
-        if self._resume is not None and self._resume[0] == self.sampler.epoch:
-            self._batches.n = self._resume[1]
-            log.info("resuming epoch %d after %d batches", self.sampler.epoch, self._batches.n)
+        if self._resume is not None:
+            epoch, self._batches.n = self._resume
+            # Lightning draws the first batch of a resumed run before it sets the sampler's
+            # epoch, so the epoch is set here (else an epoch >= 1 would replay epoch 0's order).
+            self.sampler.set_epoch(epoch)
+            log.info("resuming epoch %d after %d batches", epoch, self._batches.n)
         self._resume = None
         yield from self._loader
         counts = self.dropped_counts()
@@ -203,15 +206,33 @@ class AsrDataModule(L.LightningDataModule):
         return self._eval_loader(self.test_cuts)
 
     def state_dict(self) -> dict[str, int]:
-        """Training position: epoch and batches processed in it (saved in checkpoints)."""
+        """Training position: epoch, batches processed in it, and the number of
+        data-parallel processes that split them (saved in checkpoints)."""
         trainer = self.trainer
         if trainer is None:
             return {}
         epochs = trainer.fit_loop.epoch_progress.current
-        in_epoch = epochs.ready > epochs.completed  # False once the epoch loop has finished
+        # `processed` epochs are done; Lightning resumes with the sampler at that epoch. Inside
+        # it (its batches not all trained on), the batches done so far are skipped on resume.
+        in_epoch = epochs.processed < epochs.ready
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed if in_epoch else 0
-        return {"epoch": trainer.current_epoch, "batches_done": done}
+        return {"epoch": epochs.processed, "batches_done": done, "world_size": trainer.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state:
-            self._resume = (state["epoch"], state["batches_done"])
+        """Resume where `state_dict` was taken. Inside an epoch the position only means
+        something for the same number of processes: with another, each rank's batches
+        would differ, so skipping `batches_done` of them would skip the wrong cuts."""
+        if not state:
+            return
+        _, world = self._rank_and_world()
+        saved = state.get("world_size", 1)
+        if state["batches_done"] and saved != world:
+            raise ValueError(
+                f"the checkpoint stopped inside epoch {state['epoch']} after "
+                f"{state['batches_done']} steps of {saved} data-parallel process(es); this run "
+                f"has {world}, which would split that epoch's batches differently. Resume with "
+                f"{saved} process(es) (trainer.devices x trainer.num_nodes), or from an "
+                f"end-of-epoch checkpoint (resume=.../checkpoints/epoch=NN.ckpt), which any "
+                f"number of processes can continue."
+            )
+        self._resume = (state["epoch"], state["batches_done"])

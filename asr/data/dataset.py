@@ -4,6 +4,11 @@ Bad utterances never stop training: an unreadable audio file, an empty transcrip
 character the tokenizer does not know, or a transcript with more tokens than the
 encoder will have frames is dropped with a warning naming the cut, and counted in
 `Batch.skipped` (the training module logs the running totals).
+
+Only errors about one file count as unreadable audio (see `FILE_ERRORS`). Anything else
+is a problem of the whole run (a corpus at the wrong sample rate, a bug, `MemoryError`)
+and is raised, so that it stops the run with its own message instead of silently
+skipping every cut.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from lhotse import CutSet
+from lhotse.audio.utils import AudioLoadingError, DurationMismatchError
 from lhotse.cut import Cut
 from lhotse.dataset.signal_transforms import SpecAugment
 
@@ -23,6 +29,32 @@ from asr.data.tokenizer import PAD_ID, UNK_ID, Tokenizer
 from asr.models.conformer import subsampled_lengths
 
 log = logging.getLogger(__name__)
+
+# Why the dataset drops a cut: the keys of `Batch.skipped`, in a fixed order (the training
+# module sums the counts over data-parallel ranks as one vector).
+UNREADABLE = "unreadable audio"
+EMPTY_TRANSCRIPT = "empty transcript"
+UNKNOWN_CHARACTER = "character outside the tokenizer"
+TOO_MANY_TOKENS = "more tokens than encoder frames"
+SKIP_REASONS = (UNREADABLE, EMPTY_TRANSCRIPT, UNKNOWN_CHARACTER, TOO_MANY_TOKENS)
+
+# Errors that are about one cut's file: a missing, truncated or corrupt audio file
+# (lhotse wraps every decoder's failure in AudioLoadingError), audio shorter than its
+# manifest says, or stored features that do not decompress (lilcom raises ValueError).
+FILE_ERRORS: tuple[type[BaseException], ...] = (
+    AudioLoadingError,
+    DurationMismatchError,
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    EOFError,
+)
+FEATURE_FILE_ERRORS = (*FILE_ERRORS, ValueError)
+
+
+def first_line(err: BaseException) -> str:
+    """`Type: message` up to its first line (lhotse appends the whole cut to its errors)."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 @dataclass(frozen=True)
@@ -73,24 +105,37 @@ class AsrDataset(torch.utils.data.Dataset):
                 p=cfg.p,
             )
 
-    def _load(self, cut: Cut) -> np.ndarray:
+    def _load(self, cut: Cut) -> np.ndarray | str:
+        """(T, F) features of `cut`, or why its file cannot be read. Errors that are not
+        about this one file propagate."""
         if self.features.source == "precomputed" and cut.has_features:
-            return normalize_features(cut.load_features(), self.features.normalize)
-        audio = cut.load_audio()
+            try:
+                feats = cut.load_features()
+            except FEATURE_FILE_ERRORS as err:
+                return first_line(err)
+            return normalize_features(feats, self.features.normalize)
+        if cut.sampling_rate != SAMPLE_RATE:
+            # The manifest's rate, the same for a whole corpus: a set-up error, not bad data.
+            raise ValueError(
+                f"cut {cut.id} is {cut.sampling_rate} Hz audio but features are computed at "
+                f"{SAMPLE_RATE} Hz: resample the corpus (lhotse: cuts.resample({SAMPLE_RATE}))"
+            )
+        try:
+            audio = cut.load_audio()
+        except FILE_ERRORS as err:
+            return first_line(err)
         if audio.ndim == 2:
             audio = audio[0]
-        if cut.sampling_rate != SAMPLE_RATE:
-            raise ValueError(f"expected {SAMPLE_RATE} Hz audio, got {cut.sampling_rate} Hz")
         return compute_features(audio, self.features, self._extractor)
 
     def _check_text(self, cut: Cut) -> tuple[str, list[int]] | str:
         """(text, token ids), or the reason the cut is unusable."""
         text = " ".join(s.text.strip() for s in cut.supervisions if s.text).strip()
         if not text:
-            return "empty transcript"
+            return EMPTY_TRANSCRIPT
         ids = self.tokenizer.encode(text)
         if UNK_ID in ids:
-            return "character outside the tokenizer"
+            return UNKNOWN_CHARACTER
         return text, ids
 
     def _skip(self, skipped: dict[str, list[str]], cut: Cut, reason: str, detail: str) -> None:
@@ -108,11 +153,9 @@ class AsrDataset(torch.utils.data.Dataset):
                 self._skip(skipped, cut, checked, "")
                 continue
             text, token_ids = checked
-            try:
-                feat = self._load(cut)
-            except Exception as err:  # corrupt/unreadable audio or features: skip, keep going
-                detail = f"unreadable ({type(err).__name__}: {err})"
-                self._skip(skipped, cut, "unreadable audio", detail)
+            feat = self._load(cut)
+            if isinstance(feat, str):  # a corrupt or missing file: skip it, keep going
+                self._skip(skipped, cut, UNREADABLE, f"unreadable ({feat})")
                 continue
             frames = int(subsampled_lengths(feat.shape[0], self.subsampling_factor))
             if len(token_ids) > frames:
@@ -120,7 +163,7 @@ class AsrDataset(torch.utils.data.Dataset):
                     f"{len(token_ids)} tokens but only {frames} encoder frames "
                     f"({cut.duration:.2f} s at subsampling x{self.subsampling_factor})"
                 )
-                self._skip(skipped, cut, "more tokens than encoder frames", detail)
+                self._skip(skipped, cut, TOO_MANY_TOKENS, detail)
                 continue
             feat_t = torch.from_numpy(feat)
             if self._spec_augment is not None:

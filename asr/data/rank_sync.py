@@ -13,6 +13,11 @@ rank with 1 cut beside ranks with 40 would waste their time).
 At the end of an epoch a bucket may hold fewer batches than ranks: their cuts are dealt
 out to all ranks (duplicating cuts, with lhotse's `_dup` id suffix, only when there are
 fewer cuts than ranks), so nothing is dropped unless `drop_last`.
+
+Evaluation (`EvalSplit`) needs no buckets but two other guarantees: every cut exactly once
+(a duplicate would count twice in the WER) and the same number of batches on every rank
+(DDP's forward may run a collective, so a rank that stops early would leave the others
+waiting). Ranks left without a batch in the last round get an empty one.
 """
 
 from __future__ import annotations
@@ -107,3 +112,21 @@ class RankSynchronizedSampler:
             )
         self.set_epoch(state["epoch"])
         self._skip = state["steps_done"]
+
+
+class EvalSplit:
+    """Rank `rank`'s share of `sampler`'s batches (an iterable of CutSets): batches rank,
+    rank + world_size, ...; in the last round ranks without a batch get an empty CutSet."""
+
+    def __init__(self, sampler: Any, *, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        self.sampler, self.rank, self.world_size = sampler, rank, world_size
+
+    def __iter__(self) -> Iterator[CutSet]:
+        index = -1
+        for index, batch in enumerate(self.sampler):
+            if index % self.world_size == self.rank:
+                yield batch
+        if (index + 1) % self.world_size and self.rank >= (index + 1) % self.world_size:
+            yield CutSet.from_cuts([])

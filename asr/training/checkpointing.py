@@ -52,6 +52,7 @@ def checkpoint_callbacks(
         save_top_k=-1,
         save_last=not every_n_train_steps,
         every_n_epochs=1,
+        save_on_train_epoch_end=True,  # also in epochs without validation
         enable_version_counter=False,  # always overwrite last.ckpt / epoch=NN.ckpt
     )
     best = ModelCheckpoint(

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from asr.data.buckets import SamplerConfig, build_sampler
+from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import load_cuts
 
 TRAIN = "train-clean-100"
@@ -160,6 +160,30 @@ def test_two_ranks_partition_the_data(sampler_of, durations) -> None:
     assert Counter(originals[0] + originals[1]) == Counter(list(durations))
     for batches in ranks:
         assert not any(DUPLICATE.search(i) for b in batches[:-1] for i in b)
+
+
+def test_ranks_split_once_whatever_the_launcher_sets(sampler_of, durations, monkeypatch) -> None:
+    # torchrun and Lightning's launcher export WORLD_SIZE and RANK; lhotse's samplers read
+    # them when not told otherwise, which would split each rank's stream a second time.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ranks = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        ranks.append([i for b in batch_ids(sampler_of(SMALL, rank=rank, world_size=2)) for i in b])
+    originals = [i for ids in ranks for i in ids if not DUPLICATE.search(i)]
+    assert Counter(originals) == Counter(list(durations))
+
+
+def test_evaluation_batches_split_once_whatever_the_launcher_sets(tiny_corpus, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = Counter()
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        split = build_eval_sampler(
+            load_cuts(tiny_corpus.cuts(TRAIN)), 10.0, rank=rank, world_size=2
+        )
+        seen.update(c.id for batch in split for c in batch)
+    assert seen == Counter(c.id for c in load_cuts(tiny_corpus.cuts(TRAIN)))
 
 
 # --- data-parallel ranks, fixed bucket batch sizes, 2D bins (audio-free synthetic cuts) ---

@@ -68,10 +68,15 @@ def test_resume_survives_an_iter_probe(datamodule) -> None:
     assert [b.cut_ids for b in loader] == full[5:]
 
 
-def test_resume_position_of_another_epoch_is_ignored(datamodule) -> None:
+def test_resume_position_sets_the_epoch(datamodule) -> None:
+    # Lightning fetches a resumed run's first batch before it calls set_epoch: the position
+    # in the checkpoint says which epoch, not the sampler's state at that moment.
     full = epoch_of(datamodule.train_dataloader(), 2)
-    datamodule.load_state_dict({"epoch": 1, "batches_done": 5})
-    assert epoch_of(datamodule.train_dataloader(), 2) == full
+    assert full != epoch_of(datamodule.train_dataloader(), 0)
+    datamodule.load_state_dict({"epoch": 2, "batches_done": 3})
+    loader = datamodule.train_dataloader()
+    assert loader.sampler.epoch == 0
+    assert [b.cut_ids for b in loader] == full[3:]
 
 
 def test_state_dict_is_empty_without_a_trainer(datamodule) -> None:

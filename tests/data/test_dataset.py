@@ -157,3 +157,39 @@ def test_all_cuts_bad_gives_an_empty_batch(dev_cuts: CutSet, tokenizer) -> None:
     assert len(batch) == 0
     assert batch.features.shape == (0, 0, 80) and batch.tokens.shape == (0, 0)
     assert batch.skipped == {"empty transcript": list(cuts.ids)}
+
+
+def test_corrupt_or_missing_stored_features_are_skipped_as_unreadable(
+    feature_manifests: dict[str, Path], tokenizer, tmp_path: Path
+) -> None:
+    stored = list(load_cuts(feature_manifests[DEV]).subset(first=3))
+    truncated = tmp_path / "truncated.lca"
+    truncated.write_bytes(Path(stored[0].features.storage_path).read_bytes()[:1000])
+    broken = [
+        replace(stored[0], features=replace(stored[0].features, storage_path=str(truncated))),
+        replace(stored[1], features=replace(stored[1].features, storage_path="/nonexistent.lca")),
+    ]
+    batch = AsrDataset(tokenizer, FeatureConfig(source="precomputed"))[
+        CutSet.from_cuts([*broken, stored[2]])
+    ]
+    assert batch.cut_ids == [stored[2].id]
+    assert batch.skipped == {"unreadable audio": [stored[0].id, stored[1].id]}
+
+
+def test_a_wrong_sample_rate_stops_instead_of_skipping(dev_cuts: CutSet, tokenizer) -> None:
+    cut = dev_cuts[0]
+    at_8k = replace(cut, recording=replace(cut.recording, sampling_rate=8000))
+    with pytest.raises(ValueError, match=rf"cut {cut.id} is 8000 Hz audio .* 16000 Hz"):
+        AsrDataset(tokenizer)[CutSet.from_cuts([at_8k])]
+
+
+def test_errors_that_are_not_about_one_file_propagate(
+    dev_cuts: CutSet, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Out of memory (or a bug) while loading is not a bad file: it must stop the run.
+    def out_of_memory(self, *args, **kwargs):
+        raise MemoryError("no memory left")
+
+    monkeypatch.setattr(type(dev_cuts[0]), "load_audio", out_of_memory)
+    with pytest.raises(MemoryError):
+        AsrDataset(tokenizer)[dev_cuts.subset(first=2)]

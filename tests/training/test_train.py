@@ -167,7 +167,8 @@ def _fit(cfg: DictConfig) -> tuple[BatchRecorder, dict[str, torch.Tensor], int]:
     return recorder, weights, trainer.global_step
 
 
-STOP, TOTAL, CADENCE = 9, 20, 3  # ~16 batches per epoch: stop mid-epoch 0, end in epoch 1
+# ~16 batches per epoch: stop mid-epoch 0 (and, run C, mid-epoch 1), end in epoch 1
+STOP, STOP_EPOCH1, TOTAL, CADENCE = 9, 18, 24, 3
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +179,10 @@ def resume_runs(compose_train, tmp_path_factory: pytest.TempPathFactory) -> dict
     schedule that does not depend on max_steps (noam), no validation in between."""
     root = tmp_path_factory.mktemp("resume")
 
-    def cfg(exp: str, max_steps: int) -> DictConfig:
+    def cfg(exp: str, max_steps: int, *extra: str) -> DictConfig:
         return compose_train(
             root / exp,
+            *extra,
             "data=demo",
             "optim=adamw_noam",
             "data.spec_augment=null",
@@ -199,9 +201,15 @@ def resume_runs(compose_train, tmp_path_factory: pytest.TempPathFactory) -> dict
         b1 = _fit(cfg("b", STOP))
         stopped = torch.load(root / "b" / "checkpoints" / "last.ckpt", weights_only=False)
         b2 = _fit(cfg("b", TOTAL))
+        _fit(cfg("c", STOP_EPOCH1))
+        c2 = _fit(cfg("c", TOTAL))
+        epoch0 = root / "a" / "checkpoints" / "epoch=00.ckpt"
+        d = _fit(cfg("d", TOTAL, f"resume='{epoch0}'"))  # max_steps: iteration-based
+        e = _fit(cfg("e", -1, f"resume='{epoch0}'", "trainer.max_epochs=2"))  # epoch-based
     finally:
         torch.set_num_threads(before)
-    return {"a": a, "b1": b1, "b2": b2, "stopped": stopped, "b_dir": root / "b"}
+    runs = {"a": a, "b1": b1, "b2": b2, "c2": c2, "d": d, "e": e}
+    return {**runs, "stopped": stopped, "b_dir": root / "b"}
 
 
 @pytest.mark.slow
@@ -216,7 +224,7 @@ def test_stop_is_mid_epoch_and_checkpointed(resume_runs) -> None:
     assert resume_runs["b1"][0].batches == a_batches[:STOP]
     stopped = resume_runs["stopped"]
     assert stopped["global_step"] == STOP
-    assert stopped["AsrDataModule"] == {"epoch": 0, "batches_done": STOP}
+    assert stopped["AsrDataModule"] == {"epoch": 0, "batches_done": STOP, "world_size": 1}
 
 
 @pytest.mark.slow
@@ -245,6 +253,32 @@ def test_resume_reaches_the_same_weights(resume_runs) -> None:
     assert a.keys() == b.keys()
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert worst <= 1e-6
+
+
+@pytest.mark.slow
+def test_resume_inside_a_later_epoch_sees_that_epochs_batches(resume_runs) -> None:
+    a = resume_runs["a"][0].batches
+    epoch1 = [b for b in a if b[1] == 1]
+    assert epoch1 and epoch1[0][0] < STOP_EPOCH1  # the stop is inside epoch 1
+    assert [b[3] for b in a if b[1] == 0] != [b[3] for b in epoch1][: len(a)]  # shuffled
+    assert resume_runs["c2"][0].batches == a[STOP_EPOCH1:]
+    assert resume_runs["c2"][1].keys() == resume_runs["a"][1].keys()
+    worst = max(
+        (resume_runs["a"][1][k].double() - resume_runs["c2"][1][k].double()).abs().max().item()
+        for k in resume_runs["a"][1]
+    )
+    assert worst <= 1e-6
+
+
+@pytest.mark.slow
+def test_resume_from_an_end_of_epoch_checkpoint_starts_the_next_epoch(resume_runs) -> None:
+    # Lightning numbers the epoch of an iteration-based run (max_steps) resumed from an
+    # end-of-epoch checkpoint one lower; the batches must still be the next epoch's.
+    a = resume_runs["a"][0].batches
+    epoch1 = [b[3] for b in a if b[1] == 1]
+    assert [b[3] for b in resume_runs["d"][0].batches] == epoch1
+    e = resume_runs["e"][0].batches
+    assert [b[3] for b in e][: len(epoch1)] == epoch1 and {b[1] for b in e} == {1}
 
 
 class LossRecorder(L.Callback):
