@@ -126,6 +126,17 @@ def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") 
 
 
 @pytest.fixture(scope="session")
+def train_overrides(tiny_corpus: TinyCorpus) -> Callable[..., list[str]]:
+    """`overrides(exp_dir, kind=...)`: the tiny overrides as a list, for an `asr-train`
+    command line (subprocess tests)."""
+
+    def overrides(exp_dir: Path, kind: str = "transducer") -> list[str]:
+        return tiny_overrides(tiny_corpus, exp_dir, kind)
+
+    return overrides
+
+
+@pytest.fixture(scope="session")
 def compose_train(tiny_corpus: TinyCorpus) -> Callable[..., DictConfig]:
     """`compose(exp_dir, *overrides, kind=...)`: configs/train.yaml with the tiny overrides
     of that model kind, then yours (`experiment=...` among them picks the model group)."""

@@ -143,6 +143,29 @@ def test_decode_covers_every_cut(decoded: Path, tiny_corpus) -> None:
     assert sorted(h["id"] for h in hyps) == sorted(cut_ids)
 
 
+def test_decode_counts_unreadable_audio_as_all_deletions(
+    bundle: Path, decoded: Path, tiny_corpus, tmp_path
+):
+    from dataclasses import replace
+
+    from lhotse import CutSet
+    from lhotse.audio import AudioSource
+
+    cuts = list(load_cuts(tiny_corpus.cuts(TEST)))
+    gone = AudioSource(type="file", channels=[0], source=str(tmp_path / "gone.flac"))
+    lost = replace(cuts[0], recording=replace(cuts[0].recording, sources=[gone]))
+    CutSet.from_cuts([lost, *cuts[1:]]).to_file(tmp_path / "damaged.jsonl.gz")
+    printed = _cli("asr-decode", bundle, tmp_path / "damaged.jsonl.gz", "-o", tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "wer.json").read_text())
+    full = json.loads((decoded / "wer.json").read_text())
+    words = len(cuts[0].supervisions[0].text.split())
+    assert summary["utterances"] == len(cuts) and summary["utterances_skipped"] == 1
+    assert summary["ref_words"] == full["ref_words"]  # the WER is over every utterance asked for
+    line = next(h for h in _hyps(tmp_path / "out") if h["id"] == lost.id)
+    assert line["hyp"] == "" and line["deletions"] == words and "unreadable" in line
+    assert "1 utterance(s) had unreadable audio and count as all deletions" in printed
+
+
 def test_decode_a_manifest_smaller_than_the_bucket_count(bundle: Path, tiny_corpus, tmp_path):
     few = load_cuts(tiny_corpus.cuts(TEST)).subset(first=4)
     few.to_file(tmp_path / "few.jsonl.gz")

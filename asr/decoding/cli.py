@@ -2,8 +2,10 @@
 
 MODEL is a bundle (asr-export) or a training checkpoint. Writes into `--output-dir`:
 `hyps.jsonl` (one line per utterance: id, ref, hyp, substitutions, deletions,
-insertions, ref_words) and `wer.json` (corpus totals). Unreadable audio is skipped and
-counted, never fatal.
+insertions, ref_words) and `wer.json` (corpus totals). An utterance whose audio cannot be
+read is never left out of the WER: it counts as all deletions (an empty hypothesis, marked
+`"unreadable"` in hyps.jsonl), and the number of such utterances is printed. Errors that are
+not about one file (a wrong sample rate, a bug) stop the run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from rich.progress import Progress
 
 from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import load_cuts
-from asr.data.features import normalize_features
+from asr.data.dataset import FILE_ERRORS, first_line
+from asr.data.features import SAMPLE_RATE, normalize_features
 from asr.metrics import ErrorCounts, word_errors
 from asr.transcribe import Recognizer, load_recognizer
 
@@ -38,43 +41,56 @@ def decode_manifest(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     extractor = recognizer.features.extractor()
-    total, skipped, audio_seconds = ErrorCounts(), [], 0.0
+    total, skipped, utterances, audio_seconds = ErrorCounts(), [], 0, 0.0
     start = time.perf_counter()
     with open(output_dir / "hyps.jsonl", "w") as out, Progress(transient=True) as progress:
         task = progress.add_task(f"Decoding {Path(manifest).name}", total=None)
         for batch in sampler:
-            feats, kept = [], []
+            feats, kept, lines = [], [], []
             for cut in batch:
+                if cut.sampling_rate != SAMPLE_RATE:
+                    raise ValueError(
+                        f"{manifest}: cut {cut.id} is {cut.sampling_rate} Hz audio but the model "
+                        f"takes {SAMPLE_RATE} Hz: resample the cuts (lhotse: cuts.resample)"
+                    )
                 try:
                     audio = cut.load_audio()[0]
-                    feat = extractor.extract(audio, cut.sampling_rate)
-                except Exception as err:
+                except FILE_ERRORS as err:
                     skipped.append(cut.id)
-                    log.warning("skipping %s: unreadable audio (%s)", cut.id, err)
+                    log.warning(
+                        "%s: unreadable audio, counted as all deletions (%s)",
+                        cut.id,
+                        first_line(err),
+                    )
+                    lines.append((cut, "", first_line(err)))
                     continue
+                feat = extractor.extract(audio, cut.sampling_rate)
                 feats.append(
                     torch.from_numpy(normalize_features(feat, recognizer.features.normalize))
                 )
                 kept.append(cut)
-            if not kept:
-                continue
-            for cut, hyp in zip(kept, recognizer.transcribe_features(feats), strict=True):
+            hyps = recognizer.transcribe_features(feats) if kept else []
+            lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
+            for cut, hyp, unreadable in lines:
                 ref = " ".join(s.text for s in cut.supervisions if s.text)
                 errors = word_errors(ref, hyp)
                 total = total + errors
-                audio_seconds += cut.duration
-                out.write(
-                    json.dumps({"id": cut.id, "ref": ref, "hyp": hyp, **errors.__dict__}) + "\n"
-                )
+                utterances += 1
+                audio_seconds += 0.0 if unreadable else cut.duration
+                line = {"id": cut.id, "ref": ref, "hyp": hyp, **errors.__dict__}
+                if unreadable:
+                    line["unreadable"] = unreadable
+                out.write(json.dumps(line) + "\n")
             progress.update(
-                task, advance=len(kept), description=f"Decoding: WER {100 * total.wer:.2f}%"
+                task, advance=len(lines), description=f"Decoding: WER {100 * total.wer:.2f}%"
             )
     elapsed = time.perf_counter() - start
     summary = {
         "manifest": str(manifest),
         "wer": round(100 * total.wer, 3),
         **total.__dict__,
-        "utterances_skipped": len(skipped),
+        "utterances": utterances,
+        "utterances_skipped": len(skipped),  # unreadable: counted as all deletions
         "audio_seconds": round(audio_seconds, 1),
         "decode_seconds": round(elapsed, 2),
         "rtfx": round(audio_seconds / elapsed, 1) if elapsed > 0 else None,
@@ -104,6 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(json.dumps(summary))
     print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")
+    if summary["utterances_skipped"]:
+        print(
+            f"{summary['utterances_skipped']} utterance(s) had unreadable audio and count as all "
+            "deletions (see the warnings above; 'unreadable' in hyps.jsonl)"
+        )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,20 @@
 """AsrLitModule: the one LightningModule. It receives a built model, objective and
-tokenizer; it owns the optimizer, the schedule, logging and validation WER."""
+tokenizer; it owns the optimizer, the schedule, logging and validation WER.
+
+Multi-process training (DDP) needs every rank to make the same collective calls in the same
+order. Hence: a rank whose batch lost every cut still runs a step (a zero loss touching
+every parameter); whether the optimizer steps is decided on totals summed over ranks
+(`asr.training.step_guard`); validation sums error counts over ranks in one all-reduce of
+a fixed layout, whatever each rank saw.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -15,12 +25,32 @@ from asr.data.tokenizer import Tokenizer
 from asr.decoding.ctc import ctc_greedy_search
 from asr.decoding.search import decode
 from asr.export import BUNDLE_KEY
-from asr.metrics import ErrorCounts, corpus_errors
+from asr.metrics import corpus_errors
 from asr.models.build import Model
 from asr.training.objective import Objective
 from asr.training.schedules import build_scheduler
+from asr.training.step_guard import (
+    FaultConfig,
+    NonFiniteGuard,
+    SkipBudget,
+    StepTally,
+    StepTotals,
+    gradient_norm,
+    reduce_tally,
+    sum_over_ranks,
+)
 
 log = logging.getLogger(__name__)
+
+# Lightning suggests sync_dist for epoch-level metrics under DDP; ours are summed over ranks
+# before they are logged (see _log_eval).
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(val|test)/")
+
+
+def zero_loss(model: torch.nn.Module) -> torch.Tensor:
+    """0 x the sum of every trainable parameter: a loss whose gradients are all zero, for a
+    rank with no usable utterance, which must still take part in DDP's gradient all-reduce."""
+    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
 
 
 class AsrLitModule(L.LightningModule):
@@ -35,6 +65,7 @@ class AsrLitModule(L.LightningModule):
         bundle_meta: what an export needs besides weights (model config, features); saved
             with the tokenizer in every checkpoint under `asr_bundle`.
         total_steps: optimizer steps of the whole run, for schedules that need it.
+        faults: when a run stops for bad data or non-finite values (`FaultConfig`).
     """
 
     def __init__(
@@ -45,6 +76,7 @@ class AsrLitModule(L.LightningModule):
         optim: Mapping[str, Any],
         bundle_meta: Mapping[str, Any],
         total_steps: int | None = None,
+        faults: FaultConfig | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -53,39 +85,117 @@ class AsrLitModule(L.LightningModule):
         self.optim_cfg = dict(optim)
         self.bundle_meta = dict(bundle_meta)
         self.total_steps = total_steps
-        self.skipped: dict[str, set[str]] = {}  # reason -> ids of cuts dropped by the data
-        self._errors: dict[str, ErrorCounts] = {}  # "val", "val_ctc", "test", ...
+        faults = faults or FaultConfig()
+        self.skipped: dict[str, set[str]] = {}  # reason -> ids of cuts this rank dropped
+        self.nonfinite = NonFiniteGuard(faults.max_consecutive_nonfinite)
+        self.skip_budget = SkipBudget(faults.max_skipped_fraction)
+        self._tally = StepTally()  # this rank's micro-batches since the last optimizer step
+        self._eval_sums: dict[str, torch.Tensor] = {}  # stage -> see _eval_layout
+        self._last_step_end: float | None = None
 
-    def _count_skipped(self, batch: Batch, log_totals: bool) -> None:
-        """Add the batch's skipped cuts to the running totals (logged while training)."""
+    def _remember_skipped(self, batch: Batch) -> None:
         for reason, cut_ids in batch.skipped.items():
             self.skipped.setdefault(reason, set()).update(cut_ids)
-        if log_totals:
-            for reason, cut_ids in self.skipped.items():
-                key = "data/skipped_" + reason.replace(" ", "_")
-                self.log(key, float(len(cut_ids)), on_step=True, on_epoch=False)
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
-        self._count_skipped(batch, log_totals=True)
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        self._remember_skipped(batch)
         if len(batch) == 0:
-            return None  # every cut of this batch was unusable; Lightning skips the step
+            # Every cut of this batch was unusable. The step still runs (under DDP the other
+            # ranks wait for this one's gradients); if no rank had data it is skipped.
+            self._tally.add(batch, None)
+            return zero_loss(self.model)
         losses = self.objective(self.model, batch, self.global_step)
+        self._tally.add(batch, losses["loss"])
         size = len(batch)
         for name, value in losses.items():
             self.log(f"train/{name}", value.detach(), prog_bar=name == "loss", batch_size=size)
-        self.log("train/audio_seconds", batch.feature_lens.sum().float() / 100, batch_size=size)
         return losses["loss"]
 
+    def optimizer_step(
+        self,
+        epoch: int,
+        batch_idx: int,
+        optimizer: Any,
+        optimizer_closure: Callable[[], Any] | None = None,
+    ) -> None:
+        """Step the optimizer unless the step's totals over all ranks say not to."""
+
+        def closure() -> Any:
+            loss = optimizer_closure()  # the last micro-batch's forward and backward
+            self._guard_step(optimizer)
+            return loss
+
+        optimizer.step(closure=closure)
+
+    def _guard_step(self, optimizer: Any) -> None:
+        """After backward (DDP has all-reduced the gradients), before the update: sum the
+        ranks' tallies, skip the update on every rank when a loss or the gradient is not
+        finite anywhere or no rank had data, stop when the faults say so, log the step."""
+        tally, self._tally = self._tally, StepTally()
+        totals = reduce_tally(tally, self.device)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        norm = gradient_norm(self.model.parameters())
+        if scaler is not None:  # fp16: the scaler skips overflowing steps itself
+            norm /= float(scaler.get_scale())
+        nonfinite_grad = scaler is None and not math.isfinite(norm)
+        nonfinite = bool(totals.nonfinite_ranks) or nonfinite_grad
+        step = self.global_step
+        if nonfinite:
+            reason = (
+                f"non-finite loss on {totals.nonfinite_ranks} rank(s)"
+                if totals.nonfinite_ranks
+                else f"non-finite gradient norm {norm}"
+            )
+            log.warning("step %d skipped (%s); this rank's cuts: %s", step, reason, tally.cut_ids)
+        elif totals.utterances == 0:
+            reason = "no rank had a usable utterance"
+            log.warning("step %d skipped: %s", step, reason)
+        else:
+            reason = ""
+        if reason:
+            optimizer.zero_grad(set_to_none=True)  # optimizers leave grad-less weights alone
+        self.nonfinite.record(nonfinite, step, reason)
+        self.skip_budget.add(totals)
+        self.skip_budget.check()
+        self._log_step(totals, norm)
+
+    def _log_step(self, totals: StepTotals, grad_norm: float) -> None:
+        now = time.perf_counter()
+        self.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
+        self.log("train/audio_seconds", totals.audio_seconds, on_step=True, on_epoch=False)
+        if self._last_step_end is not None:
+            speed = totals.audio_seconds / max(now - self._last_step_end, 1e-9)
+            self.log("train/audio_seconds_per_second", speed, on_step=True, on_epoch=False)
+        self._last_step_end = now
+        self.log("train/skipped_nonfinite", float(self.nonfinite.total), on_step=True)
+        for reason, count in self.skip_budget.skipped.items():
+            self.log(f"data/skipped_{reason.replace(' ', '_')}", float(count), on_step=True)
+
+    def on_train_epoch_start(self) -> None:
+        self.skip_budget.start_epoch()
+        self._last_step_end = None
+
+    def _eval_layout(self) -> tuple[str, ...]:
+        """The hypothesis kinds evaluated: `main`, and `ctc` with a CTC head. The sums of a
+        stage are [loss x utterances, utterances, then errors and words per kind]."""
+        return ("main", "ctc") if self.model.ctc_head is not None else ("main",)
+
     def _evaluate(self, batch: Batch, stage: str) -> None:
-        self._count_skipped(batch, log_totals=False)
+        self._remember_skipped(batch)
+        kinds = self._eval_layout()
+        sums = self._eval_sums.setdefault(
+            stage, torch.zeros(2 + 2 * len(kinds), dtype=torch.float64)
+        )
         if len(batch) == 0:
             return
         losses = self.objective(self.model, batch, self.global_step)
-        self.log(f"{stage}/loss", losses["loss"], batch_size=len(batch), sync_dist=True)
-        for name, hyps in self.transcribe_batch(batch).items():
-            key = stage if name == "main" else f"{stage}_{name}"
-            errors = self._errors.get(key, ErrorCounts())
-            self._errors[key] = errors + corpus_errors(batch.texts, hyps)
+        sums[0] += float(losses["loss"]) * len(batch)
+        sums[1] += len(batch)
+        hyps = self.transcribe_batch(batch)
+        for i, kind in enumerate(kinds):
+            errors = corpus_errors(batch.texts, hyps[kind])
+            sums[2 + 2 * i] += errors.errors
+            sums[3 + 2 * i] += errors.ref_words
 
     @torch.inference_mode()
     def transcribe_batch(self, batch: Batch) -> dict[str, list[str]]:
@@ -105,25 +215,30 @@ class AsrLitModule(L.LightningModule):
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
-    def _log_wers(self, stage: str) -> None:
-        """Log `<stage>/wer` (transducer) and `<stage>/ctc_wer` in percent, summed over ranks."""
-        keys = {stage} | {k for k in self._errors if k.split("_")[0] == stage}
-        for key in sorted(keys):
-            errors = self._errors.pop(key, ErrorCounts())
-            counts = torch.tensor(
-                [errors.errors, errors.ref_words], dtype=torch.float64, device=self.device
+    def _log_eval(self, stage: str) -> None:
+        """Log `<stage>/loss`, `<stage>/wer` (and `<stage>/ctc_wer`) in percent and
+        `<stage>/words`, from sums over all ranks: one all-reduce of the same layout on every
+        rank, even one that saw no usable batch. Logged on every rank (the values agree), so
+        that `best.ckpt`'s monitor finds `val/wer` everywhere."""
+        kinds = self._eval_layout()
+        sums = self._eval_sums.pop(stage, torch.zeros(2 + 2 * len(kinds), dtype=torch.float64))
+        sums = sum_over_ranks(sums.to(self.device)).tolist()
+        nan = float("nan")  # nothing recognized: never a perfect 0 % (best.ckpt minimizes it)
+        self.log(f"{stage}/loss", sums[0] / sums[1] if sums[1] else nan)
+        for i, kind in enumerate(kinds):
+            errors, words = sums[2 + 2 * i], sums[3 + 2 * i]
+            name = "wer" if kind == "main" else f"{kind}_wer"
+            self.log(
+                f"{stage}/{name}", 100 * errors / words if words else nan, prog_bar=kind == "main"
             )
-            counts = self.all_gather(counts).reshape(-1, 2).sum(0)
-            # No reference word at all (every cut unusable): NaN, never a perfect 0 %.
-            wer = float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")
-            name = "wer" if key == stage else f"{key.split('_', 1)[1]}_wer"
-            self.log(f"{stage}/{name}", 100 * wer, prog_bar=name == "wer", rank_zero_only=True)
+        self.log(f"{stage}/words", sums[3])
 
     def on_validation_epoch_end(self) -> None:
-        self._log_wers("val")
+        self._log_eval("val")
+        self._last_step_end = None  # the next step's speed should not include validation
 
     def on_test_epoch_end(self) -> None:
-        self._log_wers("test")
+        self._log_eval("test")
 
     def on_train_epoch_end(self) -> None:
         loader = self.trainer.train_dataloader if self._trainer is not None else None
@@ -131,7 +246,8 @@ class AsrLitModule(L.LightningModule):
             self.log(f"data/dropped_{reason.replace(' ', '_')}", float(count))
         if self.skipped:
             counts = {reason: len(ids) for reason, ids in self.skipped.items()}
-            log.warning("distinct cuts skipped so far: %s", counts)
+            log.warning("distinct cuts skipped so far (this rank): %s", counts)
+        self.skip_budget.check(epoch_end=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = dict(self.optim_cfg)
@@ -162,6 +278,8 @@ class AsrLitModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": self.tokenizer.to_bytes()}
         checkpoint["skipped_cuts"] = {k: sorted(v) for k, v in self.skipped.items()}
+        checkpoint["nonfinite_steps"] = self.nonfinite.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped = {k: set(v) for k, v in checkpoint.get("skipped_cuts", {}).items()}
+        self.nonfinite.load_state_dict(checkpoint.get("nonfinite_steps", {}))

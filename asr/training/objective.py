@@ -102,6 +102,17 @@ class TransducerObjective:
     def uses_ctc(self, step: int) -> bool:
         return self.config.ctc_weight > 0 or step < self.config.transducer_start_step
 
+    def parts_without_gradient(self, model: Transducer) -> list[str]:
+        """The model parts that some steps leave without a gradient: the predictor and
+        joiner during CTC-only warm-up, a CTC head that is never weighted. Data-parallel
+        training must know (DDP waits for a gradient of every parameter otherwise)."""
+        parts = []
+        if self.config.transducer_start_step > 0:
+            parts += ["predictor", "joiner"]
+        if model.ctc_head is not None and self.config.ctc_weight == 0:
+            parts.append("ctc_head")
+        return parts
+
     def __call__(self, model: Transducer, batch: Batch, step: int) -> dict[str, torch.Tensor]:
         cfg = self.config
         enc, enc_lens = model.encode(batch.features, batch.feature_lens)
@@ -163,6 +174,10 @@ class AedObjective:
 
     def uses_ctc(self, step: int) -> bool:
         return self.config.ctc_weight > 0
+
+    def parts_without_gradient(self, model: EncoderDecoder) -> list[str]:
+        """A CTC head that is never weighted gets no gradient (see the transducer's)."""
+        return ["ctc_head"] if model.ctc_head is not None and self.config.ctc_weight == 0 else []
 
     def __call__(self, model: EncoderDecoder, batch: Batch, step: int) -> dict[str, torch.Tensor]:
         w = self.config.ctc_weight

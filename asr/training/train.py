@@ -24,9 +24,19 @@ from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.models.build import build_model, count_parameters
 from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
+from asr.training.distributed.ddp import (
+    DistributedConfig,
+    build_strategy,
+    is_peer_failure,
+    processes_per_node,
+    set_cpu_threads,
+    uses_cpu,
+)
+from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import build_objective
+from asr.training.step_guard import FaultConfig
 
 log = logging.getLogger("asr.train")
 
@@ -70,15 +80,33 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     exp_dir = Path(cfg.exp_dir)
     ckpt_dir = exp_dir / "checkpoints"
     run_config = OmegaConf.to_container(cfg, resolve=True)
+    trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
+    distributed = DistributedConfig.from_mapping(cfg.get("distributed"))
+    world_size = processes_per_node(trainer_cfg["accelerator"], trainer_cfg["devices"])
+    world_size *= int(trainer_cfg.get("num_nodes", 1))
+    if uses_cpu(trainer_cfg["accelerator"]):
+        set_cpu_threads(distributed, world_size)
+    strategy = build_strategy(
+        trainer_cfg.pop("strategy"),
+        world_size=world_size,
+        config=distributed,
+        parts_without_gradient=objective.parts_without_gradient(model),
+        loss_kind=getattr(objective.config, "kind", None),
+    )
+    callbacks = [
+        *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
+        L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
+        L.pytorch.callbacks.RichProgressBar(),
+    ]
+    debug = cfg.get("debug") or {}
+    if debug.get("straggler_rank") is not None:
+        callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))
     trainer = L.Trainer(
-        **OmegaConf.to_container(cfg.trainer, resolve=True),
+        **trainer_cfg,
+        strategy=strategy,
         default_root_dir=exp_dir,
         logger=build_loggers(cfg.logger, exp_dir, run_config),
-        callbacks=[
-            *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
-            L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
-            L.pytorch.callbacks.RichProgressBar(),
-        ],
+        callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
     )
@@ -90,6 +118,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
         total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
+        faults=FaultConfig.from_mapping(cfg.get("faults")),
     )
     return trainer, module, datamodule
 
@@ -100,7 +129,18 @@ def run(cfg: DictConfig) -> dict[str, float]:
     torch.set_float32_matmul_precision("high")
     trainer, module, datamodule = build(cfg)
     ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))
+    except Exception as err:
+        if trainer.world_size > 1 and is_peer_failure(err):
+            raise RuntimeError(
+                f"rank {trainer.global_rank} of {trainer.world_size} lost contact with the other "
+                f"processes ({type(err).__name__}): one of them died or hung (its own log says "
+                f"why; a hung one is given up after distributed.timeout="
+                f"{cfg.distributed.timeout} s). Run the same command again to resume from "
+                f"{ckpt_dir / 'last.ckpt'}."
+            ) from err
+        raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     if cfg.run_test and datamodule.test_cuts:
         best = ckpt_dir / "best.ckpt"

@@ -1,0 +1,1 @@
+"""Multi-process training on torch.distributed, through Lightning strategies."""

@@ -1,0 +1,157 @@
+"""Data-parallel training through Lightning's `DDPStrategy` (NCCL on GPUs, gloo on CPUs).
+
+What this module adds to Lightning's defaults, each decided once at start-up:
+
+- `find_unused_parameters` only when the objective leaves some model parts without a
+  gradient in some steps (CTC-only warm-up, an unweighted CTC head): DDP then walks the
+  autograd graph every step to find them; otherwise it would stop at step 2 waiting for
+  gradients that never come. Turning it off while it is needed is an error at start-up.
+- a timeout: a collective that waits on a process which died or hung fails after
+  `timeout` seconds instead of hanging the job forever.
+- one torch thread per process on CPU, where N processes on N cores only contend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+
+log = logging.getLogger(__name__)
+
+# Messages of torch.distributed's backends when a peer process is gone or stuck.
+PEER_FAILURE_SIGNS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "socket",
+    "gloo",
+    "nccl",
+)
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Keys of the `distributed` config.
+
+    - `timeout`: seconds a collective waits for the other processes before the run stops
+      with an error (a process died or hung). Also bounds the start-up rendezvous.
+    - `find_unused_parameters`: `auto` (only when the objective needs it), `true`, `false`.
+    - `cpu_threads`: torch threads per process in multi-process CPU runs; null: the
+      `OMP_NUM_THREADS` environment variable if set, else 1.
+    """
+
+    timeout: float = 600.0
+    find_unused_parameters: bool | str = "auto"
+    cpu_threads: int | None = None
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> DistributedConfig:
+        values = dict(cfg or {})
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise KeyError(f"unknown distributed key(s) {unknown}; valid keys: {known}")
+        out = cls(**values)
+        if out.find_unused_parameters not in ("auto", True, False):
+            raise ValueError(
+                "distributed.find_unused_parameters must be auto, true or false, got "
+                f"{out.find_unused_parameters!r}"
+            )
+        if out.timeout <= 0:
+            raise ValueError(f"distributed.timeout must be positive seconds, got {out.timeout}")
+        if out.cpu_threads is not None and out.cpu_threads < 1:
+            raise ValueError(f"distributed.cpu_threads must be >= 1 or null, got {out.cpu_threads}")
+        return out
+
+
+def processes_per_node(accelerator: str, devices: Any) -> int:
+    """How many processes Lightning starts on each node for `accelerator` and `devices`
+    (`auto`/-1: every GPU, or one CPU process)."""
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return len(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    if devices in ("auto", -1, "-1"):
+        use_gpu = accelerator in ("gpu", "cuda") or (
+            accelerator == "auto" and torch.cuda.is_available()
+        )
+        return torch.cuda.device_count() if use_gpu else 1
+    return int(devices)
+
+
+def uses_cpu(accelerator: str) -> bool:
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def build_strategy(
+    strategy: str | Strategy,
+    *,
+    world_size: int,
+    config: DistributedConfig,
+    parts_without_gradient: Sequence[str],
+    loss_kind: str | None = None,
+) -> str | Strategy:
+    """The `strategy` argument for `lightning.Trainer`.
+
+    `ddp`, and `auto` with more than one process, become a configured `DDPStrategy`;
+    `parts_without_gradient` (from the objective) decides `find_unused_parameters`
+    under `auto`. Anything else goes to Lightning as given, except FSDP with the
+    sample-wise transducer loss, which cannot work (see the README).
+    """
+    if not isinstance(strategy, str):
+        return strategy
+    if strategy.startswith("fsdp") and loss_kind == "samplewise":
+        raise ValueError(
+            f"trainer.strategy={strategy} cannot train with model.loss.kind=samplewise: the "
+            "sample-wise loss runs the joiner's weights outside its forward, where FSDP holds "
+            "only a shard of them. Use trainer.strategy=ddp (the presets fit one GPU), or "
+            "model.loss.kind=batched."
+        )
+    if strategy != "ddp" and not (strategy == "auto" and world_size > 1):
+        return strategy
+    find_unused = config.find_unused_parameters
+    if find_unused == "auto":
+        find_unused = bool(parts_without_gradient)
+    elif not find_unused and parts_without_gradient:
+        raise ValueError(
+            f"distributed.find_unused_parameters=false, but the loss leaves "
+            f"{', '.join(parts_without_gradient)} without a gradient in some steps (CTC-only "
+            "warm-up: model.loss.transducer_start_step; an unweighted CTC head: "
+            "model.loss.ctc_weight=0): DDP would stop at the second step. Use auto or true."
+        )
+    if find_unused:
+        log.info(
+            "DDP looks for unused parameters every step (%s)", ", ".join(parts_without_gradient)
+        )
+    return DDPStrategy(
+        find_unused_parameters=bool(find_unused), timeout=timedelta(seconds=config.timeout)
+    )
+
+
+def set_cpu_threads(config: DistributedConfig, world_size: int) -> int | None:
+    """Set torch's intra-op threads for a multi-process CPU run (before Lightning starts the
+    other processes, which inherit `OMP_NUM_THREADS`). Returns the number set, or None
+    (a single-process run with no `cpu_threads` keeps torch's default)."""
+    if world_size <= 1 and config.cpu_threads is None:
+        return None
+    threads = config.cpu_threads or int(os.environ.get("OMP_NUM_THREADS", 1))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether `err` looks like a collective that lost another process (died or hung)."""
+    if isinstance(err, torch.distributed.DistError):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(sign in text for sign in PEER_FAILURE_SIGNS)

@@ -1,0 +1,201 @@
+"""Checks between a training step's backward pass and its optimizer step, on which every
+data-parallel rank agrees.
+
+Each rank tallies what its micro-batches of one optimizer step saw (`StepTally`); one small
+all-reduce turns the tallies into totals over all ranks (`StepTotals`), so every rank takes
+the same decision and none is left waiting in a collective:
+
+- the optimizer step is skipped when a loss or the gradient is not finite on any rank, and
+  the run stops after `max_consecutive_nonfinite` such steps in a row (`NonFiniteGuard`);
+- it is skipped when no rank had a usable utterance;
+- the run stops when more than `max_skipped_fraction` of an epoch's cuts were unusable
+  (`SkipBudget`): checked once `MIN_CUTS_MID_EPOCH` cuts have been seen, and at the end of
+  the epoch, so that a wrong corpus path or tokenizer does not cost a whole epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from asr.data.batch import Batch
+from asr.data.dataset import SKIP_REASONS
+
+MIN_CUTS_MID_EPOCH = 2000
+
+
+class TrainingStopped(RuntimeError):
+    """A fault that training cannot outrun; the message says what and what to do."""
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Keys of the `faults` config.
+
+    - `max_skipped_fraction`: stop when more than this fraction of an epoch's cuts was
+      unusable (unreadable audio, impossible transcript); cuts the sampler filters by
+      duration or tokens per second are not counted here.
+    - `max_consecutive_nonfinite`: stop after this many optimizer steps in a row skipped
+      because a loss or the gradient was NaN or infinite.
+    """
+
+    max_skipped_fraction: float = 0.05
+    max_consecutive_nonfinite: int = 20
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> FaultConfig:
+        values = dict(cfg or {})
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise KeyError(f"unknown faults key(s) {unknown}; valid keys: {known}")
+        out = cls(**values)
+        if not 0.0 <= out.max_skipped_fraction <= 1.0:
+            raise ValueError(
+                f"faults.max_skipped_fraction must be in [0, 1], got {out.max_skipped_fraction}"
+            )
+        if out.max_consecutive_nonfinite < 1:
+            raise ValueError(
+                "faults.max_consecutive_nonfinite must be >= 1, got "
+                f"{out.max_consecutive_nonfinite}"
+            )
+        return out
+
+
+@dataclass
+class StepTally:
+    """What this rank's micro-batches of one optimizer step saw."""
+
+    utterances: int = 0
+    audio_seconds: float = 0.0
+    nonfinite_loss: bool = False
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> cuts
+    cut_ids: list[str] = field(default_factory=list)
+
+    def add(self, batch: Batch, loss: torch.Tensor | None) -> None:
+        self.utterances += len(batch)
+        self.audio_seconds += float(batch.feature_lens.sum()) / 100  # 10 ms frames
+        self.cut_ids += batch.cut_ids
+        for reason, cut_ids in batch.skipped.items():
+            self.skipped[reason] = self.skipped.get(reason, 0) + len(cut_ids)
+        if loss is not None and not bool(torch.isfinite(loss.detach())):
+            self.nonfinite_loss = True
+
+    def vector(self, device: torch.device) -> torch.Tensor:
+        """[non-finite flag, utterances, audio seconds, skipped cuts per reason]."""
+        values = [float(self.nonfinite_loss), self.utterances, self.audio_seconds]
+        values += [self.skipped.get(reason, 0) for reason in SKIP_REASONS]
+        return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """One optimizer step's tallies summed over all ranks."""
+
+    nonfinite_ranks: int
+    utterances: int
+    audio_seconds: float
+    skipped: dict[str, int]
+
+    @classmethod
+    def from_vector(cls, vector: torch.Tensor) -> StepTotals:
+        v = vector.tolist()
+        return cls(
+            nonfinite_ranks=round(v[0]),
+            utterances=round(v[1]),
+            audio_seconds=v[2],
+            skipped={reason: round(n) for reason, n in zip(SKIP_REASONS, v[3:], strict=True)},
+        )
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over all processes of the default group, in place (unchanged in a
+    single-process run). One all-reduce: Lightning's `strategy.reduce` adds a barrier."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+    return tensor
+
+
+def reduce_tally(tally: StepTally, device: torch.device) -> StepTotals:
+    """`tally` summed over all ranks."""
+    return StepTotals.from_vector(sum_over_ranks(tally.vector(device)))
+
+
+def gradient_norm(parameters: Iterable[torch.nn.Parameter]) -> float:
+    """The L2 norm of all gradients together (NaN or inf when any is not finite)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+
+
+class NonFiniteGuard:
+    """Counts optimizer steps skipped for non-finite values; stops after too many in a row."""
+
+    def __init__(self, max_consecutive: int) -> None:
+        self.max_consecutive = max_consecutive
+        self.total = 0
+        self.consecutive = 0
+
+    def record(self, nonfinite: bool, step: int, what: str) -> None:
+        """Note one step; raise `TrainingStopped` at the `max_consecutive`-th bad step in a row."""
+        if not nonfinite:
+            self.consecutive = 0
+            return
+        self.total += 1
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive:
+            raise TrainingStopped(
+                f"{self.consecutive} optimizer steps in a row had a non-finite loss or gradient "
+                f"(the last at step {step}: {what}); none of them changed the weights, so the "
+                "last checkpoint is good. Lower optim.lr, check the cut ids logged above, or "
+                "raise faults.max_consecutive_nonfinite."
+            )
+
+    def state_dict(self) -> dict[str, int]:
+        return {"total": self.total, "consecutive": self.consecutive}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.total, self.consecutive = state.get("total", 0), state.get("consecutive", 0)
+
+
+class SkipBudget:
+    """Cuts used and skipped in the current epoch over all ranks, against a limit."""
+
+    def __init__(self, max_fraction: float) -> None:
+        self.max_fraction = max_fraction
+        self.start_epoch()
+
+    def start_epoch(self) -> None:
+        self.used = 0
+        self.skipped = dict.fromkeys(SKIP_REASONS, 0)
+
+    def add(self, totals: StepTotals) -> None:
+        self.used += totals.utterances
+        for reason, n in totals.skipped.items():
+            self.skipped[reason] += n
+
+    @property
+    def fraction(self) -> float:
+        seen = self.used + sum(self.skipped.values())
+        return sum(self.skipped.values()) / seen if seen else 0.0
+
+    def check(self, epoch_end: bool = False) -> None:
+        """Raise `TrainingStopped` when too large a fraction was skipped (mid-epoch only
+        once `MIN_CUTS_MID_EPOCH` cuts were seen, to judge on a fair sample)."""
+        seen = self.used + sum(self.skipped.values())
+        if not epoch_end and seen < MIN_CUTS_MID_EPOCH:
+            return
+        if seen == 0 or self.fraction <= self.max_fraction:
+            return
+        commonest = max(self.skipped, key=self.skipped.get)
+        raise TrainingStopped(
+            f"{sum(self.skipped.values())} of the {seen} cuts seen this epoch "
+            f"({100 * self.fraction:.1f} %) were unusable, more than "
+            f"faults.max_skipped_fraction={self.max_fraction}; the commonest reason: "
+            f"'{commonest}' ({self.skipped[commonest]} cuts). The warnings above name them: "
+            "check the manifests, the audio files and the tokenizer."
+        )
