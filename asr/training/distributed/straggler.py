@@ -2,8 +2,9 @@
 
 Synchronous data-parallel training waits for its slowest process at every gradient
 all-reduce; decentralized schemes (AD-PSGD) are meant to tolerate it. `Straggler` makes the
-chosen rank `slowdown` times slower: after each of its steps' forward and backward it
-sleeps (slowdown - 1) times as long as they took.
+chosen rank `slowdown` times slower: at the end of each of its training steps it sleeps
+(slowdown - 1) times as long as the step took (forward, backward, all-reduce and update; as
+the slowest rank it hardly waits in the all-reduce, so that is its own work).
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ class Straggler(L.Callback):
         if trainer.global_rank == self.rank:
             self._start = time.perf_counter()
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, *args: Any) -> None:
-        # Called after backward: on the slowest rank the time since the batch started is its
-        # own work (the others are already waiting for it, not the other way round).
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_rank == self.rank and self._start is not None:
             pause = (self.slowdown - 1) * (time.perf_counter() - self._start)
             time.sleep(pause)

@@ -39,6 +39,7 @@ from asr.training.distributed.ddp import (
     processes_per_node,
     set_cpu_threads,
 )
+from asr.training.distributed.straggler import Straggler
 from asr.training.objective import build_objective
 from asr.training.train import build
 
@@ -601,3 +602,21 @@ def test_two_nodes_simulated_on_one_machine(train_overrides, tmp_path) -> None:
     assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     ckpt = torch.load(exp / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 3 and ckpt["AsrDataModule"]["world_size"] == 2
+
+
+def test_the_straggler_sleeps_its_own_step_time_times_slowdown_minus_one() -> None:
+    class Trainer:  # the one attribute the callback reads
+        global_rank = 1
+
+    slow, other = Straggler(rank=1, slowdown=3.0), Straggler(rank=0, slowdown=3.0)
+    for callback in (slow, other):
+        before = time.perf_counter()
+        callback.on_train_batch_start(Trainer())
+        time.sleep(0.05)  # the step's work
+        work = time.perf_counter() - before
+        callback.on_train_batch_end(Trainer())
+        callback.work = work
+    assert slow.slept == pytest.approx(2 * slow.work, rel=0.05)  # (3 - 1) x its own step time
+    assert other.slept == 0.0  # not its rank
+    with pytest.raises(ValueError, match="debug.straggler_slowdown must be >= 1"):
+        Straggler(rank=0, slowdown=0.5)
