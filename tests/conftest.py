@@ -86,6 +86,19 @@ def feature_manifests(tiny_corpus: TinyCorpus) -> dict[str, Path]:
 
 
 @pytest.fixture
+def tiny_transducer_config() -> dict:
+    """The config of a tiny Transducer with a CTC head, for `build_model(cfg, vocab_size)`
+    (69k parameters at vocabulary size 16)."""
+    return {
+        "kind": "transducer",
+        "encoder": {"input_dim": 80, "d_model": 32, "num_layers": 1, "num_heads": 2},
+        "predictor": {"embed_dim": 32, "hidden_dim": 32},
+        "joiner": {"joint_dim": 32},
+        "ctc_head": True,
+    }
+
+
+@pytest.fixture
 def single_thread() -> Iterator[None]:
     """One intra-op thread: the tiny models gain nothing from more, and on a shared 2-core
     machine two threads made training steps 10x slower and erratic."""

@@ -16,11 +16,12 @@ the same decision and none is left waiting in a collective:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from asr.config_keys import dataclass_from_keys
 from asr.data.batch import Batch
 from asr.data.dataset import SKIP_REASONS
 
@@ -47,12 +48,7 @@ class FaultConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> FaultConfig:
-        values = dict(cfg or {})
-        known = sorted(f.name for f in fields(cls))
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise KeyError(f"unknown faults key(s) {unknown}; valid keys: {known}")
-        out = cls(**values)
+        out = dataclass_from_keys(cls, cfg, "faults")
         if not 0.0 <= out.max_skipped_fraction <= 1.0:
             raise ValueError(
                 f"faults.max_skipped_fraction must be in [0, 1], got {out.max_skipped_fraction}"

@@ -14,24 +14,16 @@ from asr.models.build import build_model
 from asr.training.module import AsrLitModule
 from asr.training.objective import TransducerLossConfig, TransducerObjective
 
-MODEL = {
-    "kind": "transducer",
-    "encoder": {"input_dim": 80, "d_model": 32, "num_layers": 1, "num_heads": 2},
-    "predictor": {"embed_dim": 32, "hidden_dim": 32},
-    "joiner": {"joint_dim": 32},
-    "ctc_head": True,
-}
-
 
 @pytest.fixture
-def module(tokenizer, single_thread) -> AsrLitModule:
+def module(tokenizer, single_thread, tiny_transducer_config) -> AsrLitModule:
     torch.manual_seed(0)
     return AsrLitModule(
-        build_model(MODEL, tokenizer.vocab_size),
+        build_model(tiny_transducer_config, tokenizer.vocab_size),
         TransducerObjective(TransducerLossConfig(ctc_weight=0.3)),
         tokenizer,
         optim={"lr": 1e-3, "scheduler": {"kind": "noam", "warmup_steps": 10}},
-        bundle_meta={"model": MODEL, "features": {}},
+        bundle_meta={"model": tiny_transducer_config, "features": {}},
     )
 
 
@@ -88,9 +80,11 @@ def test_validation_without_usable_cuts_reports_no_perfect_wer(
     assert metrics.get("val/wer", float("inf")) != 0.0
 
 
-def test_checkpoint_carries_the_bundle(module: AsrLitModule, tokenizer) -> None:
+def test_checkpoint_carries_the_bundle(
+    module: AsrLitModule, tokenizer, tiny_transducer_config
+) -> None:
     checkpoint: dict = {}
     module.on_save_checkpoint(checkpoint)
     bundle = checkpoint[BUNDLE_KEY]
-    assert bundle["model"] == MODEL and bundle["features"] == {}
+    assert bundle["model"] == tiny_transducer_config and bundle["features"] == {}
     assert bundle["tokenizer"] == tokenizer.to_bytes()

@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, Strategy
+
+from asr.config_keys import dataclass_from_keys
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +55,7 @@ class DistributedConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> DistributedConfig:
-        values = dict(cfg or {})
-        known = sorted(f.name for f in fields(cls))
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise KeyError(f"unknown distributed key(s) {unknown}; valid keys: {known}")
-        out = cls(**values)
+        out = dataclass_from_keys(cls, cfg, "distributed")
         if out.find_unused_parameters not in ("auto", True, False):
             raise ValueError(
                 "distributed.find_unused_parameters must be auto, true or false, got "

@@ -57,24 +57,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 # --- start-up decisions (no processes) --------------------------------------------------
 
-MODEL = {
-    "kind": "transducer",
-    "encoder": {"input_dim": 80, "d_model": 32, "num_layers": 1, "num_heads": 2},
-    "predictor": {"embed_dim": 32, "hidden_dim": 32},
-    "joiner": {"joint_dim": 32},
-    "ctc_head": True,
-}
 
+def test_parts_without_gradient_follow_the_loss(tiny_transducer_config) -> None:
+    model = build_model(tiny_transducer_config, 16)
 
-def _parts(loss: dict) -> list[str]:
-    model = build_model(MODEL, 16)
-    return build_objective("transducer", loss).parts_without_gradient(model)
+    def parts(loss: dict) -> list[str]:
+        return build_objective("transducer", loss).parts_without_gradient(model)
 
-
-def test_parts_without_gradient_follow_the_loss() -> None:
-    assert _parts({"ctc_weight": 0.3}) == []
-    assert _parts({"ctc_weight": 0.3, "transducer_start_step": 10}) == ["predictor", "joiner"]
-    assert _parts({"ctc_weight": 0.0}) == ["ctc_head"]
+    assert parts({"ctc_weight": 0.3}) == []
+    assert parts({"ctc_weight": 0.3, "transducer_start_step": 10}) == ["predictor", "joiner"]
+    assert parts({"ctc_weight": 0.0}) == ["ctc_head"]
 
 
 def test_ddp_looks_for_unused_parameters_only_when_needed() -> None:
