@@ -14,8 +14,11 @@ peak minus baseline (what the allocator keeps counts); on CUDA:
 Cases: (a) B=32, T=250, U=50, V=500, D=256, all lengths at the maximum; (b) the same with
 lengths drawn from 50-100 % of the maximum; (c) the paper's batch scaled to this machine:
 B=1024, T=1000 (40 s at 40 ms frames), U=100, V=D=128 (the batched loss would need the
-memory printed as `batched_would_need_mb` and is not run). The last line carries the
-formula-predicted memory of the sample-wise loss at the paper's full size.
+memory printed as `batched_would_need_mb` and is not run); (d) case a at T=1000, U=100.
+The last line carries the formula-predicted memory of the sample-wise loss at the paper's
+full size. Each line also counts the launching aten ops (`torch.profiler`; views and
+metadata excluded) of one forward + backward at B=4 and B=16 of the case's shape, and
+their slope per sample: on a GPU every one of them is a kernel launch.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the peers' venv lacks `asr`
+from profiling import count_launching_ops  # noqa: E402  (scripts/profiling.py)
+
 from asr.losses.samplewise import predicted_peak_bytes, samplewise_transducer_loss  # noqa: E402
 from asr.models.transducer import Joiner  # noqa: E402
 
@@ -56,7 +61,9 @@ CASES = {
     "a": Case(32, 250, 50, 500, 256),
     "b": Case(32, 250, 50, 500, 256, varied=True),
     "c": Case(1024, 1000, 100, 128, 128, group_size=4),
+    "d": Case(32, 1000, 100, 500, 256),
 }
+OPS_BATCHES = (4, 16)  # launching ops are counted at these batch sizes; the slope is per sample
 # Braun et al. (arXiv 2211.16270): batch 1024 of 40 s utterances in 6 GB. Frame rate,
 # target length, vocabulary and joint width are our assumptions for a typical setup.
 PAPER = Case(1024, 1000, 100, 1024, 512)
@@ -269,7 +276,21 @@ def worker(case_name: str, impl: str, repeats: int, device: str) -> dict:
     out |= {"loss": round(loss, 4), "torch": torch.__version__}
     if impl == "samplewise":
         out["formula_mb"] = round(formula_bytes(case) / MB, 1)
-    return out
+    return out | launching_ops_per_sample(fn, case, device)
+
+
+def launching_ops_per_sample(fn, case: Case, device: str) -> dict:  # noqa: ANN001
+    """Launching aten ops of one forward + backward at two batch sizes of the case's shape,
+    and the slope: what each additional sample adds (a GPU launches a kernel for each)."""
+    small, large = OPS_BATCHES
+    counts = []
+    for b in OPS_BATCHES:
+        inputs = build_inputs(replace(case, B=b), device)
+        counts.append(count_launching_ops(lambda inputs=inputs: run_once(fn, *inputs)))
+    slope = (counts[1] - counts[0]) / (large - small)
+    return {f"launching_ops_b{small}": counts[0], f"launching_ops_b{large}": counts[1]} | {
+        "launching_ops_per_sample": round(slope, 1)
+    }
 
 
 def formula_bytes(case: Case) -> int:
