@@ -30,9 +30,10 @@ import torch
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from profiling import launching_ops  # noqa: E402  (scripts/profiling.py)
+
 
 from asr.data.datamodule import AsrDataModule  # noqa: E402
+from asr.profiling import launching_ops  # noqa: E402
 from asr.training.oomptimizer import compose_config  # noqa: E402
 from asr.training.probes import ModelSetup, build_training  # noqa: E402
 

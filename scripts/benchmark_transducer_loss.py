@@ -38,10 +38,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the peers' venv lacks `asr`
-from profiling import count_launching_ops  # noqa: E402  (scripts/profiling.py)
+
 
 from asr.losses.samplewise import predicted_peak_bytes, samplewise_transducer_loss  # noqa: E402
 from asr.models.transducer import Joiner  # noqa: E402
+from asr.profiling import count_launching_ops  # noqa: E402
 
 MB = 2**20
 

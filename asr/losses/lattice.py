@@ -5,11 +5,11 @@ Node (t, u) has emitted u tokens after t frames. From (t, u) the blank moves to 
 and the label y[u] to (t, u+1); the last blank, from (T-1, U), ends the path.
 
 The forward variables alpha and the backward variables beta are computed one
-anti-diagonal (t + u = n) at a time, vectorized over the diagonal and the group: T + U
-sequential steps, not T * U. Diagonals become rows of a "skewed" view: with u flipped to
-v = U1 - 1 - u and T rows of padding above and below, node (t, u) sits at row n = t + u,
-column v of a strided view, so each step reads row n - 1 (or n + 1) shifted by at most
-one column.
+anti-diagonal (t + u = n) at a time, vectorized over the diagonal and over all samples of a
+chunk at once: T + U sequential steps, not T * U, and not once per sample. Diagonals become
+rows of a "skewed" view: with u flipped to v = U1 - 1 - u and U1 - 1 rows of padding above
+and below, node (t, u) sits at row n = t + u, column v of a strided view, so each step
+reads row n - 1 (or n + 1) shifted by at most one column.
 
 Gradient (with logP = log-likelihood of the targets, occupancy exp(alpha + beta - logP)):
 
@@ -22,102 +22,183 @@ beta[t, u+1] for the label. `nll_and_logit_grad_` overwrites the logits with it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 NEG_INF = float("-inf")
 
 
-def _skewed(padded: Tensor, frames: int) -> Tensor:
-    """(G, frames + 2(U1-1), U1) contiguous -> view (G, frames + U1 - 1, U1) of diagonals."""
-    g, rows, u1 = padded.shape
-    assert padded.is_contiguous() and rows == frames + 2 * (u1 - 1)
-    return padded.as_strided((g, frames + u1 - 1, u1), (rows * u1, u1, u1 + 1))
+def skewed_buffer(groups: int, frames: int, u1: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """A -inf buffer for `frames` x `u1` nodes of `groups` lattices and its view by
+    diagonals: `(padded, diagonals)` with diagonals (G, frames + U1 - 1, U1) and node
+    (t, u) at diagonals[:, t + u, U1 - 1 - u]; `window(padded, frames)` is the same
+    nodes as (G, frames, U1) with u flipped. Entries outside the nodes are padding."""
+    rows = frames + 2 * (u1 - 1)
+    padded = like.new_full((groups, rows, u1), NEG_INF)
+    diagonals = padded.as_strided((groups, frames + u1 - 1, u1), (rows * u1, u1, u1 + 1))
+    return padded, diagonals
 
 
-def skew(x: Tensor) -> Tensor:
-    """(G, T, U1) -> (G, T + U1 - 1, U1): out[g, t + u, U1 - 1 - u] = x[g, t, u], -inf elsewhere."""
-    g, t, u1 = x.shape
-    padded = x.new_full((g, t + 2 * (u1 - 1), u1), NEG_INF)
-    padded[:, u1 - 1 : u1 - 1 + t] = x.flip(-1)
-    return _skewed(padded, t)
+def window(padded: Tensor, frames: int) -> Tensor:
+    """The nodes of a `skewed_buffer`, (G, frames, U1), u flipped (flip(-1) to read them)."""
+    u1 = padded.size(-1)
+    return padded[:, u1 - 1 : u1 - 1 + frames]
 
 
-def unskew(diagonals: Tensor, frames: int) -> Tensor:
-    """Inverse of `skew`: (G, frames + U1 - 1, U1) -> (G, frames, U1)."""
-    g, _, u1 = diagonals.shape
-    padded = diagonals.new_full((g, frames + 2 * (u1 - 1), u1), NEG_INF)
-    _skewed(padded, frames).copy_(diagonals)
-    return padded[:, u1 - 1 : u1 - 1 + frames].flip(-1)
-
-
-def forward_variables(blank_lp: Tensor, label_lp: Tensor) -> Tensor:
-    """alpha (G, T, U1): log-probability of reaching (t, u) from (0, 0).
-
-    `blank_lp`/`label_lp` (G, T, U1) hold log p(blank | t, u) and log p(y[u] | t, u), -inf
-    wherever the move does not exist (padding; the label at u = U). Values at padded nodes
-    are meaningless but never flow into real ones.
-    """
-    g, t, u1 = blank_lp.shape
-    blank_d, label_d = skew(blank_lp), skew(label_lp)
-    alpha = blank_lp.new_full((g, t + u1 - 1, u1), NEG_INF)
+def _forward_recursion(alpha: Tensor, blank_d: Tensor, label_d: Tensor) -> None:
+    """alpha by diagonals (G, T + U1 - 1, U1) from (0, 0): log-probability of reaching
+    each node. One step per diagonal, vectorized over the diagonal and the samples."""
+    u1 = alpha.size(-1)
     alpha[:, 0, u1 - 1] = 0.0
-    for n in range(1, t + u1 - 1):
+    for n in range(1, alpha.size(1)):
         prev = alpha[:, n - 1]
         via_blank = prev + blank_d[:, n - 1]
         via_label = prev[:, 1:] + label_d[:, n - 1, 1:]
         torch.logaddexp(via_blank[:, :-1], via_label, out=alpha[:, n, :-1])
         alpha[:, n, -1] = via_blank[:, -1]
-    return unskew(alpha, t)
 
 
-def backward_variables(
-    blank_lp: Tensor, label_lp: Tensor, frames: Tensor, tokens: Tensor
-) -> Tensor:
-    """beta (G, T + 1, U1): log-probability of finishing from (t, u).
-
-    Row T is virtual: beta[g, frames[g], tokens[g]] = 0 is the end of sample g's lattice
-    (reached by the blank from (frames - 1, tokens)); every other virtual or padded node
-    is -inf as long as `blank_lp`/`label_lp` are -inf at padded nodes.
-    """
-    g, t, u1 = blank_lp.shape
-    pad_row = blank_lp.new_full((g, 1, u1), NEG_INF)
-    blank_d = skew(torch.cat([blank_lp, pad_row], 1))
-    label_d = skew(torch.cat([label_lp, pad_row], 1))
-    beta = blank_lp.new_full((g, t + u1, u1), NEG_INF)
-    ends: dict[int, list[int]] = {}
-    for i, (f, k) in enumerate(zip(frames.tolist(), tokens.tolist(), strict=True)):
-        ends.setdefault(f + k, []).append(i)
-    end_v = (u1 - 1 - tokens).tolist()
-
-    def start(n: int) -> None:
-        for i in ends.get(n, ()):
-            beta[i, n, end_v[i]] = 0.0
-
-    last = t + u1 - 1
-    start(last)
-    for n in range(last - 1, -1, -1):
+def _backward_recursion(beta: Tensor, blank_d: Tensor, label_d: Tensor) -> None:
+    """beta by diagonals (G, T + U1, U1), rows T + 1 with the virtual row T: the
+    log-probability of reaching the corner (T, U1 - 1) from each node."""
+    beta[:, -1, 0] = 0.0
+    for n in range(beta.size(1) - 2, -1, -1):
         nxt = beta[:, n + 1]
         via_blank = nxt + blank_d[:, n]
         via_label = nxt[:, :-1] + label_d[:, n, 1:]
         torch.logaddexp(via_blank[:, 1:], via_label, out=beta[:, n, 1:])
         beta[:, n, 0] = via_blank[:, 0]
-        start(n)
-    return unskew(beta, t + 1)
 
 
-LOG_SOFTMAX_CHUNK = 1 << 20  # elements per temporary of `log_softmax_`
+def node_scores_(
+    logits: Tensor, labels: Tensor, *, blank: int, lse: Tensor, z_blank: Tensor, z_label: Tensor
+) -> None:
+    """What the lattice needs of a group's logits (G, T, U1, V), which it overwrites (with
+    exp(z - max z)): per node the log-normalizer `lse` = logsumexp_k z[k], `z_blank` =
+    z[blank] and `z_label` = z[labels[u]], written into the given (G, T, U1) tensors (views
+    of larger ones will do). `labels` (G, U1) holds valid token ids (any at u = U1 - 1).
+    A fixed number of ops and no temporary as large as the logits."""
+    g, t, u1, _ = logits.shape
+    z_blank.copy_(logits[..., blank])
+    index = labels[:, None, :, None].expand(g, t, u1, 1)
+    z_label.unsqueeze(-1).copy_(logits.gather(-1, index))
+    lse.copy_(logits.amax(-1))
+    logits.sub_(lse[..., None]).exp_()
+    lse.add_(logits.sum(-1).log_())
 
 
-def log_softmax_(logits: Tensor) -> Tensor:
-    """Log-softmax over the last dim in place, in chunks of frames so that logsumexp's
-    full-size temporary stays small."""
-    per_frame = max(1, logits[:, :1].numel())
-    step = max(1, LOG_SOFTMAX_CHUNK // per_frame)
-    for start in range(0, logits.size(1), step):
-        part = logits[:, start : start + step]
-        part.sub_(torch.logsumexp(part, -1, keepdim=True))
+@dataclass
+class GradientTerms:
+    """Per node (C, T, U1) of a lattice, what turns logits z into d(nll)/dz:
+
+    dL/dz[k] = exp(z[k] + shift) - blank_move [k = blank] + neg_label_move [k = y[u]]
+
+    with shift = log(occupancy) - lse (so exp(z + shift) = softmax(z) * occupancy) and the
+    occupancies of the blank and label moves; -inf and 0 at nodes outside a sample."""
+
+    shift: Tensor
+    blank_move: Tensor
+    neg_label_move: Tensor
+
+    def __getitem__(self, key: object) -> GradientTerms:
+        return GradientTerms(self.shift[key], self.blank_move[key], self.neg_label_move[key])
+
+
+def lattice(
+    lse: Tensor,
+    z_blank: Tensor,
+    z_label: Tensor,
+    frames: Tensor,
+    tokens: Tensor,
+    *,
+    gradient: bool,
+) -> tuple[Tensor, GradientTerms | None]:
+    """Negative log-likelihoods (C,) of C samples from their node scores (C, T, U1) (see
+    `node_scores_`; values outside each sample's `frames` x `tokens` + 1 are ignored) and,
+    with `gradient`, the terms of the logit gradient, written over the three inputs.
+
+    One recursion for all C samples: the number of ops grows with T + U, not with C. So
+    that the backward variables start from one node for every sample, each sample's end
+    (frames, tokens) is joined to the corner (T, U1 - 1) of the padded lattice by a path
+    of probability 1 (blanks down column `tokens`, then labels along the virtual row T);
+    beta at the end is then 0, as it must be, and nothing else changes at real nodes.
+    """
+    c, t, u1 = lse.shape
+    device = lse.device
+    rows = torch.arange(t + 1, device=device)[None, :, None]
+    cols = torch.arange(u1, device=device)[None, None, :]
+    f, k = frames[:, None, None], tokens[:, None, None]
+    node_ok = (rows[:, :t] < f) & (cols <= k)
+    label_ok = (rows[:, :t] < f) & (cols < k)
+    blank_lp = z_blank.sub_(lse).masked_fill_(~node_ok, NEG_INF)
+    label_lp = z_label.sub_(lse).masked_fill_(~label_ok, NEG_INF)
+    v = u1 - 1 - cols  # the flipped column of u, as the windows hold them
+    blank_pad, blank_d = skewed_buffer(c, t + 1, u1, lse)
+    label_pad, label_d = skewed_buffer(c, t + 1, u1, lse)
+    window(blank_pad, t + 1)[:, :t] = blank_lp.flip(-1)
+    window(label_pad, t + 1)[:, :t] = label_lp.flip(-1)
+
+    alpha_pad, alpha = skewed_buffer(c, t, u1, lse)
+    _forward_recursion(alpha, blank_d, label_d)
+    index = torch.arange(c, device=device)
+    last = frames - 1 + tokens
+    log_p = alpha[index, last, u1 - 1 - tokens] + blank_lp[index, frames - 1, tokens]
+    if not gradient:
+        return -log_p, None
+
+    to_corner_blank = (rows >= f) & (rows < t) & (v == u1 - 1 - k)
+    to_corner_label = (rows == t) & (v <= u1 - 1 - k) & (v > 0)
+    window(blank_pad, t + 1).masked_fill_(to_corner_blank.flip(-1), 0.0)
+    window(label_pad, t + 1).masked_fill_(to_corner_label.flip(-1), 0.0)
+    beta_pad, beta = skewed_buffer(c, t + 1, u1, lse)
+    _backward_recursion(beta, blank_d, label_d)
+
+    n = alpha.size(1)
+    top = alpha.sub_(log_p[:, None, None])  # log occupancy ...
+    blank_d[:, :n].add_(top).add_(beta[:, 1:]).exp_()  # ... of each blank move
+    label_d[:, :n, 1:].add_(top[:, :, 1:]).add_(beta[:, 1:, :-1])
+    label_d[:, :n].exp_()  # ... of each label move (none from u = U1 - 1)
+    top.add_(beta[:, :n])  # ... of each node
+    del beta_pad, beta
+    # Back to (C, T, U1), over the inputs: shift = log occupancy - lse.
+    shift = torch.sub(window(alpha_pad, t).flip(-1), lse, out=lse).masked_fill_(~node_ok, NEG_INF)
+    blank_move = z_blank.copy_(window(blank_pad, t).flip(-1)).masked_fill_(~node_ok, 0.0)
+    neg_label_move = z_label.copy_(window(label_pad, t).flip(-1)).neg_()
+    neg_label_move.masked_fill_(~label_ok, 0.0)
+    return -log_p, GradientTerms(shift, blank_move, neg_label_move)
+
+
+def logit_grad_(
+    logits: Tensor,
+    labels: Tensor,
+    terms: GradientTerms,
+    *,
+    blank: int,
+    weights: Tensor | None = None,
+    grad_clamp: float | None = None,
+) -> Tensor:
+    """Overwrite a group's logits (G, T, U1, V) with d(sum_g weights[g] nll[g])/dz, given
+    `terms` (G, T, U1) from `lattice` and `labels` (G, U1); zero outside each sample,
+    optionally clamped to [-grad_clamp, grad_clamp]. A fixed number of ops."""
+    g, t, u1, _ = logits.shape
+    logits.add_(terms.shift[..., None]).exp_()  # softmax * occupancy
+    logits[..., blank].sub_(terms.blank_move)
+    index = labels[:, None, :, None].expand(g, t, u1, 1)
+    logits.scatter_add_(-1, index, terms.neg_label_move[..., None])
+    if grad_clamp is not None:
+        logits.clamp_(-grad_clamp, grad_clamp)
+    if weights is not None:
+        logits.mul_(weights.to(logits.dtype)[:, None, None, None])
     return logits
+
+
+def padded_labels(targets: Tensor, u1: int, *, blank: int, vocab: int) -> Tensor:
+    """(G, >= U1 - 1) targets -> (G, U1) valid ids: y[0..U1-2] then blank (no label move
+    leaves u = U1 - 1), clamped into the vocabulary (padding may hold anything)."""
+    labels = targets[:, : u1 - 1]
+    return torch.cat([labels, labels.new_full((labels.size(0), 1), blank)], 1).clamp(0, vocab - 1)
 
 
 def nll_and_logit_grad_(
@@ -130,43 +211,20 @@ def nll_and_logit_grad_(
     weights: Tensor | None = None,
     grad_clamp: float | None = None,
 ) -> Tensor:
-    """Negative log-likelihoods (G,) of a group; with `weights`, the logits become gradients.
+    """Negative log-likelihoods (G,) of one group; with `weights`, the logits become gradients.
 
-    `logits` (G, T, U1, V) float32/64, padded beyond each sample's `frames` and `tokens` + 1
-    (values there are ignored); `targets` (G, >= U1 - 1) int64. Without `weights` the
-    logits are left as log-softmax and only the loss is computed (alpha only). With
-    `weights` (G,), `logits` is overwritten in place by d(sum_g weights[g] * nll[g])/dz,
-    zero at padded nodes, optionally clamped to [-grad_clamp, grad_clamp].
+    The whole computation for one group's logits (G, T, U1, V) float32/64, padded beyond
+    each sample's `frames` and `tokens` + 1; `targets` (G, >= U1 - 1) int64. Without
+    `weights` only the loss is computed (alpha only) and the logits are overwritten. With
+    `weights` (G,), `logits` is overwritten by d(sum_g weights[g] nll[g])/dz, zero at
+    padded nodes, optionally clamped. The reference for the fused kernels.
     """
     g, t, u1, vocab = logits.shape
-    device = logits.device
-    log_softmax_(logits)
-    time_ok = torch.arange(t, device=device)[None, :, None] < frames[:, None, None]
-    u_range = torch.arange(u1, device=device)[None, None, :]
-    node_ok = time_ok & (u_range <= tokens[:, None, None])
-    label_ok = time_ok & (u_range < tokens[:, None, None])
-    labels = targets[:, : u1 - 1]
-    labels = torch.cat([labels, labels.new_full((g, 1), blank)], 1).clamp(0, vocab - 1)
-    label_index = labels[:, None, :, None].expand(g, t, u1, 1)
-    blank_lp = logits[..., blank].masked_fill(~node_ok, NEG_INF)
-    label_lp = logits.gather(-1, label_index).squeeze(-1).masked_fill(~label_ok, NEG_INF)
-
-    alpha = forward_variables(blank_lp, label_lp)
-    rows = torch.arange(g, device=device)
-    log_p = alpha[rows, frames - 1, tokens] + blank_lp[rows, frames - 1, tokens]
-    if weights is None:
-        return -log_p
-
-    beta = backward_variables(blank_lp, label_lp, frames, tokens)
-    top = (alpha - log_p[:, None, None]).masked_fill(~node_ok, NEG_INF)  # log occupancy ...
-    blank_move = (top + blank_lp + beta[:, 1:]).exp()  # ... of each move, then of each node
-    label_move = torch.zeros_like(blank_move)  # no label move from u = U1 - 1
-    torch.exp(top[..., :-1] + label_lp[..., :-1] + beta[:, :-1, 1:], out=label_move[..., :-1])
-    top.add_(beta[:, :-1])
-    logits.add_(top[..., None]).exp_()  # softmax * occupancy
-    logits[..., blank].sub_(blank_move)
-    logits.scatter_add_(-1, label_index, label_move.neg().unsqueeze(-1))
-    if grad_clamp is not None:
-        logits.clamp_(-grad_clamp, grad_clamp)
-    logits.mul_(weights.to(logits.dtype)[:, None, None, None])
-    return -log_p
+    labels = padded_labels(targets, u1, blank=blank, vocab=vocab)
+    lse, z_blank, z_label = logits.new_empty((3, g, t, u1)).unbind(0)
+    scratch = logits if weights is None else logits.clone()
+    node_scores_(scratch, labels, blank=blank, lse=lse, z_blank=z_blank, z_label=z_label)
+    nll, terms = lattice(lse, z_blank, z_label, frames, tokens, gradient=weights is not None)
+    if terms is not None:
+        logit_grad_(logits, labels, terms, blank=blank, weights=weights, grad_clamp=grad_clamp)
+    return nll

@@ -2,11 +2,22 @@
 
 After Braun, McDermott and Hsiao, "Neural Transducer Training: Reduced Memory Consumption
 with Sample-wise Computation" (arXiv 2211.16270). The forward pass of the autograd
-Function walks the batch one sample (or one group of similar-sized samples) at a time:
-joiner on that sample's true lengths, log-softmax, lattice (alpha, beta), the gradient
-with respect to the logits in closed form (written over the logits), and backpropagation
-of that gradient through the joiner. Only the gradients for the joiner's inputs and
-parameters are kept; the next sample reuses the same buffers.
+Function walks the batch one sample (or one group of similar-sized samples) at a time,
+twice, with one lattice recursion for all samples in between:
+
+1. per group, the joiner on the group's true lengths, and of its logits only three numbers
+   per node: the log-normalizer, the blank's logit and the next label's logit;
+2. for the whole batch (in chunks of at most `lattice_chunk_nodes` nodes), the forward and
+   backward variables from those numbers, one anti-diagonal at a time, and the occupancy
+   terms of the gradient (`asr.losses.lattice.lattice`);
+3. per group again, the joiner's logits, turned in place into their gradient in closed
+   form, and backpropagated through the joiner.
+
+The recursion's T + U steps run once per chunk, not once per sample: each additional
+sample adds a fixed number of ops (about 55 with the fused joiner), whatever its length,
+where a per-sample recursion added about 12 per anti-diagonal (2,700 at T=250, U=50). On a
+GPU each op is a kernel launch. The price is the joiner's forward run twice. Only the
+gradients for the joiner's inputs and parameters are kept; groups reuse the same buffers.
 
 Two joiner paths:
 
@@ -21,8 +32,8 @@ Two joiner paths:
 
 Cost of the reductions: "mean" and "sum" do all the work in the forward pass and only
 scale the stored input gradients in backward. "none" needs per-sample weights from the
-incoming gradient, so its forward computes the losses only (joiner + alpha) and its
-backward recomputes every sample with its weight: one more joiner forward per sample.
+incoming gradient, so its forward computes the losses only (pass 1 and alpha) and its
+backward runs all three passes with the weights.
 """
 
 from __future__ import annotations
@@ -35,13 +46,19 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from asr.losses.checks import reduce_nll, validate_inputs
-from asr.losses.lattice import nll_and_logit_grad_
+from asr.losses.lattice import lattice, logit_grad_, node_scores_, padded_labels
 from asr.models.transducer import Joiner
 
-# Rows of the (T * U1, V) logit gradient multiplied by the output weight at a time when
-# backpropagating through the fused joiner: bounds the extra buffer to ROWS x J.
+# Backpropagating through the fused joiner multiplies the (G * T * U1, V) logit gradient by
+# the output weight in at most BACKWARD_CHUNKS blocks of rows (at least BACKWARD_CHUNK_ROWS
+# each): an extra buffer of a quarter of the hidden activations at most, and a number of
+# ops per group that does not grow with T and U.
 BACKWARD_CHUNK_ROWS = 4096
+BACKWARD_CHUNKS = 4
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+# Lattice nodes (samples x T x (U+1), padded) whose recursion runs at once: about 16 fp32
+# values a node while it runs (256 MiB at this size), 3 a node kept for the gradients.
+LATTICE_CHUNK_NODES = 1 << 22
 
 
 def _is_fused(joiner: object) -> bool:
@@ -86,6 +103,27 @@ def plan_groups(
     return groups
 
 
+def plan_chunks(
+    groups: list[list[int]], frames: Sequence[int], tokens: Sequence[int], max_nodes: int
+) -> list[list[list[int]]]:
+    """Consecutive groups in chunks that share one lattice recursion: at most `max_nodes`
+    padded nodes (samples x longest T x longest U+1) per chunk unless one group is larger."""
+    if max_nodes < 1:
+        raise ValueError(f"lattice_chunk_nodes must be >= 1, got {max_nodes}")
+    chunks: list[list[list[int]]] = []
+    samples, longest = 0, (0, 0)
+    for group in groups:
+        sizes = (max(frames[i] for i in group), max(tokens[i] for i in group) + 1)
+        grown = (max(longest[0], sizes[0]), max(longest[1], sizes[1]))
+        if chunks and (samples + len(group)) * grown[0] * grown[1] <= max_nodes:
+            chunks[-1].append(group)
+            samples, longest = samples + len(group), grown
+        else:
+            chunks.append([group])
+            samples, longest = len(group), sizes
+    return chunks
+
+
 @dataclass
 class _Plan:
     """Everything the Function needs besides its tensor inputs."""
@@ -96,6 +134,7 @@ class _Plan:
     frames: Tensor
     tokens: Tensor
     groups: list[list[int]]
+    chunks: list[list[list[int]]]
     blank: int
     reduction: str
     logits_dtype: torch.dtype | None
@@ -114,7 +153,8 @@ class _Plan:
 
 
 class _Groups:
-    """Shared loop over groups: slicing, lattice, accumulation of input gradients."""
+    """Shared loop: per chunk of groups, node scores (pass 1), one lattice for the chunk,
+    then with gradients the logits again and their closed-form gradient (pass 2)."""
 
     def __init__(self, plan: _Plan, enc: Tensor, pred: Tensor, params: Sequence[Tensor]):
         self.plan, self.enc, self.pred, self.params = plan, enc, pred, list(params)
@@ -133,33 +173,80 @@ class _Groups:
         if want_grad:
             grads = [torch.zeros_like(self.enc), torch.zeros_like(self.pred)]
             grads += [torch.zeros_like(p) if p.requires_grad else None for p in self.params]
-        self.prepare([self.group_sizes(g) for g in plan.groups])
-        for group in plan.groups:
-            frames, u1 = self.group_sizes(group)
-            index = torch.tensor(group, device=self.enc.device)
-            logits = self.logits(index, frames, u1)
-            nll[index] = nll_and_logit_grad_(
-                logits,
-                plan.targets[index],
-                plan.frames[index],
-                plan.tokens[index],
-                blank=plan.blank,
-                weights=weights[index] if want_grad else None,
-                grad_clamp=plan.grad_clamp,
-            )
-            if want_grad:
-                g_enc, g_pred, g_params = self.backward(index, frames, u1, logits)
-                grads[0][index, :frames] = g_enc.to(grads[0].dtype)
-                grads[1][index, :u1] = g_pred.to(grads[1].dtype)
-                for acc, g in zip(grads[2:], g_params, strict=True):
-                    if acc is not None and g is not None:
-                        acc.add_(g.to(acc.dtype))
+        for chunk in plan.chunks:
+            self.run_chunk(chunk, nll, grads, weights)
         return nll, grads
 
-    def prepare(self, sizes: list[tuple[int, int]]) -> None:
-        """Allocate buffers for the largest group (sizes: (frames, U1) per group)."""
+    def run_chunk(
+        self,
+        chunk: list[list[int]],
+        nll: Tensor,
+        grads: list[Tensor | None],
+        weights: Tensor | None,
+    ) -> None:
+        plan, device = self.plan, self.enc.device
+        samples = [i for group in chunk for i in group]
+        index = torch.tensor(samples, device=device)
+        frames, tokens = plan.frames[index], plan.tokens[index]
+        sizes = [self.group_sizes(g) for g in chunk]
+        t_max, u1_max = max(f for f, _ in sizes), max(u for _, u in sizes)
+        labels: Tensor | None = None
+        lse, z_blank, z_label = torch.zeros(
+            (3, len(samples), t_max, u1_max), dtype=self.dtype, device=device
+        ).unbind(0)
+        starts = [0]
+        self.prepare(chunk, sizes)
+        for group, (f, u1) in zip(chunk, sizes, strict=True):
+            rows = slice(starts[-1], starts[-1] + len(group))
+            logits = self.logits(index[rows], f, u1, for_grad=False)
+            if labels is None:
+                vocab = logits.size(-1)
+                labels = padded_labels(plan.targets[index], u1_max, blank=plan.blank, vocab=vocab)
+            node_scores_(
+                logits,
+                labels[rows, :u1],
+                blank=plan.blank,
+                lse=lse[rows, :f, :u1],
+                z_blank=z_blank[rows, :f, :u1],
+                z_label=z_label[rows, :f, :u1],
+            )
+            starts.append(rows.stop)
+        del logits
+        self.release()  # the recursion's temporaries take the group buffers' place
+        chunk_nll, terms = lattice(lse, z_blank, z_label, frames, tokens, gradient=self.want_grad)
+        nll[index] = chunk_nll
+        if terms is None:
+            return
+        del lse, z_blank, z_label
+        assert labels is not None and weights is not None
+        chunk_weights = weights[index]
+        self.prepare(chunk, sizes)
+        for group, (f, u1), start in zip(chunk, sizes, starts, strict=False):
+            rows = slice(start, start + len(group))
+            logits = self.logits(index[rows], f, u1, for_grad=True)
+            logit_grad_(
+                logits,
+                labels[rows, :u1],
+                terms[rows, :f, :u1],
+                blank=plan.blank,
+                weights=chunk_weights[rows],
+                grad_clamp=plan.grad_clamp,
+            )
+            g_enc, g_pred, g_params = self.backward(index[rows], f, u1, logits)
+            grads[0][index[rows], :f] = g_enc.to(grads[0].dtype)
+            grads[1][index[rows], :u1] = g_pred.to(grads[1].dtype)
+            for acc, g in zip(grads[2:], g_params, strict=True):
+                if acc is not None and g is not None:
+                    acc.add_(g.to(acc.dtype))
+        self.release()
 
-    def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
+    def prepare(self, groups: list[list[int]], sizes: list[tuple[int, int]]) -> None:
+        """Allocate buffers for the largest of these groups (sizes: (frames, U1) each)."""
+
+    def release(self) -> None:
+        """Free what `prepare` allocated."""
+
+    def logits(self, index: Tensor, frames: int, u1: int, *, for_grad: bool) -> Tensor:
         raise NotImplementedError
 
     def backward(
@@ -171,24 +258,28 @@ class _Groups:
 class _FusedGroups(_Groups):
     """enc/pred are already projected (B, T, J), (B, U1, J); params = (weight, bias)."""
 
-    def prepare(self, sizes: list[tuple[int, int]]) -> None:
+    def prepare(self, groups: list[list[int]], sizes: list[tuple[int, int]]) -> None:
         weight = self.params[0]
         self.joint_dim, self.vocab = weight.size(1), weight.size(0)
         self.compute = self.plan.logits_dtype or self.dtype
-        largest = max(len(g) * f * u for g, (f, u) in zip(self.plan.groups, sizes, strict=True))
+        largest = max(len(g) * f * u for g, (f, u) in zip(groups, sizes, strict=True))
         device = self.enc.device
         self.hidden_buf = torch.empty(largest * self.joint_dim, dtype=self.compute, device=device)
         self.logit_buf = torch.empty(largest * self.vocab, dtype=self.compute, device=device)
         self.lattice_buf = self.logit_buf
         if self.compute != self.dtype:  # low-precision matmuls, fp32 lattice
             self.lattice_buf = torch.empty(largest * self.vocab, dtype=self.dtype, device=device)
-        rows = min(BACKWARD_CHUNK_ROWS, largest)
+        rows = min(max(BACKWARD_CHUNK_ROWS, -(-largest // BACKWARD_CHUNKS)), largest)
         self.chunk_buf = torch.empty(rows * self.joint_dim, dtype=self.compute, device=device)
         self.w = weight.detach().to(self.compute)
         bias = self.params[1] if len(self.params) > 1 else None
         self.b = None if bias is None else bias.detach().to(self.compute)
 
-    def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
+    def release(self) -> None:
+        self.hidden_buf = self.logit_buf = self.lattice_buf = self.chunk_buf = None
+        self.hidden = None
+
+    def logits(self, index: Tensor, frames: int, u1: int, *, for_grad: bool) -> Tensor:
         g, j, v = index.numel(), self.joint_dim, self.vocab
         n = g * frames * u1
         enc = self.enc[index, :frames].to(self.compute)
@@ -218,14 +309,14 @@ class _FusedGroups(_Groups):
         has_bias = len(self.params) > 1 and self.params[1] is not None
         grad_b = dz.sum(0) if has_bias and self.params[1].requires_grad else None
         # d(pre-tanh) = (dz @ W) * (1 - tanh^2), written over the hidden activations.
+        hidden.mul_(hidden).neg_().add_(1.0)
         rows = self.chunk_buf.numel() // j
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             part = torch.mm(
                 dz[start:stop], self.w, out=self.chunk_buf[: (stop - start) * j].view(-1, j)
             )
-            h = hidden[start:stop]
-            h.mul_(h).neg_().add_(1.0).mul_(part)
+            hidden[start:stop].mul_(part)
         grad_pre = self.hidden
         return grad_pre.sum(2), grad_pre.sum(1), [grad_w, grad_b][: len(self.params)]
 
@@ -233,17 +324,21 @@ class _FusedGroups(_Groups):
 class _GenericGroups(_Groups):
     """Any joiner callable; per-group autograd through it with the closed-form dL/dz."""
 
-    def logits(self, index: Tensor, frames: int, u1: int) -> Tensor:
-        self.enc_g = self.enc[index, :frames].detach().requires_grad_(self.want_grad)
-        self.pred_g = self.pred[index, :u1].detach().requires_grad_(self.want_grad)
+    def logits(self, index: Tensor, frames: int, u1: int, *, for_grad: bool) -> Tensor:
+        self.enc_g = self.enc[index, :frames].detach().requires_grad_(for_grad)
+        self.pred_g = self.pred[index, :u1].detach().requires_grad_(for_grad)
         low = self.plan.logits_dtype
         with (
-            torch.set_grad_enabled(self.want_grad),
+            torch.set_grad_enabled(for_grad),
             torch.autocast(
                 self.enc.device.type, dtype=low or torch.float32, enabled=low is not None
             ),
         ):
             self.out = self.plan.joiner(self.enc_g[:, :, None], self.pred_g[:, None])
+        if low is not None:
+            # Inside the caller's autocast region the weights cast without gradient here
+            # would be reused by the next call, which needs them with their gradient.
+            torch.clear_autocast_cache()
         logits = self.out.detach()
         if not 0 <= self.plan.blank < logits.size(-1):
             raise ValueError(
@@ -311,6 +406,7 @@ def samplewise_transducer_loss(
     max_group_nodes: int | None = None,
     logits_dtype: torch.dtype | None = None,
     grad_clamp: float | None = None,
+    lattice_chunk_nodes: int = LATTICE_CHUNK_NODES,
 ) -> Tensor:
     """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
 
@@ -342,13 +438,16 @@ def samplewise_transducer_loss(
     if vocab is not None and not 0 <= blank < vocab:
         raise ValueError(f"blank={blank} is outside the joiner's vocabulary [0, {vocab})")
     frames, tokens = encoder_lens.long(), target_lens.long()
+    frames_list, tokens_list = frames.tolist(), tokens.tolist()
+    groups = plan_groups(frames_list, tokens_list, group_size, max_group_nodes)
     plan = _Plan(
         joiner=joiner,
         fused=fused,
         targets=targets[:, :max_u].long(),
         frames=frames,
         tokens=tokens,
-        groups=plan_groups(frames.tolist(), tokens.tolist(), group_size, max_group_nodes),
+        groups=groups,
+        chunks=plan_chunks(groups, frames_list, tokens_list, lattice_chunk_nodes),
         blank=blank,
         reduction=reduction,
         logits_dtype=logits_dtype,
@@ -369,24 +468,28 @@ def predicted_peak_bytes(
     group_size: int = 1,
     max_group_nodes: int | None = None,
     dtype_bytes: int = 4,
+    lattice_chunk_nodes: int = LATTICE_CHUNK_NODES,
 ) -> int:
     """Peak extra memory of forward + backward with the fused joiner, in bytes (fp32 lattice).
 
     The larger of two moments. In forward: the batch's projections and their gradient
-    accumulators (B x (T + U1) x J, twice) plus one group's workspace: logits
-    (G x T x U1 x V), hidden activations (G x T x U1 x J), the backward chunk, and the
-    lattice's per-node arrays (about 16 fp32 values per node). In backward: the stored
-    gradients plus the gradients of `encoder_out` and `predictor_out`.
+    accumulators (B x (T + U1) x J, twice) plus either one group's workspace (logits
+    G x T x U1 x V, hidden activations G x T x U1 x J, the backward block) with the three
+    per-node terms of its chunk's lattice, or the chunk's recursion (about 11 fp32 values
+    per node, the group buffers freed). In backward: the stored gradients plus the
+    gradients of `encoder_out` and `predictor_out`.
     """
     u1, f4 = max_tokens + 1, 4
     nodes = min(group_size, batch_size) * max_frames * u1
     if max_group_nodes is not None:
         nodes = min(nodes, max(max_group_nodes, max_frames * u1))
+    chunk = min(batch_size * max_frames * u1, max(lattice_chunk_nodes, nodes))
     projections = batch_size * (max_frames + u1) * joint_dim * f4
     workspace = nodes * (vocab_size + joint_dim) * dtype_bytes
     if dtype_bytes != f4:
         workspace += nodes * vocab_size * f4
-    workspace += min(BACKWARD_CHUNK_ROWS, nodes) * joint_dim * dtype_bytes + 16 * nodes * f4
-    forward = 2 * projections + workspace
+    block = min(max(BACKWARD_CHUNK_ROWS, -(-nodes // BACKWARD_CHUNKS)), nodes)
+    workspace += block * joint_dim * dtype_bytes + 3 * chunk * f4
+    forward = 2 * projections + max(workspace, 11 * chunk * f4)
     backward = projections + batch_size * (max_frames * encoder_dim + u1 * predictor_dim) * f4
     return int(max(forward, backward))

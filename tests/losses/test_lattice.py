@@ -3,50 +3,59 @@
 import torch
 
 from asr.losses.lattice import (
-    backward_variables,
-    forward_variables,
+    lattice,
     nll_and_logit_grad_,
-    skew,
-    unskew,
+    node_scores_,
+    padded_labels,
+    skewed_buffer,
+    window,
 )
 
 
-def test_skew_puts_each_antidiagonal_in_a_row():
+def test_skewed_buffer_puts_each_antidiagonal_in_a_row():
     x = torch.arange(2 * 4 * 3, dtype=torch.float64).view(2, 4, 3)
-    diagonals = skew(x)
+    padded, diagonals = skewed_buffer(2, 4, 3, x)
+    window(padded, 4).copy_(x.flip(-1))
     assert diagonals.shape == (2, 6, 3)
     for t in range(4):
         for u in range(3):
             assert diagonals[1, t + u, 2 - u] == x[1, t, u]
     assert torch.isinf(diagonals[0, 0, :2]).all()  # nodes with t < 0 do not exist
-    assert torch.equal(unskew(diagonals, 4), x)
+    assert torch.equal(window(padded, 4).flip(-1), x)
 
 
-def _log_probs(seed: int, frames: int, tokens: int, vocab: int = 5):
-    g = torch.Generator().manual_seed(seed)
-    lp = torch.randn(1, frames, tokens + 1, vocab, generator=g, dtype=torch.float64)
-    lp = lp.log_softmax(-1)
-    targets = torch.randint(1, vocab, (1, tokens), generator=g)
-    blank_lp = lp[..., 0]
-    label_lp = torch.full_like(blank_lp, float("-inf"))
-    label_lp[..., :tokens] = (
-        lp[..., :tokens, :]
-        .gather(-1, targets[:, None, :, None].expand(1, frames, tokens, 1))
-        .squeeze(-1)
-    )
-    return lp, targets, blank_lp, label_lp
+def _scores(logits: torch.Tensor, targets: torch.Tensor):
+    g, t, u1, vocab = logits.shape
+    labels = padded_labels(targets, u1, blank=0, vocab=vocab)
+    lse, z_blank, z_label = logits.new_empty((3, g, t, u1)).unbind(0)
+    node_scores_(logits.clone(), labels, blank=0, lse=lse, z_blank=z_blank, z_label=z_label)
+    return lse, z_blank, z_label
 
 
-def test_forward_and_backward_variables_agree_on_the_likelihood():
-    _, _, blank_lp, label_lp = _log_probs(0, frames=7, tokens=4)
-    alpha = forward_variables(blank_lp, label_lp)
-    beta = backward_variables(blank_lp, label_lp, torch.tensor([7]), torch.tensor([4]))
-    from_alpha = alpha[0, 6, 4] + blank_lp[0, 6, 4]
-    assert torch.allclose(beta[0, 0, 0], from_alpha, rtol=1e-12)
-    # Every frame is crossed by all paths: sum over u of alpha*beta*blank-move = P.
-    for t in range(7):
-        crossing = torch.logsumexp(alpha[0, t] + blank_lp[0, t] + beta[0, t + 1], 0)
-        assert torch.allclose(crossing, from_alpha, rtol=1e-12)
+def test_every_path_crosses_each_frame_and_each_diagonal_once():
+    g = torch.Generator().manual_seed(0)
+    frames, tokens = torch.tensor([7, 3, 5]), torch.tensor([4, 4, 0])
+    logits = torch.randn(3, 7, 5, 6, generator=g, dtype=torch.float64)
+    targets = torch.randint(1, 6, (3, 4), generator=g)
+    lse, z_blank, z_label = _scores(logits, targets)
+    _, terms = lattice(lse, z_blank, z_label, frames, tokens, gradient=True)
+    node_occupancy = (terms.shift + lse_of(logits)).exp()
+    for i, (f, k) in enumerate(zip(frames.tolist(), tokens.tolist(), strict=True)):
+        # one blank move leaves each frame; one node of each diagonal t + u is visited
+        assert torch.allclose(terms.blank_move[i, :f].sum(-1), torch.ones(f, dtype=torch.float64))
+        for n in range(f + k):
+            on_diagonal = sum(node_occupancy[i, t, n - t] for t in range(f) if 0 <= n - t <= k)
+            assert torch.allclose(on_diagonal, torch.tensor(1.0, dtype=torch.float64))
+        assert torch.all(node_occupancy[i, f:] == 0) and torch.all(
+            node_occupancy[i, :, k + 1 :] == 0
+        )
+        assert torch.all(terms.blank_move[i, f:] == 0) and torch.all(
+            terms.neg_label_move[i, :, k:] == 0
+        )
+
+
+def lse_of(logits: torch.Tensor) -> torch.Tensor:
+    return logits.logsumexp(-1)
 
 
 def textbook_nll(lp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from asr.losses.samplewise import plan_groups
+from asr.losses.samplewise import plan_chunks, plan_groups
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
+from asr.profiling import launching_ops
 
 
 class WrappedJoiner(nn.Module):
@@ -48,8 +49,12 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("path", ["fused", "generic"])
-@pytest.mark.parametrize("group_size", [1, 4, 8])
-def test_float32_matches_the_batched_reference(reduction, path, group_size):
+@pytest.mark.parametrize(
+    ("group_size", "chunk_nodes"), [(1, 1 << 22), (4, 1 << 22), (8, 1), (1, 600)]
+)
+def test_float32_matches_the_batched_reference(reduction, path, group_size, chunk_nodes):
+    # chunk_nodes: the whole batch in one lattice recursion, or one group per recursion,
+    # or a few groups per recursion
     for seed in range(3):
         joiner, *inputs = random_batch(seed)
         module = joiner if path == "fused" else WrappedJoiner(joiner)
@@ -63,6 +68,7 @@ def test_float32_matches_the_batched_reference(reduction, path, group_size):
             *inputs,
             reduction=reduction,
             group_size=group_size,
+            lattice_chunk_nodes=chunk_nodes,
         )
         assert got.shape == ref.shape
         assert rel_error(got, ref) < 1e-4
@@ -139,6 +145,37 @@ def test_groups_hold_similar_sizes_largest_first():
     assert plan_groups(frames, tokens, 8, max_group_nodes=1) == [[1], [3], [2], [0], [4]]
     with pytest.raises(ValueError, match="group_size"):
         plan_groups(frames, tokens, 0)
+
+
+def test_chunks_share_a_recursion_within_their_node_budget():
+    frames, tokens = [10, 50, 20, 50, 5], [3, 9, 4, 2, 1]
+    groups = plan_groups(frames, tokens, 1)  # [[1], [3], [2], [0], [4]]
+    assert plan_chunks(groups, frames, tokens, 1 << 20) == [groups]
+    # [1] and [3] pad to 2 x 50 x 10 = 1000 nodes; adding [2] would make 1500
+    assert plan_chunks(groups, frames, tokens, 1000) == [[[1], [3]], [[2], [0], [4]]]
+    assert plan_chunks(groups, frames, tokens, 1) == [[g] for g in groups]
+    with pytest.raises(ValueError, match="lattice_chunk_nodes"):
+        plan_chunks(groups, frames, tokens, 0)
+
+
+def _launching_ops_per_sample(frames: int, tokens: int) -> float:
+    from torch.profiler import profile
+
+    counts = []
+    for batch in (2, 6):
+        joiner, enc, pred, *rest = random_batch(0, batch=batch, frames=frames, tokens=tokens)
+        enc.requires_grad_(True)
+        with profile() as prof:
+            samplewise_transducer_loss(joiner, enc, pred, *rest).backward()
+        counts.append(launching_ops(prof.key_averages()))
+    return (counts[1] - counts[0]) / 4
+
+
+def test_each_sample_adds_a_fixed_number_of_ops_whatever_its_length():
+    # The lattice recursion runs once for the batch: a longer sample does not add ops.
+    short, long = _launching_ops_per_sample(12, 3), _launching_ops_per_sample(48, 12)
+    assert short == long
+    assert short <= 60
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Counting the ops that launch work, for the benchmark scripts (`torch.profiler`)."""
+"""Counting the ops that launch work (`torch.profiler`): benchmarks and tests of how many
+kernel launches a computation costs on a GPU, measured on any device."""
 
 from __future__ import annotations
 
