@@ -24,7 +24,12 @@ from lhotse.cut import Cut
 from lhotse.dataset.signal_transforms import SpecAugment
 
 from asr.data.batch import Batch
-from asr.data.features import SAMPLE_RATE, FeatureConfig, compute_features, normalize_features
+from asr.data.features import (
+    FeatureConfig,
+    check_sample_rate,
+    compute_features,
+    normalize_features,
+)
 from asr.data.tokenizer import PAD_ID, UNK_ID, Tokenizer
 from asr.models.conformer import subsampled_lengths
 
@@ -114,12 +119,7 @@ class AsrDataset(torch.utils.data.Dataset):
             except FEATURE_FILE_ERRORS as err:
                 return first_line(err)
             return normalize_features(feats, self.features.normalize)
-        if cut.sampling_rate != SAMPLE_RATE:
-            # The manifest's rate, the same for a whole corpus: a set-up error, not bad data.
-            raise ValueError(
-                f"cut {cut.id} is {cut.sampling_rate} Hz audio but features are computed at "
-                f"{SAMPLE_RATE} Hz: resample the corpus (lhotse: cuts.resample({SAMPLE_RATE}))"
-            )
+        check_sample_rate(cut.id, cut.sampling_rate)
         try:
             audio = cut.load_audio()
         except FILE_ERRORS as err:

@@ -57,6 +57,16 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def check_sample_rate(cut_id: str, sampling_rate: int) -> None:
+    """Raise when a cut's audio is not at `SAMPLE_RATE`: the rate of a whole corpus, so a
+    set-up error to fix once, not bad data to skip."""
+    if sampling_rate != SAMPLE_RATE:
+        raise ValueError(
+            f"cut {cut_id} is {sampling_rate} Hz audio but features are computed at "
+            f"{SAMPLE_RATE} Hz: resample the corpus (lhotse: cuts.resample({SAMPLE_RATE}))"
+        )
+
+
 def compute_features(audio: np.ndarray, config: FeatureConfig, extractor: Fbank) -> np.ndarray:
     """(T, F) log-mel of 16 kHz mono `audio`, normalized as `config` says."""
     with single_threaded():

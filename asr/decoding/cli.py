@@ -22,7 +22,7 @@ from rich.progress import Progress
 from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import load_cuts
 from asr.data.dataset import FILE_ERRORS, first_line
-from asr.data.features import SAMPLE_RATE, normalize_features
+from asr.data.features import check_sample_rate, normalize_features
 from asr.metrics import ErrorCounts, word_errors
 from asr.transcribe import Recognizer, load_recognizer
 
@@ -48,11 +48,7 @@ def decode_manifest(
         for batch in sampler:
             feats, kept, lines = [], [], []
             for cut in batch:
-                if cut.sampling_rate != SAMPLE_RATE:
-                    raise ValueError(
-                        f"{manifest}: cut {cut.id} is {cut.sampling_rate} Hz audio but the model "
-                        f"takes {SAMPLE_RATE} Hz: resample the cuts (lhotse: cuts.resample)"
-                    )
+                check_sample_rate(cut.id, cut.sampling_rate)
                 try:
                     audio = cut.load_audio()[0]
                 except FILE_ERRORS as err:

@@ -180,12 +180,13 @@ class AsrLitModule(L.LightningModule):
         stage are [loss x utterances, utterances, then errors and words per kind]."""
         return ("main", "ctc") if self.model.ctc_head is not None else ("main",)
 
+    def _new_eval_sums(self) -> torch.Tensor:
+        return torch.zeros(2 + 2 * len(self._eval_layout()), dtype=torch.float64)
+
     def _evaluate(self, batch: Batch, stage: str) -> None:
         self._remember_skipped(batch)
         kinds = self._eval_layout()
-        sums = self._eval_sums.setdefault(
-            stage, torch.zeros(2 + 2 * len(kinds), dtype=torch.float64)
-        )
+        sums = self._eval_sums.setdefault(stage, self._new_eval_sums())
         if len(batch) == 0:
             return
         losses = self.objective(self.model, batch, self.global_step)
@@ -221,7 +222,8 @@ class AsrLitModule(L.LightningModule):
         rank, even one that saw no usable batch. Logged on every rank (the values agree), so
         that `best.ckpt`'s monitor finds `val/wer` everywhere."""
         kinds = self._eval_layout()
-        sums = self._eval_sums.pop(stage, torch.zeros(2 + 2 * len(kinds), dtype=torch.float64))
+        sums = self._eval_sums.pop(stage, None)
+        sums = self._new_eval_sums() if sums is None else sums
         sums = sum_over_ranks(sums.to(self.device)).tolist()
         nan = float("nan")  # nothing recognized: never a perfect 0 % (best.ckpt minimizes it)
         self.log(f"{stage}/loss", sums[0] / sums[1] if sums[1] else nan)

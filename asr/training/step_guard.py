@@ -175,14 +175,17 @@ class SkipBudget:
             self.skipped[reason] += n
 
     @property
+    def seen(self) -> int:
+        return self.used + sum(self.skipped.values())
+
+    @property
     def fraction(self) -> float:
-        seen = self.used + sum(self.skipped.values())
-        return sum(self.skipped.values()) / seen if seen else 0.0
+        return sum(self.skipped.values()) / self.seen if self.seen else 0.0
 
     def check(self, epoch_end: bool = False) -> None:
         """Raise `TrainingStopped` when too large a fraction was skipped (mid-epoch only
         once `MIN_CUTS_MID_EPOCH` cuts were seen, to judge on a fair sample)."""
-        seen = self.used + sum(self.skipped.values())
+        seen = self.seen
         if not epoch_end and seen < MIN_CUTS_MID_EPOCH:
             return
         if seen == 0 or self.fraction <= self.max_fraction:
