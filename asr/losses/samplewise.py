@@ -13,11 +13,14 @@ twice, with one lattice recursion for all samples in between:
 3. per group again, the joiner's logits, turned in place into their gradient in closed
    form, and backpropagated through the joiner.
 
-The recursion's T + U steps run once per chunk, not once per sample: each additional
-sample adds a fixed number of ops (about 55 with the fused joiner), whatever its length,
-where a per-sample recursion added about 12 per anti-diagonal (2,700 at T=250, U=50). On a
-GPU each op is a kernel launch. The price is the joiner's forward run twice. Only the
-gradients for the joiner's inputs and parameters are kept; groups reuse the same buffers.
+The recursion's T + U steps run once per chunk, not once per sample, so each additional
+sample adds a fixed number of ops whatever its length (on a GPU each op is a kernel
+launch). The price is the joiner's forward run twice. Only the gradients for the joiner's
+inputs and parameters are kept; groups reuse the same buffers. The per-node work (node
+scores, recursion, logit gradient) has two implementations with one contract, chosen by
+`lattice`: PyTorch ops (`asr.losses.lattice`, any device, the reference) and Triton
+kernels (`asr.losses.triton_lattice`, the default on CUDA), where the whole recursion of a
+chunk is one launch instead of a few ops per anti-diagonal.
 
 Two joiner paths:
 
@@ -40,13 +43,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from asr.losses import lattice as torch_lattice
 from asr.losses.checks import reduce_nll, validate_inputs
-from asr.losses.lattice import lattice, logit_grad_, node_scores_, padded_labels
+from asr.losses.lattice import padded_labels
 from asr.models.transducer import Joiner
 
 # Backpropagating through the fused joiner multiplies the (G * T * U1, V) logit gradient by
@@ -59,6 +64,29 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Lattice nodes (samples x T x (U+1), padded) whose recursion runs at once: about 16 fp32
 # values a node while it runs (256 MiB at this size), 3 a node kept for the gradients.
 LATTICE_CHUNK_NODES = 1 << 22
+LATTICE_IMPLEMENTATIONS = ("auto", "torch", "triton")
+
+
+def lattice_ops(choice: str, device: torch.device) -> ModuleType:
+    """The module that computes node scores, the lattice and the logit gradient.
+
+    Both offer `node_scores_`, `lattice` and `logit_grad_` with one contract:
+    `asr.losses.lattice` (PyTorch ops, any device: the reference) and
+    `asr.losses.triton_lattice` (fused Triton kernels, one launch per chunk or group:
+    CUDA). "auto" picks Triton on CUDA devices and PyTorch ops elsewhere.
+    """
+    if choice not in LATTICE_IMPLEMENTATIONS:
+        raise ValueError(f"lattice={choice!r} is unknown; valid: {LATTICE_IMPLEMENTATIONS}")
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        return torch_lattice
+    from asr.losses import triton_lattice  # imports triton: only when it is wanted
+
+    if not triton_lattice.is_supported(device):
+        raise RuntimeError(
+            f"lattice='triton' cannot run on {device}: Triton kernels need a CUDA device "
+            "(or, for testing, a machine without CUDA, where they run interpreted on the CPU)"
+        )
+    return triton_lattice
 
 
 def _is_fused(joiner: object) -> bool:
@@ -139,6 +167,7 @@ class _Plan:
     reduction: str
     logits_dtype: torch.dtype | None
     grad_clamp: float | None
+    ops: ModuleType
 
     def lattice_dtype(self, like: Tensor) -> torch.dtype:
         return torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -184,7 +213,7 @@ class _Groups:
         grads: list[Tensor | None],
         weights: Tensor | None,
     ) -> None:
-        plan, device = self.plan, self.enc.device
+        plan, device, ops = self.plan, self.enc.device, self.plan.ops
         samples = [i for group in chunk for i in group]
         index = torch.tensor(samples, device=device)
         frames, tokens = plan.frames[index], plan.tokens[index]
@@ -202,7 +231,7 @@ class _Groups:
             if labels is None:
                 vocab = logits.size(-1)
                 labels = padded_labels(plan.targets[index], u1_max, blank=plan.blank, vocab=vocab)
-            node_scores_(
+            ops.node_scores_(
                 logits,
                 labels[rows, :u1],
                 blank=plan.blank,
@@ -213,7 +242,9 @@ class _Groups:
             starts.append(rows.stop)
         del logits
         self.release()  # the recursion's temporaries take the group buffers' place
-        chunk_nll, terms = lattice(lse, z_blank, z_label, frames, tokens, gradient=self.want_grad)
+        chunk_nll, terms = ops.lattice(
+            lse, z_blank, z_label, frames, tokens, gradient=self.want_grad
+        )
         nll[index] = chunk_nll
         if terms is None:
             return
@@ -224,7 +255,7 @@ class _Groups:
         for group, (f, u1), start in zip(chunk, sizes, starts, strict=False):
             rows = slice(start, start + len(group))
             logits = self.logits(index[rows], f, u1, for_grad=True)
-            logit_grad_(
+            ops.logit_grad_(
                 logits,
                 labels[rows, :u1],
                 terms[rows, :f, :u1],
@@ -407,6 +438,7 @@ def samplewise_transducer_loss(
     logits_dtype: torch.dtype | None = None,
     grad_clamp: float | None = None,
     lattice_chunk_nodes: int = LATTICE_CHUNK_NODES,
+    lattice: str = "auto",
 ) -> Tensor:
     """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
 
@@ -414,7 +446,9 @@ def samplewise_transducer_loss(
     similar size share one joiner call (padding only up to the group's longest), capped
     at `max_group_nodes` padded lattice nodes per group when given; `logits_dtype`
     (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32,
-    `grad_clamp` bounds each logit's gradient. See `asr.losses.samplewise`.
+    `grad_clamp` bounds each logit's gradient; `lattice` picks the implementation of the
+    per-node work ("auto": Triton kernels on CUDA, PyTorch ops elsewhere; "torch";
+    "triton"). See `asr.losses.samplewise`.
     """
     max_t, max_u = validate_inputs(
         encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction
@@ -452,6 +486,7 @@ def samplewise_transducer_loss(
         reduction=reduction,
         logits_dtype=logits_dtype,
         grad_clamp=grad_clamp,
+        ops=lattice_ops(lattice, encoder_out.device),
     )
     return _SamplewiseTransducer.apply(plan, enc, pred, *params)
 

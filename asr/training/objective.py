@@ -19,12 +19,13 @@ import torch
 from asr.data.batch import Batch
 from asr.losses.cross_entropy import label_smoothed_cross_entropy
 from asr.losses.ctc import ctc_loss
+from asr.losses.samplewise import LATTICE_IMPLEMENTATIONS
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.aed import EncoderDecoder
 from asr.models.transducer import Transducer
 
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
-SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "logits_dtype", "grad_clamp")
+SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "logits_dtype", "grad_clamp", "lattice")
 LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -50,7 +51,8 @@ class TransducerLossConfig:
     - `transducer_start_step`: optimizer steps of CTC-only training before the
       transducer loss is switched on (0: from the start).
     - `group_size`, `max_group_nodes`, `logits_dtype` (`bfloat16`/`float16`/`float32`),
-      `grad_clamp`: options of the sample-wise loss (see `asr.losses.samplewise`).
+      `grad_clamp`, `lattice` (`auto`: Triton kernels on CUDA, PyTorch ops elsewhere;
+      `torch`; `triton`): options of the sample-wise loss (see `asr.losses.samplewise`).
     """
 
     kind: str = "samplewise"
@@ -60,6 +62,7 @@ class TransducerLossConfig:
     max_group_nodes: int | None = None
     logits_dtype: str | None = None
     grad_clamp: float | None = None
+    lattice: str = "auto"
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TransducerLossConfig:
@@ -72,6 +75,10 @@ class TransducerLossConfig:
             raise ValueError(
                 f"model.loss.logits_dtype={out.logits_dtype!r} is unknown; valid: "
                 f"{sorted(LOGITS_DTYPES)} or null"
+            )
+        if out.lattice not in LATTICE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"model.loss.lattice={out.lattice!r} is unknown; valid: {LATTICE_IMPLEMENTATIONS}"
             )
         tuned = [k for k in SAMPLEWISE_OPTIONS if getattr(out, k) != getattr(cls, k)]
         if out.kind != "samplewise" and tuned:

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from asr.losses.samplewise import plan_chunks, plan_groups
+from asr.losses import lattice as torch_lattice
+from asr.losses.samplewise import lattice_ops, plan_chunks, plan_groups
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
 from asr.profiling import launching_ops
@@ -185,9 +186,16 @@ def test_each_sample_adds_a_fixed_number_of_ops_whatever_its_length():
         ({"grad_clamp": 0.0}, "grad_clamp"),
         ({"group_size": 0}, "group_size"),
         ({"max_group_nodes": 0}, "max_group_nodes"),
+        ({"lattice": "cuda"}, "lattice='cuda' is unknown"),
     ],
 )
 def test_bad_options_are_explained(options, message):
     joiner, *inputs = random_batch(0)
     with pytest.raises(ValueError, match=message):
         samplewise_transducer_loss(joiner, *inputs, **options)
+
+
+def test_auto_lattice_is_pytorch_ops_off_cuda():
+    # Triton kernels are the default on CUDA only (tests/losses/test_triton_lattice.py)
+    assert lattice_ops("auto", torch.device("cpu")) is torch_lattice
+    assert lattice_ops("torch", torch.device("cuda")) is torch_lattice

@@ -20,6 +20,10 @@ def test_each_model_kind_gets_its_objective_and_unknown_keys_are_named() -> None
         build_objective("transducer", {"label_smoothing": 0.1})
     with pytest.raises(ValueError, match="ctc_weight must be in"):
         build_objective("aed", {"ctc_weight": 1.0})
+    with pytest.raises(ValueError, match=r"model.loss.lattice='cuda' is unknown"):
+        build_objective("transducer", {"lattice": "cuda"})
+    with pytest.raises(ValueError, match=r"\['lattice'\] apply only to kind=samplewise"):
+        build_objective("transducer", {"kind": "batched", "lattice": "triton"})
 
 
 def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
