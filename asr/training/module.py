@@ -19,6 +19,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 
 from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
@@ -267,6 +269,9 @@ class AsrLitModule(L.LightningModule):
             lr=float(cfg.pop("lr")),
             betas=tuple(cfg.pop("betas", (0.9, 0.98))),
             eps=float(cfg.pop("eps", 1e-8)),
+            # One kernel for all parameters instead of about ten ops per parameter; not
+            # under fp16 loss scaling, where Lightning must unscale before clipping.
+            fused=self._loss_scaler() is None,
         )
         if cfg:
             valid = "lr, betas, eps, weight_decay, scheduler"
@@ -276,6 +281,29 @@ class AsrLitModule(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    def _loss_scaler(self) -> Any:
+        """fp16's gradient scaler when training under one, else None."""
+        return getattr(self._trainer and self.trainer.precision_plugin, "scaler", None)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping; without a loss scaler (fp32, bf16) it runs directly:
+        Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
+        its own gradients (fused AdamW) even when nothing was scaled."""
+        if not gradient_clip_val or self._loss_scaler() is not None:
+            super().configure_gradient_clipping(
+                optimizer, gradient_clip_val, gradient_clip_algorithm
+            )
+            return
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+        Precision.clip_gradients(
+            self.trainer.precision_plugin, optimizer, gradient_clip_val, algorithm
+        )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": self.tokenizer.to_bytes()}

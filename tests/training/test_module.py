@@ -88,3 +88,21 @@ def test_checkpoint_carries_the_bundle(
     bundle = checkpoint[BUNDLE_KEY]
     assert bundle["model"] == tiny_transducer_config and bundle["features"] == {}
     assert bundle["tokenizer"] == tokenizer.to_bytes()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_fused_adamw_is_clipped_in_every_precision_without_a_loss_scaler(
+    module: AsrLitModule, precision: str
+) -> None:
+    # Lightning's mixed-precision plugin refuses to clip for fused optimizers by itself
+    module.trainer = L.Trainer(accelerator="cpu", precision=precision, logger=False)
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert optimizer.defaults["fused"]
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.full_like(p, 3.0)
+    module.configure_gradient_clipping(optimizer, 0.5, "norm")
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+    assert norm.item() == pytest.approx(0.5, rel=1e-4)
+    module.configure_gradient_clipping(optimizer, 1e-3, "value")
+    assert all(p.grad.abs().max() <= 1e-3 for p in params)
