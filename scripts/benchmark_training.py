@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asr.data.datamodule import AsrDataModule  # noqa: E402
 from asr.profiling import launching_ops  # noqa: E402
 from asr.training.oomptimizer import compose_config  # noqa: E402
+from asr.training.precision import resolve_precision  # noqa: E402
 from asr.training.probes import ModelSetup, build_training  # noqa: E402
 
 FRAMES_PER_SECOND = 100  # feature frames: 10 ms hop
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             break
     if len(batches) < args.batches + args.profile:
         sys.exit(f"the training loader gave only {len(batches)} batches")
-    precision = str(cfg.trainer.precision)
+    precision = resolve_precision(cfg.trainer.precision, "cpu")
     autocast = precision.startswith("bf16")
     clip = cfg.trainer.gradient_clip_val
 

@@ -139,9 +139,11 @@ def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") 
 
 
 @pytest.fixture(scope="session")
-def train_overrides(tiny_corpus: TinyCorpus) -> Callable[..., list[str]]:
+def train_overrides(
+    tiny_corpus: TinyCorpus, feature_manifests: dict[str, Path]
+) -> Callable[..., list[str]]:
     """`overrides(exp_dir, kind=...)`: the tiny overrides as a list, for an `asr-train`
-    command line (subprocess tests)."""
+    command line (subprocess tests); the stored features that `experiment=demo` reads exist."""
 
     def overrides(exp_dir: Path, kind: str = "transducer") -> list[str]:
         return tiny_overrides(tiny_corpus, exp_dir, kind)

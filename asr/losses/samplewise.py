@@ -445,7 +445,8 @@ def samplewise_transducer_loss(
     Same result as `batched_transducer_loss`. Options: up to `group_size` samples of
     similar size share one joiner call (padding only up to the group's longest), capped
     at `max_group_nodes` padded lattice nodes per group when given; `logits_dtype`
-    (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32,
+    (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32
+    (None: the autocast dtype inside an autocast region, else the inputs' precision),
     `grad_clamp` bounds each logit's gradient; `lattice` picks the implementation of the
     per-node work ("auto": Triton kernels on CUDA, PyTorch ops elsewhere; "torch";
     "triton"). See `asr.losses.samplewise`.
@@ -457,6 +458,9 @@ def samplewise_transducer_loss(
         raise ValueError(f"logits_dtype must be float16, bfloat16 or float32, got {logits_dtype}")
     if grad_clamp is not None and not grad_clamp > 0:
         raise ValueError(f"grad_clamp must be > 0, got {grad_clamp}")
+    device_type = encoder_out.device.type
+    if logits_dtype is None and torch.is_autocast_enabled(device_type):
+        logits_dtype = torch.get_autocast_dtype(device_type)  # as autocast would
     encoder_out, predictor_out = encoder_out[:, :max_t], predictor_out[:, : max_u + 1]
     fused = _is_fused(joiner)
     if fused:

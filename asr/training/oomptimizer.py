@@ -35,7 +35,9 @@ How memory is measured:
   more than measured here, so leave headroom (or train with the same setting).
 
 Both modes keep one extra copy of the parameters by default, like the gradient buckets
-of DistributedDataParallel (`--no-ddp-grad-copy` for single-device training).
+of DistributedDataParallel (`--no-ddp-grad-copy` for single-device training), and run the
+step in the training's precision (`trainer.precision`; "auto" resolved for the probe's
+device): bf16 autocast keeps smaller activations, so its batches are larger.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from asr.data.bins import read_bins, write_bins
+from asr.training.precision import resolve_precision
 from asr.training.probes import (
     ModelSetup,
     Probe,
@@ -393,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("asr-oomptimizer: --device cuda, but torch sees no CUDA device")
+    setup = replace(setup, precision=resolve_precision(cfg.trainer.precision, device))
     if device == "cuda":
         probing = cuda_probe(setup, args.memory_budget)
     else:

@@ -73,6 +73,7 @@ class ModelSetup:
     vocab_size: int
     num_mel_bins: int = DEFAULT_MEL_BINS
     ddp_grad_copy: bool = True  # one extra copy of the parameters, like DDP's buckets
+    precision: str = "32-true"  # as Lightning takes it; "bf16..." probes under bf16 autocast
 
     @classmethod
     def from_config(
@@ -158,7 +159,9 @@ def worst_case_step(
     batch = worst_case_batch(
         batch_size, max_duration, max_tokens, setup.num_mel_bins, setup.vocab_size
     ).to(device)
-    objective(model, batch, step=step)["loss"].backward()
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=setup.precision.startswith("bf16")):
+        loss = objective(model, batch, step=step)["loss"]
+    loss.backward()
     optimizer.step()
     del ddp_buckets  # held until here, like DDP's
 

@@ -36,6 +36,7 @@ from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import build_objective
+from asr.training.precision import resolve_precision
 from asr.training.step_guard import FaultConfig
 
 log = logging.getLogger("asr.train")
@@ -81,6 +82,10 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     ckpt_dir = exp_dir / "checkpoints"
     run_config = OmegaConf.to_container(cfg, resolve=True)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_cfg["precision"] = resolve_precision(
+        trainer_cfg["precision"], trainer_cfg["accelerator"]
+    )
+    log.info("precision: %s", trainer_cfg["precision"])
     distributed = DistributedConfig.from_mapping(cfg.get("distributed"))
     world_size = processes_per_node(trainer_cfg["accelerator"], trainer_cfg["devices"])
     world_size *= int(trainer_cfg.get("num_nodes", 1))

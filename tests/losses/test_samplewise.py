@@ -114,6 +114,19 @@ def test_bfloat16_logits_stay_close(path):
         assert cosine > 0.98
 
 
+@pytest.mark.parametrize("path", ["fused", "generic"])
+def test_joiner_precision_follows_autocast_unless_given(path):
+    joiner, *inputs = random_batch(4)
+    module = joiner if path == "fused" else WrappedJoiner(joiner)
+    args = (samplewise_transducer_loss, joiner, module, *inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto, auto_grads = loss_and_grads(*args)
+        bf16, bf16_grads = loss_and_grads(*args, logits_dtype=torch.bfloat16)
+        fp32, _ = loss_and_grads(*args, logits_dtype=torch.float32)
+    assert torch.equal(auto, bf16) and not torch.equal(auto, fp32)
+    assert all(torch.equal(a, b) for a, b in zip(auto_grads, bf16_grads, strict=True))
+
+
 def test_grad_clamp_bounds_every_logit_gradient():
     # A joiner whose encoder input *is* the logits: d loss / d enc = d loss / d logits.
     def logits_in_encoder_out(enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:

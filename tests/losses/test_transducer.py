@@ -1,3 +1,5 @@
+import functools
+
 import pytest
 import torch
 
@@ -5,6 +7,9 @@ from asr.losses.transducer import batched_transducer_loss, samplewise_transducer
 from asr.models.transducer import Joiner
 
 LOSSES = [batched_transducer_loss, samplewise_transducer_loss]
+# The sample-wise loss through the Triton kernels (interpreted on a CPU without CUDA).
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_LATTICE = functools.partial(samplewise_transducer_loss, lattice="triton")
 
 # warp-transducer's hand-checked case (B=1, T=2, U=2, V=5, targets [1, 2], blank 0):
 # logits (T, U+1, V), their cost, and the gradient of the cost with respect to the logits.
@@ -37,29 +42,32 @@ def logits_in_encoder_out(enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor
     return logits + 0.0 * pred
 
 
-@pytest.mark.parametrize("loss_fn", LOSSES)
+@pytest.mark.parametrize(
+    ("loss_fn", "device"), [*((f, "cpu") for f in LOSSES), (TRITON_LATTICE, TRITON_DEVICE)]
+)
 @pytest.mark.parametrize("blank_last", [False, True])
-def test_warp_transducer_small_case(blank_last, loss_fn):
+def test_warp_transducer_small_case(blank_last, loss_fn, device):
     logits, grads = torch.tensor(WARP_LOGITS), torch.tensor(WARP_GRADS)
     targets, blank = torch.tensor([[1, 2]]), 0
     if blank_last:  # relabel so that blank moves from index 0 to index V-1
         perm = [1, 2, 3, 4, 0]  # new id j holds old id perm[j]
         logits, grads, targets, blank = logits[..., perm], grads[..., perm], targets - 1, 4
-    enc = logits.reshape(1, 2, 15).requires_grad_(True)
-    pred = torch.zeros(1, 3, 1, requires_grad=True)
+    enc = logits.reshape(1, 2, 15).to(device).requires_grad_(True)
+    pred = torch.zeros(1, 3, 1, device=device, requires_grad=True)
+    lengths = torch.tensor([2], device=device)
     loss = loss_fn(
         logits_in_encoder_out,
         enc,
         pred,
-        targets,
-        torch.tensor([2]),
-        torch.tensor([2]),
+        targets.to(device),
+        lengths,
+        lengths,
         blank=blank,
         reduction="sum",
     )
     loss.backward()
     assert loss.item() == pytest.approx(WARP_COST, abs=1e-5)
-    assert torch.allclose(enc.grad.view(2, 3, 5), grads, atol=1e-5)
+    assert torch.allclose(enc.grad.view(2, 3, 5).cpu(), grads, atol=1e-5)
 
 
 def reference_nll(logits: torch.Tensor, targets: torch.Tensor, blank: int) -> torch.Tensor:

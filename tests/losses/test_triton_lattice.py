@@ -154,50 +154,6 @@ def test_unsupported_devices():
         tri.lattice(lse, lse, lse, lengths, lengths, gradient=False)
 
 
-# warp-transducer's hand-checked case, as in test_transducer.py: B=1, T=2, U=2, V=5,
-# targets [1, 2], blank 0; logits (T, U+1, V), cost, d(cost)/d(logits).
-WARP_LOGITS = [
-    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.6, 0.1, 0.1], [0.1, 0.1, 0.2, 0.8, 0.1]],
-    [[0.1, 0.6, 0.1, 0.1, 0.1], [0.1, 0.1, 0.2, 0.1, 0.1], [0.7, 0.1, 0.2, 0.1, 0.1]],
-]
-WARP_COST = 4.495666
-WARP_GRADS = [
-    [
-        [-0.13116688, -0.3999269, 0.17703125, 0.17703125, 0.17703125],
-        [-0.18572757, 0.12247056, -0.18168412, 0.12247056, 0.12247056],
-        [-0.32091254, 0.06269141, 0.06928472, 0.12624499, 0.06269141],
-    ],
-    [
-        [0.05456069, -0.21824276, 0.05456069, 0.05456069, 0.05456069],
-        [0.12073959, 0.12073959, -0.48295835, 0.12073959, 0.12073959],
-        [-0.6925882, 0.16871116, 0.18645467, 0.16871116, 0.16871116],
-    ],
-]
-
-
-def logits_in_encoder_out(enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-    """A joiner whose logits are encoder_out itself, (B, T, 1, (U+1)*V) -> (B, T, U+1, V)."""
-    return enc.unflatten(-1, (pred.size(-2), -1)).squeeze(-3) + 0.0 * pred
-
-
-@pytest.mark.parametrize("blank_last", [False, True])
-def test_warp_transducer_small_case_through_the_kernels(blank_last):
-    logits, grads = torch.tensor(WARP_LOGITS), torch.tensor(WARP_GRADS)
-    targets, blank = torch.tensor([[1, 2]]), 0
-    if blank_last:  # new id j holds old id perm[j]
-        perm = [1, 2, 3, 4, 0]
-        logits, grads, targets, blank = logits[..., perm], grads[..., perm], targets - 1, 4
-    enc = logits.reshape(1, 2, 15).to(DEVICE).requires_grad_(True)
-    pred = torch.zeros(1, 3, 1, device=DEVICE, requires_grad=True)
-    lengths = torch.tensor([2], device=DEVICE)
-    loss = samplewise_transducer_loss(logits_in_encoder_out, enc, pred, targets.to(DEVICE),
-                                      lengths, lengths, blank=blank, reduction="sum",
-                                      lattice="triton")  # fmt: skip
-    loss.backward()
-    assert loss.item() == pytest.approx(WARP_COST, abs=1e-5)
-    torch.testing.assert_close(enc.grad.view(2, 3, 5).cpu(), grads, atol=1e-5, rtol=0)
-
-
 def loss_inputs(seed: int, blank: int, vocab: int = 7):
     """A fused Joiner and a padded batch of 5 with varied lengths (one T=1, one U=0)."""
     g = torch.Generator().manual_seed(seed)

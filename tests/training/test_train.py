@@ -307,6 +307,7 @@ def test_samplewise_and_batched_losses_train_alike(
             "model.joiner.joint_dim=160",
             f"model.loss.kind={kind}",
             "model.loss.transducer_start_step=0",
+            "trainer.precision=32-true",  # exact comparison: no bf16 rounding in either
             "trainer.max_steps=20",
             "trainer.check_val_every_n_epoch=100",
             "run_test=false",
