@@ -287,7 +287,13 @@ class _Groups:
 
 
 class _FusedGroups(_Groups):
-    """enc/pred are already projected (B, T, J), (B, U1, J); params = (weight, bias)."""
+    """enc/pred are already projected (B, T, J), (B, U1, J); params = (weight, bias).
+
+    tanh(a) = 2 s - 1 with s = sigmoid(2 a), so the Function keeps s instead of tanh(a) and
+    folds the affine part into the output layer: logits = s (2W)^T + (b - W 1), d(logits)/dW
+    = 2 dz^T s - (dz^T 1) 1^T, and d(tanh)/da = 4 s (1 - s). On CPUs PyTorch's sigmoid
+    runs about 4x as fast as its tanh; on every device it saves ops per group.
+    """
 
     def prepare(self, groups: list[list[int]], sizes: list[tuple[int, int]]) -> None:
         weight = self.params[0]
@@ -302,9 +308,10 @@ class _FusedGroups(_Groups):
             self.lattice_buf = torch.empty(largest * self.vocab, dtype=self.dtype, device=device)
         rows = min(max(BACKWARD_CHUNK_ROWS, -(-largest // BACKWARD_CHUNKS)), largest)
         self.chunk_buf = torch.empty(rows * self.joint_dim, dtype=self.compute, device=device)
-        self.w = weight.detach().to(self.compute)
-        bias = self.params[1] if len(self.params) > 1 else None
-        self.b = None if bias is None else bias.detach().to(self.compute)
+        w = weight.detach()  # the folded output layer
+        bias = self.params[1].detach() if len(self.params) > 1 else torch.zeros_like(w[:, 0])
+        self.w2, self.w4 = (2 * w).to(self.compute), (4 * w).to(self.compute)
+        self.b = (bias - w.sum(1)).to(self.compute)
 
     def release(self) -> None:
         self.hidden_buf = self.logit_buf = self.lattice_buf = self.chunk_buf = None
@@ -313,15 +320,13 @@ class _FusedGroups(_Groups):
     def logits(self, index: Tensor, frames: int, u1: int, *, for_grad: bool) -> Tensor:
         g, j, v = index.numel(), self.joint_dim, self.vocab
         n = g * frames * u1
-        enc = self.enc[index, :frames].to(self.compute)
+        enc = self.enc[index, :frames].to(self.compute).mul_(2.0)  # a copy: indexed
         pred = self.pred[index, :u1].to(self.compute)
-        self.hidden = self.hidden_buf[: n * j].view(g, frames, u1, j)
-        torch.add(enc[:, :, None], pred[:, None], out=self.hidden).tanh_()
-        out = self.logit_buf[: n * v].view(n, v)
-        if self.b is None:
-            torch.mm(self.hidden.view(n, j), self.w.t(), out=out)
-        else:
-            torch.addmm(self.b, self.hidden.view(n, j), self.w.t(), out=out)
+        self.hidden = self.hidden_buf[: n * j].view(g, frames, u1, j)  # s = sigmoid(2a)
+        torch.add(enc[:, :, None], pred[:, None], alpha=2.0, out=self.hidden).sigmoid_()
+        out = torch.addmm(
+            self.b, self.hidden.view(n, j), self.w2.t(), out=self.logit_buf[: n * v].view(n, v)
+        )
         if self.lattice_buf is self.logit_buf:
             return out.view(g, frames, u1, v)
         lattice = self.lattice_buf[: n * v].view(g, frames, u1, v)
@@ -335,21 +340,24 @@ class _FusedGroups(_Groups):
         dz = self.logit_buf[: n * v].view(n, v)
         if logit_grad.data_ptr() != dz.data_ptr():
             dz.copy_(logit_grad.view(n, v))
-        hidden = self.hidden.view(n, j)
-        grad_w = dz.t() @ hidden if self.params[0].requires_grad else None
-        has_bias = len(self.params) > 1 and self.params[1] is not None
-        grad_b = dz.sum(0) if has_bias and self.params[1].requires_grad else None
-        # d(pre-tanh) = (dz @ W) * (1 - tanh^2), written over the hidden activations.
-        hidden.mul_(hidden).neg_().add_(1.0)
+        s = self.hidden.view(n, j)
+        grad_b = dz.sum(0)
+        grad_w = None
+        if self.params[0].requires_grad:  # dz^T (2 s - 1) = 2 dz^T s - grad_b 1^T
+            grad_w = torch.mm(dz.t(), s).mul_(2.0).sub_(grad_b[:, None])
+        has_bias = len(self.params) > 1 and self.params[1].requires_grad
+        # d(pre-activation) = (dz @ 4W) * s (1 - s), written over s.
+        s.addcmul_(s, s, value=-1.0)
         rows = self.chunk_buf.numel() // j
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             part = torch.mm(
-                dz[start:stop], self.w, out=self.chunk_buf[: (stop - start) * j].view(-1, j)
+                dz[start:stop], self.w4, out=self.chunk_buf[: (stop - start) * j].view(-1, j)
             )
-            hidden[start:stop].mul_(part)
+            s[start:stop].mul_(part)
         grad_pre = self.hidden
-        return grad_pre.sum(2), grad_pre.sum(1), [grad_w, grad_b][: len(self.params)]
+        grads = [grad_w, grad_b if has_bias else None][: len(self.params)]
+        return grad_pre.sum(2), grad_pre.sum(1), grads
 
 
 class _GenericGroups(_Groups):
