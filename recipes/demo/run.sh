@@ -8,9 +8,10 @@
 # Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 bins, 5 batch-sizes, 6 train,
 # 7 decode, 8 export, 9 transcribe. Each stage skips work already done, so re-running is
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
-# -- trainer.max_epochs=2. BATCH_MEMORY (default 192MiB) is the memory one training step may
-# use; stage 5 finds each bucket's batch size under it for the experiment's model (remove
-# exp/<experiment>/batch_sizes.yaml to search again). EXPERIMENT picks the Hydra preset
+# -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
+# finds each bucket's batch size under it for the experiment's model (remove
+# exp/<experiment>/batch_sizes.yaml to search again). Default: 192MiB, or 128MiB when the
+# experiment trains in bf16 (its activations take about half the memory): 20-35 s batches. EXPERIMENT picks the Hydra preset
 # (default demo; demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
 
@@ -20,7 +21,7 @@ data=${DATA:-data/demo}
 experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
 train_hours=${TRAIN_HOURS:-2}
-batch_memory=${BATCH_MEMORY:-192MiB}
+batch_memory=${BATCH_MEMORY:-}
 vocab_size=128
 train_args=()
 
@@ -71,8 +72,16 @@ if run 4; then say 4
 fi
 if run 5; then say 5
   if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
-    asr-oomptimizer experiment="$experiment" data_dir="$data" --bins-file "$bins" \
-      --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
+    if [[ -z $batch_memory ]]; then
+      precision=$(python -c "import sys; from asr.training.oomptimizer import compose_config
+from asr.training.precision import resolve_precision
+print(resolve_precision(compose_config(sys.argv[1:]).trainer.precision, 'cpu'))" \
+        experiment="$experiment" "${train_args[@]}")
+      if [[ $precision == bf16* ]]; then batch_memory=128MiB; else batch_memory=192MiB; fi
+      echo "training precision $precision: BATCH_MEMORY=$batch_memory"
+    fi
+    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+      --bins-file "$bins" --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
   fi
 fi
 if run 6; then say 6
