@@ -30,6 +30,7 @@ _ENCODER_KEYS = (
     "dropout",
     "conv_norm",
     "subsampling_channels",
+    "pad_frames_to",
 )
 _PREDICTOR_KEYS = ("kind", "embed_dim", "hidden_dim", "num_layers", "context_size", "dropout")
 _JOINER_KEYS = ("joint_dim",)

@@ -136,6 +136,23 @@ def test_padding_invariance(conv_norm, factor):
             assert torch.all(y[i, y_lens[i] :] == 0)
 
 
+@pytest.mark.parametrize("factor", [4, 8])
+def test_layers_see_frames_padded_to_a_multiple_and_outputs_do_not(factor):
+    enc = _encoder("batch_norm", factor)
+    x, lens = _padded_batch([61, 40, 23, 9])  # 66 frames
+    seen = []
+    enc.layers[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].size(1)))
+    with torch.no_grad():
+        y, y_lens = enc(x, lens)
+        enc.pad_frames_to = 1
+        unpadded, _ = enc(x, lens)
+    assert seen == [8 * -(-subsampled_lengths(66, factor) // 8), subsampled_lengths(66, factor)]
+    assert y.shape == unpadded.shape == (4, subsampled_lengths(66, factor), 32)
+    assert torch.allclose(y, unpadded, atol=1e-5)
+    with pytest.raises(ValueError, match="pad_frames_to must be >= 1, got 0"):
+        ConformerEncoder(pad_frames_to=0)
+
+
 def test_no_gradient_into_padded_frames():
     enc = _encoder()
     enc.train()  # dropout on: the masks must hold in training too
