@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asr.data.datamodule import AsrDataModule  # noqa: E402
 from asr.profiling import launching_ops  # noqa: E402
 from asr.training.oomptimizer import compose_config  # noqa: E402
-from asr.training.precision import resolve_precision  # noqa: E402
+from asr.training.precision import enlarge_onednn_cache, resolve_precision  # noqa: E402
 from asr.training.probes import ModelSetup, build_training  # noqa: E402
 
 FRAMES_PER_SECOND = 100  # feature frames: 10 ms hop
@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    enlarge_onednn_cache()  # as asr-train does
     torch.set_num_threads(args.threads)
     overrides = [f"experiment={args.experiment}", f"data_dir={args.data_dir}", *args.overrides]
     cfg = compose_config(overrides)

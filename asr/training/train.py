@@ -36,7 +36,7 @@ from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import build_objective
-from asr.training.precision import resolve_precision
+from asr.training.precision import enlarge_onednn_cache, resolve_precision
 from asr.training.step_guard import FaultConfig
 
 log = logging.getLogger("asr.train")
@@ -130,6 +130,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Fit (resuming if asked), then test the best checkpoint. Returns final metrics."""
+    enlarge_onednn_cache()
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     trainer, module, datamodule = build(cfg)

@@ -10,7 +10,7 @@
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
 # finds each bucket's batch size under it for the experiment's model (remove
-# exp/<experiment>/batch_sizes.yaml to search again). Default: 192MiB, or 128MiB when the
+# exp/<experiment>/batch_sizes.yaml to search again). Default: 192MiB, or 112MiB when the
 # experiment trains in bf16 (its activations take about half the memory): 20-35 s batches. EXPERIMENT picks the Hydra preset
 # (default demo; demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
@@ -77,7 +77,7 @@ if run 5; then say 5
 from asr.training.precision import resolve_precision
 print(resolve_precision(compose_config(sys.argv[1:]).trainer.precision, 'cpu'))" \
         experiment="$experiment" "${train_args[@]}")
-      if [[ $precision == bf16* ]]; then batch_memory=128MiB; else batch_memory=192MiB; fi
+      if [[ $precision == bf16* ]]; then batch_memory=112MiB; else batch_memory=192MiB; fi
       echo "training precision $precision: BATCH_MEMORY=$batch_memory"
     fi
     asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" \
