@@ -9,10 +9,13 @@
 # 7 decode, 8 export, 9 transcribe. Each stage skips work already done, so re-running is
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
-# finds each bucket's batch size under it for the experiment's model (remove
-# exp/<experiment>/batch_sizes.yaml to search again). Default: 192MiB, or 112MiB when the
-# experiment trains in bf16 (its activations take about half the memory): 20-35 s batches. EXPERIMENT picks the Hydra preset
-# (default demo; demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
+# finds each bucket's batch size under it for the experiment's model, in the precision it
+# trains in (remove exp/<experiment>/batch_sizes.yaml to search again). Without BATCH_MEMORY
+# the batches are those that fit 192MiB in fp32 whatever the training precision (20-35 s of
+# audio): the demo's learning-rate schedule and epochs are tuned for those updates, and a
+# bf16 search would give batches that differ by a few cuts from run to run. EXPERIMENT picks
+# the Hydra preset (default demo; demo_aed_deep, demo_aed_flash), EXP its directory
+# (exp/<experiment>).
 set -euo pipefail
 
 stage=0
@@ -72,15 +75,12 @@ if run 4; then say 4
 fi
 if run 5; then say 5
   if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
+    probe_args=()
     if [[ -z $batch_memory ]]; then
-      precision=$(python -c "import sys; from asr.training.oomptimizer import compose_config
-from asr.training.precision import resolve_precision
-print(resolve_precision(compose_config(sys.argv[1:]).trainer.precision, 'cpu'))" \
-        experiment="$experiment" "${train_args[@]}")
-      if [[ $precision == bf16* ]]; then batch_memory=112MiB; else batch_memory=192MiB; fi
-      echo "training precision $precision: BATCH_MEMORY=$batch_memory"
+      batch_memory=192MiB
+      probe_args=(trainer.precision=32-true)  # the recipe's reference batches (see the top)
     fi
-    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" "${probe_args[@]}" \
       --bins-file "$bins" --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
   fi
 fi
