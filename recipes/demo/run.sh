@@ -10,10 +10,9 @@
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
 # finds each bucket's batch size under it for the experiment's model, in the precision it
-# trains in (remove exp/<experiment>/batch_sizes.yaml to search again). Without BATCH_MEMORY
-# the batches are those that fit 192MiB in fp32 whatever the training precision (20-35 s of
-# audio): the demo's learning-rate schedule and epochs are tuned for those updates, and a
-# bf16 search would give batches that differ by a few cuts from run to run. EXPERIMENT picks
+# trains in (remove exp/<experiment>/batch_sizes.yaml to search again); default 180MiB: batches
+# of 20-35 s of audio, the ones the demo's learning-rate schedule and epochs are tuned for (a
+# larger budget gives fewer, larger updates and a worse model after 8 epochs). EXPERIMENT picks
 # the Hydra preset (default demo; demo_aed_deep, demo_aed_flash), EXP its directory
 # (exp/<experiment>).
 set -euo pipefail
@@ -24,7 +23,7 @@ data=${DATA:-data/demo}
 experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
 train_hours=${TRAIN_HOURS:-2}
-batch_memory=${BATCH_MEMORY:-}
+batch_memory=${BATCH_MEMORY:-180MiB}
 vocab_size=128
 train_args=()
 
@@ -75,12 +74,7 @@ if run 4; then say 4
 fi
 if run 5; then say 5
   if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
-    probe_args=()
-    if [[ -z $batch_memory ]]; then
-      batch_memory=192MiB
-      probe_args=(trainer.precision=32-true)  # the recipe's reference batches (see the top)
-    fi
-    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" "${probe_args[@]}" \
+    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" \
       --bins-file "$bins" --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
   fi
 fi
