@@ -42,6 +42,7 @@ backward runs all three passes with the weights.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -472,8 +473,11 @@ def samplewise_transducer_loss(
     encoder_out, predictor_out = encoder_out[:, :max_t], predictor_out[:, : max_u + 1]
     fused = _is_fused(joiner)
     if fused:
-        enc = joiner.project_encoder(encoder_out)
-        pred = joiner.project_predictor(predictor_out)
+        with joiner_precision(device_type, logits_dtype):
+            if logits_dtype == torch.float32:
+                encoder_out, predictor_out = encoder_out.float(), predictor_out.float()
+            enc = joiner.project_encoder(encoder_out)
+            pred = joiner.project_predictor(predictor_out)
         vocab = joiner.output.out_features
         params = [joiner.output.weight] + (
             [joiner.output.bias] if joiner.output.bias is not None else []
@@ -501,6 +505,20 @@ def samplewise_transducer_loss(
         ops=lattice_ops(lattice, encoder_out.device),
     )
     return _SamplewiseTransducer.apply(plan, enc, pred, *params)
+
+
+def joiner_precision(
+    device_type: str, logits_dtype: torch.dtype | None
+) -> AbstractContextManager[None]:
+    """The autocast context a joiner runs in for ``logits_dtype``: none for None (the
+    caller's autocast applies), autocast off for float32, autocast in float16/bfloat16."""
+    if logits_dtype is None:
+        return nullcontext()
+    if logits_dtype == torch.float32:
+        return torch.autocast(device_type, enabled=False)
+    if logits_dtype in LOW_PRECISION:
+        return torch.autocast(device_type, dtype=logits_dtype)
+    raise ValueError(f"logits_dtype must be float16, bfloat16 or float32, got {logits_dtype}")
 
 
 def predicted_peak_bytes(

@@ -18,7 +18,7 @@ import torchaudio.functional as AF
 from torch import Tensor
 
 from asr.losses.checks import reduce_nll, validate_inputs
-from asr.losses.samplewise import samplewise_transducer_loss
+from asr.losses.samplewise import joiner_precision, samplewise_transducer_loss
 
 __all__ = ["batched_transducer_loss", "samplewise_transducer_loss"]
 
@@ -35,17 +35,24 @@ def batched_transducer_loss(
     *,
     blank: int = 0,
     reduction: str = "mean",
+    logits_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The whole padded batch at once: logits (B, T, U+1, V) then torchaudio's RNN-T loss.
 
     Inputs padded beyond the lengths are trimmed to max(encoder_lens) frames and
     max(target_lens) tokens first. Memory grows with B x T x U x V: fast, but hungry.
+    ``logits_dtype`` runs the joiner under autocast in float16/bfloat16, or without
+    autocast in float32; None leaves it to the surrounding autocast. The loss itself is
+    computed in float32.
     """
     max_t, max_u = validate_inputs(
         encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction
     )
     encoder_out, predictor_out = encoder_out[:, :max_t], predictor_out[:, : max_u + 1]
-    logits = joiner(encoder_out.unsqueeze(2), predictor_out.unsqueeze(1))  # (B, T, U+1, V)
+    with joiner_precision(encoder_out.device.type, logits_dtype):
+        if logits_dtype == torch.float32:
+            encoder_out, predictor_out = encoder_out.float(), predictor_out.float()
+        logits = joiner(encoder_out.unsqueeze(2), predictor_out.unsqueeze(1))  # (B,T,U+1,V)
     vocab = logits.size(-1)
     if not 0 <= blank < vocab:
         raise ValueError(f"blank={blank} is outside the joiner's vocabulary [0, {vocab})")

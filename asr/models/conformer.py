@@ -207,12 +207,46 @@ class FeedForward(nn.Module):
         return self.net(x)
 
 
+def masked_batch_norm(x: Tensor, mask: Tensor, norm: nn.BatchNorm1d) -> Tensor:
+    """``norm`` applied to x (B, D, T) with training statistics over valid frames only.
+
+    mask (B, 1, T) is True on valid frames. In training the batch mean and variance, and
+    the running statistics ``norm`` keeps, come from valid frames alone, so the padding
+    of a batch (its longest utterance, ``pad_frames_to``) changes neither the valid
+    outputs nor the model; in eval mode ``norm`` runs as it is, and so does a
+    ``SyncBatchNorm`` (``trainer.sync_batchnorm``: statistics across ranks, padding
+    included). Computed in float32 (as autocast runs batch norm); outputs at padded frames
+    are not meaningful.
+    """
+    if isinstance(norm, nn.SyncBatchNorm) or (not norm.training and norm.running_mean is not None):
+        return norm(x)
+    x = x.float()
+    count = mask.sum()
+    mean = x.masked_fill(~mask, 0.0).sum((0, 2)) / count
+    centered = x - mean[:, None]
+    var = centered.masked_fill(~mask, 0.0).square().sum((0, 2)) / count
+    if norm.training and norm.track_running_stats:
+        with torch.no_grad():
+            norm.num_batches_tracked.add_(1)
+            momentum = norm.momentum
+            if momentum is None:  # cumulative moving average, as nn.BatchNorm1d does
+                momentum = 1.0 / float(norm.num_batches_tracked)
+            unbiased = var * (count / (count - 1).clamp(min=1))
+            norm.running_mean.lerp_(mean.to(norm.running_mean.dtype), momentum)
+            norm.running_var.lerp_(unbiased.to(norm.running_var.dtype), momentum)
+    scale = torch.rsqrt(var + norm.eps)
+    if norm.affine:
+        return torch.addcmul(norm.bias[:, None], centered, (scale * norm.weight)[:, None])
+    return centered * scale[:, None]
+
+
 class ConvModule(nn.Module):
     """LayerNorm, pointwise conv + GLU, depthwise conv, norm, SiLU, pointwise conv, dropout.
 
     Padded frames are zeroed before the depthwise convolution, so they never leak into
-    valid frames. ``conv_norm="batch_norm"`` computes training statistics over padded
-    frames too; "layer_norm" is per frame and robust to tiny batches.
+    valid frames. ``conv_norm="batch_norm"`` computes its training statistics over valid
+    frames only (``masked_batch_norm``), so how a batch is padded changes nothing;
+    "layer_norm" is per frame and robust to tiny batches.
     """
 
     def __init__(self, d_model: int, kernel_size: int, dropout: float, conv_norm: str) -> None:
@@ -236,7 +270,10 @@ class ConvModule(nn.Module):
         x = F.glu(self.pointwise_in(self.norm_in(x)), dim=-1)
         x = x.masked_fill(~mask[:, :, None], 0.0).transpose(1, 2)  # (B, D, T)
         x = self.depthwise(x)
-        x = self.norm(x).transpose(1, 2) if self.batch_norm else self.norm(x.transpose(1, 2))
+        if self.batch_norm:
+            x = masked_batch_norm(x, mask[:, None, :], self.norm).transpose(1, 2)
+        else:
+            x = self.norm(x.transpose(1, 2))
         return self.dropout(self.pointwise_out(F.silu(x)))
 
 

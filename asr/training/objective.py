@@ -25,7 +25,7 @@ from asr.models.aed import EncoderDecoder
 from asr.models.transducer import Transducer
 
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
-SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "logits_dtype", "grad_clamp", "lattice")
+SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "grad_clamp", "lattice")
 LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -50,9 +50,11 @@ class TransducerLossConfig:
     - `ctc_weight`: weight of the auxiliary CTC loss (needs `model.ctc_head: true`).
     - `transducer_start_step`: optimizer steps of CTC-only training before the
       transducer loss is switched on (0: from the start).
-    - `group_size`, `max_group_nodes`, `logits_dtype` (`bfloat16`/`float16`/`float32`),
-      `grad_clamp`, `lattice` (`auto`: Triton kernels on CUDA, PyTorch ops elsewhere;
-      `torch`; `triton`): options of the sample-wise loss (see `asr.losses.samplewise`).
+    - `logits_dtype` (`bfloat16`/`float16`/`float32`; null: as autocast): the precision
+      of the joiner's matmuls, for either kind.
+    - `group_size`, `max_group_nodes`, `grad_clamp`, `lattice` (`auto`: Triton kernels on
+      CUDA, PyTorch ops elsewhere; `torch`; `triton`): options of the sample-wise loss
+      (see `asr.losses.samplewise`).
     """
 
     kind: str = "samplewise"
@@ -87,10 +89,9 @@ class TransducerLossConfig:
 
     def loss_options(self) -> dict[str, Any]:
         """Keyword options for the chosen loss function."""
-        if self.kind != "samplewise":
-            return {}
-        options = {k: getattr(self, k) for k in SAMPLEWISE_OPTIONS}
-        options["logits_dtype"] = LOGITS_DTYPES.get(self.logits_dtype)
+        options = {"logits_dtype": LOGITS_DTYPES.get(self.logits_dtype)}
+        if self.kind == "samplewise":
+            options.update({k: getattr(self, k) for k in SAMPLEWISE_OPTIONS})
         return options
 
 

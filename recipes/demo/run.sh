@@ -10,9 +10,11 @@
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
 # finds each bucket's batch size under it for the experiment's model, in the precision it
-# trains in (remove exp/<experiment>/batch_sizes.yaml to search again); default 180MiB: batches
-# of 20-35 s of audio, the ones the demo's learning-rate schedule and epochs are tuned for (a
-# larger budget gives fewer, larger updates and a worse model after 8 epochs). EXPERIMENT picks
+# trains in (remove exp/<experiment>/batch_sizes.yaml to search again). Without BATCH_MEMORY
+# the batches are those that fit 180MiB in fp32 whatever the training precision (20-35 s of
+# audio): the demo's learning-rate schedule and epochs are tuned for those updates (a larger
+# budget gives fewer, larger updates and a worse model after 8 epochs), and a bf16 search gives
+# batches a few cuts apart from run to run. EXPERIMENT picks
 # the Hydra preset (default demo; demo_aed_deep, demo_aed_flash), EXP its directory
 # (exp/<experiment>).
 set -euo pipefail
@@ -23,7 +25,7 @@ data=${DATA:-data/demo}
 experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
 train_hours=${TRAIN_HOURS:-2}
-batch_memory=${BATCH_MEMORY:-180MiB}
+batch_memory=${BATCH_MEMORY:-}
 vocab_size=128
 train_args=()
 
@@ -74,7 +76,12 @@ if run 4; then say 4
 fi
 if run 5; then say 5
   if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
-    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+    probe_args=()
+    if [[ -z $batch_memory ]]; then
+      batch_memory=180MiB
+      probe_args=(trainer.precision=32-true)  # the recipe's reference batches (see the top)
+    fi
+    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" "${probe_args[@]}" \
       --bins-file "$bins" --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
   fi
 fi

@@ -174,6 +174,25 @@ def test_bfloat16_autocast_logits_are_accepted():
     assert loss.item() == pytest.approx(exact.item(), rel=0.05)
 
 
+@pytest.mark.parametrize("loss_fn", LOSSES)
+def test_logits_dtype_sets_the_joiner_precision_whatever_the_autocast(loss_fn):
+    """float32 under bf16 autocast is the fp32 loss; bfloat16 without autocast rounds like
+    autocast does; the result is float32 either way."""
+    joiner, enc, pred, targets, enc_lens, target_lens = _random_batch()
+    joiner, enc, pred = joiner.float(), enc.float(), pred.float()
+    inputs = (joiner, enc, pred, targets, enc_lens, target_lens)
+    exact = loss_fn(*inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_autocast = loss_fn(*inputs)
+        kept_fp32 = loss_fn(*inputs, logits_dtype=torch.float32)
+    asked_bf16 = loss_fn(*inputs, logits_dtype=torch.bfloat16)
+    assert torch.allclose(kept_fp32, exact, rtol=1e-6)
+    for low in (in_autocast, asked_bf16):  # bf16 matmuls: close, yet not the fp32 loss
+        assert torch.allclose(low, exact, rtol=1e-2)
+        assert not torch.allclose(low, exact, rtol=1e-6)
+    assert {t.dtype for t in (kept_fp32, in_autocast, asked_bf16)} == {torch.float32}
+
+
 def test_no_deprecation_warning_escapes(recwarn):
     joiner, enc, pred, targets, enc_lens, target_lens = _random_batch()
     batched_transducer_loss(joiner, enc, pred, targets, enc_lens, target_lens)

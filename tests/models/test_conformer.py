@@ -7,6 +7,7 @@ from asr.models.conformer import (
     ConvSubsampling,
     RelPositionMultiHeadAttention,
     lengths_to_mask,
+    masked_batch_norm,
     rel_shift,
     relative_positions,
     subsampled_length,
@@ -101,7 +102,9 @@ def test_attention_equals_naive_relative_attention():
     assert torch.allclose(got, attn.out(y), atol=1e-5)
 
 
-def _encoder(conv_norm: str = "layer_norm", factor: int = 4) -> ConformerEncoder:
+def _encoder(
+    conv_norm: str = "layer_norm", factor: int = 4, dropout: float = 0.1
+) -> ConformerEncoder:
     torch.manual_seed(0)
     enc = ConformerEncoder(
         input_dim=80,
@@ -111,6 +114,7 @@ def _encoder(conv_norm: str = "layer_norm", factor: int = 4) -> ConformerEncoder
         conv_kernel_size=7,
         subsampling_factor=factor,
         conv_norm=conv_norm,
+        dropout=dropout,
     )
     if conv_norm == "batch_norm":  # non-trivial running statistics
         for m in enc.modules():
@@ -177,6 +181,71 @@ def test_changing_padding_changes_nothing_in_training_mode_with_layer_norm():
     torch.manual_seed(1)
     y2, _ = enc(x2, lens)
     assert torch.equal(y, y2)
+
+
+def _batch_norm_pair(dim: int) -> tuple[torch.nn.BatchNorm1d, torch.nn.BatchNorm1d]:
+    torch.manual_seed(0)
+    a = torch.nn.BatchNorm1d(dim)
+    with torch.no_grad():
+        a.weight.uniform_(0.5, 2)
+        a.bias.uniform_(-1, 1)
+    b = torch.nn.BatchNorm1d(dim)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def test_masked_batch_norm_without_padding_is_batch_norm():
+    a, b = _batch_norm_pair(6)
+    x = (torch.randn(3, 6, 17) * 3 + 2).requires_grad_(True)
+    full = torch.ones(3, 1, 17, dtype=torch.bool)
+    for _ in range(2):  # running statistics after two updates
+        ref, got = a(x), masked_batch_norm(x, full, b)
+    assert torch.allclose(got, ref, atol=1e-5)
+    g = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, [x, a.weight, a.bias], g)
+    got_grads = torch.autograd.grad(got, [x, b.weight, b.bias], g)
+    for r, q in zip(ref_grads, got_grads, strict=True):
+        assert torch.allclose(q, r, atol=1e-4)
+    assert torch.allclose(b.running_mean, a.running_mean, atol=1e-6)
+    assert torch.allclose(b.running_var, a.running_var, atol=1e-5)
+    assert b.num_batches_tracked.item() == 2
+    a.eval(), b.eval()
+    assert torch.allclose(masked_batch_norm(x, full, b), a(x), atol=1e-5)
+
+
+def test_masked_batch_norm_statistics_come_from_valid_frames_only():
+    a, b = _batch_norm_pair(4)
+    lens = torch.tensor([9, 4, 6])
+    x = torch.randn(3, 4, 9)
+    mask = lengths_to_mask(lens, 9)
+    x[~mask[:, None, :].expand_as(x)] = 1e4  # wild values in the padding
+    y = masked_batch_norm(x, mask[:, None, :], b)
+    valid = torch.cat([x[i, :, :n] for i, n in enumerate(lens.tolist())], dim=1)[None]
+    ref = a(valid)[0]  # batch norm of the valid frames alone, (D, 19)
+    got = torch.cat([y[i, :, :n] for i, n in enumerate(lens.tolist())], dim=1)
+    assert torch.allclose(got, ref, atol=1e-5)
+    assert torch.allclose(b.running_mean, a.running_mean, atol=1e-6)
+    assert torch.allclose(b.running_var, a.running_var, atol=1e-5)
+
+
+def test_batch_norm_encoder_in_training_ignores_how_the_batch_is_padded():
+    """Training statistics over valid frames: padding to a multiple of 8, or garbage in the
+    padding, changes neither the valid outputs nor the running statistics."""
+    x, lens = _padded_batch([61, 40, 23, 9])
+    outputs, stats = [], []
+    for pad_frames_to, garbage in [(1, 0.0), (8, 0.0), (8, 1e3)]:
+        enc = _encoder("batch_norm", dropout=0.0).train()
+        enc.pad_frames_to = pad_frames_to
+        x_run = x.clone()
+        x_run[~lengths_to_mask(lens, x.size(1))] = garbage
+        y, y_lens = enc(x_run, lens)
+        outputs.append(y)
+        stats.append(torch.cat([b for n, b in enc.named_buffers() if "running" in n]))
+    for y, s in zip(outputs[1:], stats[1:], strict=True):
+        assert torch.allclose(y, outputs[0], atol=1e-5)
+        assert torch.allclose(s, stats[0], atol=1e-5)
+    initial = torch.cat([b for n, b in _encoder("batch_norm").named_buffers() if "running" in n])
+    assert not torch.allclose(stats[0], initial)  # training did update them
 
 
 def test_encoder_runs_under_bfloat16_autocast():

@@ -24,6 +24,8 @@ def test_each_model_kind_gets_its_objective_and_unknown_keys_are_named() -> None
         build_objective("transducer", {"lattice": "cuda"})
     with pytest.raises(ValueError, match=r"\['lattice'\] apply only to kind=samplewise"):
         build_objective("transducer", {"kind": "batched", "lattice": "triton"})
+    batched = build_objective("transducer", {"kind": "batched", "logits_dtype": "float32"})
+    assert batched.config.loss_options() == {"logits_dtype": torch.float32}  # both kinds
 
 
 def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
