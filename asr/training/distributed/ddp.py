@@ -34,6 +34,7 @@ PEER_FAILURE_SIGNS = (
     "connection reset by peer",
     "broken pipe",
     "timed out",
+    "pair closure",  # gloo: "Application timeout caused pair closure" (a hung peer)
     "/gloo/",
 )
 

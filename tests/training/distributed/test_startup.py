@@ -81,6 +81,8 @@ def test_peer_failures_are_told_from_other_errors() -> None:
     assert is_peer_failure(RuntimeError(dead + ": Connection reset by peer"))
     assert is_peer_failure(RuntimeError(hung + " waiting 20000ms for recv operation"))
     assert is_peer_failure(torch.distributed.DistBackendError("NCCL watchdog"))
+    # seen once from DDP's buffer broadcast while rank 1 was stopped (SIGSTOP)
+    assert is_peer_failure(RuntimeError("Application timeout caused pair closure"))
     assert not is_peer_failure(RuntimeError("CUDA out of memory"))
     assert not is_peer_failure(ValueError("manifest not found"))
 
