@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from lhotse import Recording
 
-from asr.data.features import SAMPLE_RATE, FeatureConfig, compute_features
+from asr.data.features import FeatureConfig, compute_features
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import SearchOptions, decode, default_options
 from asr.export import load_bundle
+from asr.frames import SAMPLE_RATE
 from asr.models.build import Model
 
 AudioInput = str | Path | np.ndarray

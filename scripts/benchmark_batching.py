@@ -38,8 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asr.data.bins import CutLengths, equal_total_edges, token_sub_bins, write_bins  # noqa: E402
 from asr.data.buckets import build_sampler, count_tokens, num_tokens  # noqa: E402
 from asr.data.synthetic_cuts import synthetic_cuts  # noqa: E402
-
-FRAMES_PER_SECOND = 100
+from asr.frames import FRAMES_PER_SECOND  # noqa: E402
 
 
 def batch_stats(batches: Iterable[CutSet]) -> dict[str, float]:

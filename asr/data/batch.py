@@ -15,7 +15,7 @@ class Batch:
 
     - `features` (B, T, F) float: log-mel filterbank, zero beyond each utterance's length.
     - `feature_lens` (B,) int64: valid frames per utterance.
-    - `tokens` (B, U) int64: token ids, padded with `asr.data.tokenizer.PAD_ID` (= blank).
+    - `tokens` (B, U) int64: token ids, padded with `asr.tokens.PAD_ID` (= blank).
     - `token_lens` (B,) int64: valid tokens per utterance.
     - `cut_ids`, `texts`: one per utterance, in batch order.
     - `skipped`: reason -> ids of the cuts the dataset dropped while building this batch

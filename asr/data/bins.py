@@ -30,16 +30,12 @@ import yaml
 from lhotse.cut import Cut
 from rich.progress import track
 
+from asr.data.corpus import cut_text, open_cuts
 from asr.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 Bin = float | tuple[float, int]
-
-
-def cut_text(cut: Cut) -> str:
-    """The transcript of a cut: its supervisions' texts joined by spaces."""
-    return " ".join(s.text.strip() for s in cut.supervisions if s.text).strip()
 
 
 @dataclass(frozen=True)
@@ -197,7 +193,6 @@ def read_bins(path: str | Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """asr-estimate-bins: 1D or 2D bucket bins and per-bucket TPS limits from manifests."""
-    from asr.data.datamodule import open_cuts
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("manifests", nargs="+", help="cut manifests (jsonl.gz)")

@@ -21,7 +21,8 @@ from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
-from asr.data.bins import Bin, cut_text, read_bins
+from asr.data.bins import Bin, read_bins
+from asr.data.corpus import cut_text
 from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
 from asr.data.tokenizer import Tokenizer
 

@@ -10,17 +10,23 @@ aborting the whole preparation.
 On a machine with internet access `download_librispeech` fetches the real corpus
 (through lhotse) into the same layout, so the recipe is the same for both.
 
+It also owns how the rest of the package reads manifests: `load_cuts` (one, lazily),
+`open_cuts` (several, interleaved) and `cut_text` (a cut's transcript).
+
 Run as `python -m asr.data.corpus --corpus-dir DIR --output-dir data/manifests [--download]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lhotse import CutSet, RecordingSet, SupervisionSet, load_manifest_lazy
+from lhotse.cut import Cut
 from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
 from lhotse.recipes.librispeech import LIBRISPEECH, parse_utterance
 from rich.progress import track
@@ -59,6 +65,27 @@ def load_cuts(path: str | Path) -> CutSet:
             f"or recipes/*/run.sh --stage {stage})"
         )
     return load_manifest_lazy(path)
+
+
+def open_cuts(paths: Sequence[str | Path], seed: int = 0) -> CutSet:
+    """Open one or more cut manifests lazily; several are interleaved at random in
+    proportion to their sizes (e.g. LibriSpeech's three training parts)."""
+    paths = [Path(p) for p in paths]
+    sets = [load_cuts(p) for p in paths]
+    if len(sets) == 1:
+        return sets[0]
+    weights = [_count_lines(p) for p in paths]
+    return CutSet.mux(*sets, weights=weights, seed=seed)
+
+
+def _count_lines(path: Path) -> int:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+        return sum(1 for _ in f)
+
+
+def cut_text(cut: Cut) -> str:
+    """The transcript of a cut: its supervisions' texts, stripped, joined by spaces."""
+    return " ".join(s.text.strip() for s in cut.supervisions if s.text).strip()
 
 
 def download_librispeech(target_dir: str | Path, parts: list[str] | str = "librispeech") -> Path:

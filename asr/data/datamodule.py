@@ -9,10 +9,8 @@ level, before any audio is read.
 
 from __future__ import annotations
 
-import gzip
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -21,7 +19,7 @@ from lhotse import CutSet
 
 from asr.data.batch import Batch
 from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
-from asr.data.corpus import load_cuts
+from asr.data.corpus import open_cuts
 from asr.data.dataset import AsrDataset, SpecAugmentConfig
 from asr.data.features import FeatureConfig
 from asr.data.rank_sync import RankSynchronizedSampler
@@ -92,22 +90,6 @@ def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.
         persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None,
     )
-
-
-def _count_lines(path: Path) -> int:
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-        return sum(1 for _ in f)
-
-
-def open_cuts(paths: Sequence[str | Path], seed: int = 0) -> CutSet:
-    """Open one or more cut manifests lazily; several are interleaved at random in
-    proportion to their sizes (e.g. LibriSpeech's three training parts)."""
-    paths = [Path(p) for p in paths]
-    sets = [load_cuts(p) for p in paths]
-    if len(sets) == 1:
-        return sets[0]
-    weights = [_count_lines(p) for p in paths]
-    return CutSet.mux(*sets, weights=weights, seed=seed)
 
 
 class AsrDataModule(L.LightningDataModule):

@@ -24,14 +24,16 @@ from lhotse.cut import Cut
 from lhotse.dataset.signal_transforms import SpecAugment
 
 from asr.data.batch import Batch
+from asr.data.corpus import cut_text
 from asr.data.features import (
     FeatureConfig,
     check_sample_rate,
     compute_features,
     normalize_features,
 )
-from asr.data.tokenizer import PAD_ID, UNK_ID, Tokenizer
-from asr.models.conformer import subsampled_lengths
+from asr.data.tokenizer import Tokenizer
+from asr.frames import subsampled_lengths
+from asr.tokens import PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class AsrDataset(torch.utils.data.Dataset):
 
     def _check_text(self, cut: Cut) -> tuple[str, list[int]] | str:
         """(text, token ids), or the reason the cut is unusable."""
-        text = " ".join(s.text.strip() for s in cut.supervisions if s.text).strip()
+        text = cut_text(cut)
         if not text:
             return EMPTY_TRANSCRIPT
         ids = self.tokenizer.encode(text)

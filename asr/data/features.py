@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from lhotse import Fbank, FbankConfig, LilcomChunkyWriter
 
-SAMPLE_RATE = 16_000
+from asr.frames import SAMPLE_RATE
 
 
 @dataclass(frozen=True)

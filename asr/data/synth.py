@@ -40,9 +40,9 @@ from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from asr.data import synth_lexicon as lex
+from asr.frames import SAMPLE_RATE
 
 PARTS = ("train-clean-100", "dev-clean", "test-clean")
-SAMPLE_RATE = 16_000
 PEAK_DBFS = -3.0
 SILENCE_PAD = 0.15  # seconds of (noise-filled) silence kept before and after speech
 MARKER = "demo_corpus.json"

@@ -1,7 +1,7 @@
 """SentencePiece tokenizer: training on transcripts, encoding and decoding.
 
-The special ids are defined here and nowhere else. Id 0 is the transducer/CTC blank and
-also the padding value of token tensors; BOS/EOS are for attention decoders.
+Models are trained with the special ids of `asr.tokens` (blank 0, unk 1, BOS 2, EOS 3);
+a SentencePiece model with other ids is refused.
 """
 
 from __future__ import annotations
@@ -13,13 +13,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-BLANK_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
-PAD_ID = BLANK_ID
-
-BLANK_PIECE = "<blk>"
+from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, SPECIAL_PIECES, UNK_ID
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +27,7 @@ class Tokenizer:
 
     def __init__(self, processor: spm.SentencePieceProcessor) -> None:
         self._sp = processor
-        expected = {BLANK_ID: BLANK_PIECE, UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
-        for idx, piece in expected.items():
+        for idx, piece in SPECIAL_PIECES.items():
             if processor.id_to_piece(idx) != piece:
                 raise ValueError(
                     f"tokenizer model has {processor.id_to_piece(idx)!r} at id {idx}, "
@@ -105,7 +98,7 @@ def train_tokenizer(
         model_type=model_type,
         character_coverage=character_coverage,
         pad_id=BLANK_ID,
-        pad_piece=BLANK_PIECE,
+        pad_piece=SPECIAL_PIECES[BLANK_ID],
         unk_id=UNK_ID,
         bos_id=BOS_ID,
         eos_id=EOS_ID,
@@ -125,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m asr.data.tokenizer --cuts CUTS.jsonl.gz --vocab-size N --output M.model`."""
     import argparse
 
-    from asr.data.corpus import load_cuts
+    from asr.data.corpus import cut_text, load_cuts
 
     parser = argparse.ArgumentParser(description="Train a SentencePiece tokenizer on transcripts.")
     parser.add_argument(
@@ -135,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     parser.add_argument("--output", type=Path, required=True, help="the .model file to write")
     args = parser.parse_args(argv)
-    texts = (s.text for path in args.cuts for cut in load_cuts(path) for s in cut.supervisions)
+    texts = (cut_text(cut) for path in args.cuts for cut in load_cuts(path))
     tok = train_tokenizer(
         texts, args.output, vocab_size=args.vocab_size, model_type=args.model_type
     )

@@ -20,7 +20,7 @@ import torch
 from rich.progress import Progress
 
 from asr.data.buckets import build_eval_sampler
-from asr.data.corpus import load_cuts
+from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS, first_line
 from asr.data.features import check_sample_rate, normalize_features
 from asr.metrics import ErrorCounts, word_errors
@@ -68,7 +68,7 @@ def decode_manifest(
             hyps = recognizer.transcribe_features(feats) if kept else []
             lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
             for cut, hyp, unreadable in lines:
-                ref = " ".join(s.text for s in cut.supervisions if s.text)
+                ref = cut_text(cut)
                 errors = word_errors(ref, hyp)
                 total = total + errors
                 utterances += 1

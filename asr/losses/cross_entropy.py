@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from asr.models.aed import IGNORE_INDEX
+from asr.tokens import IGNORE_INDEX
 
 _REDUCTIONS = ("mean", "sum", "none")
 

@@ -24,7 +24,9 @@ chunk is one launch instead of a few ops per anti-diagonal.
 
 Two joiner paths:
 
-- **fused**, for `asr.models.transducer.Joiner` (projections, tanh, output layer): the
+- **fused**, for a joiner whose `tanh_joint_parts()` returns (project_encoder,
+  project_predictor, output) with logits = output(tanh(project_encoder(enc) +
+  project_predictor(pred))), as `asr.models.transducer.Joiner` does: the
   projections run once for the whole batch outside the Function (autograd handles them),
   and the Function does tanh, output layer and their backward by hand into preallocated
   buffers. Peak extra memory per group: logits + hidden activations, G x T x (U+1) x (V + J).
@@ -53,7 +55,6 @@ from torch.autograd.function import once_differentiable
 from asr.losses import lattice as torch_lattice
 from asr.losses.checks import reduce_nll, validate_inputs
 from asr.losses.lattice import padded_labels
-from asr.models.transducer import Joiner
 
 # Backpropagating through the fused joiner multiplies the (G * T * U1, V) logit gradient by
 # the output weight in at most BACKWARD_CHUNKS blocks of rows (at least BACKWARD_CHUNK_ROWS
@@ -90,16 +91,14 @@ def lattice_ops(choice: str, device: torch.device) -> ModuleType:
     return triton_lattice
 
 
-def _is_fused(joiner: object) -> bool:
-    """True for a `Joiner` whose forward is the stock output(tanh(enc_proj + pred_proj))."""
-    return (
-        isinstance(joiner, Joiner)
-        and type(joiner).forward is Joiner.forward
-        and type(joiner).joint is Joiner.joint
-        and type(joiner).project_encoder is Joiner.project_encoder
-        and type(joiner).project_predictor is Joiner.project_predictor
-        and type(joiner.output) is nn.Linear
-    )
+def tanh_joint_parts(joiner: object) -> tuple[Callable, Callable, nn.Linear] | None:
+    """The joiner's (project_encoder, project_predictor, output) when it offers them for
+    the fused path (`tanh_joint_parts()`, an `nn.Linear` output layer), else None."""
+    offer = getattr(joiner, "tanh_joint_parts", None)
+    parts = offer() if callable(offer) else None
+    if parts is None or type(parts[2]) is not nn.Linear:
+        return None
+    return parts
 
 
 def plan_groups(
@@ -471,17 +470,17 @@ def samplewise_transducer_loss(
     if logits_dtype is None and torch.is_autocast_enabled(device_type):
         logits_dtype = torch.get_autocast_dtype(device_type)  # as autocast would
     encoder_out, predictor_out = encoder_out[:, :max_t], predictor_out[:, : max_u + 1]
-    fused = _is_fused(joiner)
-    if fused:
+    parts = tanh_joint_parts(joiner)
+    fused = parts is not None
+    if parts is not None:
+        project_encoder, project_predictor, output = parts
         with joiner_precision(device_type, logits_dtype):
             if logits_dtype == torch.float32:
                 encoder_out, predictor_out = encoder_out.float(), predictor_out.float()
-            enc = joiner.project_encoder(encoder_out)
-            pred = joiner.project_predictor(predictor_out)
-        vocab = joiner.output.out_features
-        params = [joiner.output.weight] + (
-            [joiner.output.bias] if joiner.output.bias is not None else []
-        )
+            enc = project_encoder(encoder_out)
+            pred = project_predictor(predictor_out)
+        vocab = output.out_features
+        params = [output.weight] + ([output.bias] if output.bias is not None else [])
     else:
         enc, pred, vocab = encoder_out, predictor_out, None
         params = list(joiner.parameters()) if isinstance(joiner, nn.Module) else []

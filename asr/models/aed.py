@@ -16,13 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.data.tokenizer import BLANK_ID, BOS_ID, EOS_ID
+from asr.frames import FRAME_SHIFT_SECONDS
 from asr.models.conformer import lengths_to_mask, sinusoids
 from asr.models.ctc_head import ctc_log_probs
+from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, IGNORE_INDEX
 
 POSITIONS = ("sinusoidal", "learned")
-IGNORE_INDEX = -100  # target positions beyond each sequence (F.cross_entropy's default)
-FEATURE_FRAME_SECONDS = 0.01  # 10 ms feature hop
 
 
 def sinusoidal_positions(length: int, dim: int, offset: int = 0, device=None) -> Tensor:
@@ -278,7 +277,7 @@ class EncoderDecoder(nn.Module):
     @property
     def frame_seconds(self) -> float:
         """Seconds of audio per encoder output frame."""
-        return FEATURE_FRAME_SECONDS * getattr(self.encoder, "subsampling_factor", 1)
+        return FRAME_SHIFT_SECONDS * getattr(self.encoder, "subsampling_factor", 1)
 
     def encode(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
         """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens."""

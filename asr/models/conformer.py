@@ -9,47 +9,21 @@ them, and attention gives padded keys zero weight.
 from __future__ import annotations
 
 import math
-from typing import overload
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Each stride-2 convolution uses kernel 3 and padding 1, so it maps n frames to ceil(n / 2).
-_KERNEL, _STRIDE, _PADDING = 3, 2, 1
-_SUBSAMPLING_CONVS = {4: 2, 8: 3}
+from asr.frames import (
+    SUBSAMPLING_KERNEL,
+    SUBSAMPLING_PADDING,
+    SUBSAMPLING_STRIDE,
+    conv_out_lengths,
+    num_subsampling_convs,
+    subsampled_length,
+)
+
 _CONV_NORMS = ("batch_norm", "layer_norm")
-
-
-def _conv_out(n, num_convs: int):
-    for _ in range(num_convs):
-        n = (n + 2 * _PADDING - _KERNEL) // _STRIDE + 1
-    return n
-
-
-def _num_convs(factor: int) -> int:
-    if factor not in _SUBSAMPLING_CONVS:
-        raise ValueError(
-            f"subsampling factor must be one of {sorted(_SUBSAMPLING_CONVS)}, got {factor!r}"
-        )
-    return _SUBSAMPLING_CONVS[factor]
-
-
-@overload
-def subsampled_lengths(lens: int, factor: int) -> int: ...
-@overload
-def subsampled_lengths(lens: Tensor, factor: int) -> Tensor: ...
-def subsampled_lengths(lens, factor):
-    """Exact frame counts after ``ConvSubsampling(factor=factor)``: ceil(lens / factor).
-
-    Accepts an int or an integer tensor of any shape; 0 frames stay 0.
-    """
-    return _conv_out(lens, _num_convs(factor))
-
-
-def subsampled_length(n: int, factor: int) -> int:
-    """``subsampled_lengths`` for one plain int."""
-    return int(subsampled_lengths(int(n), factor))
 
 
 def lengths_to_mask(lens: Tensor, max_len: int) -> Tensor:
@@ -69,13 +43,19 @@ class ConvSubsampling(nn.Module):
     ) -> None:
         super().__init__()
         self.factor = factor
-        num_convs = _num_convs(factor)
+        num_convs = num_subsampling_convs(factor)
         channels = channels or d_model
         self.convs = nn.ModuleList(
-            nn.Conv2d(1 if i == 0 else channels, channels, _KERNEL, _STRIDE, _PADDING)
+            nn.Conv2d(
+                1 if i == 0 else channels,
+                channels,
+                SUBSAMPLING_KERNEL,
+                SUBSAMPLING_STRIDE,
+                SUBSAMPLING_PADDING,
+            )
             for i in range(num_convs)
         )
-        self.linear = nn.Linear(channels * _conv_out(input_dim, num_convs), d_model)
+        self.linear = nn.Linear(channels * conv_out_lengths(input_dim, num_convs), d_model)
         # Channels-last (B, T, F, C in memory): oneDNN's convolutions on CPUs run about 1.4x
         # (float32) to 1.8x (bfloat16) faster in this layout; GPUs prefer it for bf16 too.
         self.convs.to(memory_format=torch.channels_last)
@@ -87,7 +67,7 @@ class ConvSubsampling(nn.Module):
         x = x.unsqueeze(1).contiguous(memory_format=torch.channels_last)  # (B, 1, T, F)
         for i, conv in enumerate(self.convs):
             x = conv(x)
-            lens = _conv_out(lens, 1)
+            lens = conv_out_lengths(lens, 1)
             if i + 1 < len(self.convs):  # padded frames hold ReLU(bias): zero them for the next
                 valid = lengths_to_mask(lens, x.size(2))[:, None, :, None]
                 x = torch.where(valid, x, 0.0).relu_()  # one pass each way, no mask copies

@@ -7,6 +7,8 @@ with B first), so a decoder can pick per-sample states with ``torch.where``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -138,6 +140,17 @@ class Joiner(nn.Module):
     def joint(self, enc_projected: Tensor, pred_projected: Tensor) -> Tensor:
         """Already projected inputs, broadcastable to each other -> logits (..., V)."""
         return self.output(torch.tanh(enc_projected + pred_projected))
+
+    def tanh_joint_parts(
+        self,
+    ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor], nn.Linear] | None:
+        """(project_encoder, project_predictor, output) such that logits =
+        output(tanh(project_encoder(enc) + project_predictor(pred))): the promise that lets
+        the sample-wise loss run this joiner's tanh and output layer by hand (its fused
+        path). A subclass that forms its logits otherwise returns None."""
+        if type(self).forward is not Joiner.forward or type(self).joint is not Joiner.joint:
+            return None
+        return self.project_encoder, self.project_predictor, self.output
 
 
 class Transducer(nn.Module):

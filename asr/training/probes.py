@@ -28,13 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
+from asr.frames import FRAMES_PER_SECOND
 from asr.models.build import build_model
 from asr.training.module import AsrLitModule
 from asr.training.objective import Objective, build_objective, first_full_loss_step
 
 log = logging.getLogger(__name__)
 
-FRAMES_PER_SECOND = 100  # 10 ms feature hop
 DEFAULT_MEL_BINS = 80
 WATCHDOG_EXIT_CODE = 86  # a CPU probe process stopped by its watchdog
 WATCHDOG_INTERVAL = 0.005  # seconds between the watchdog's looks at resident memory

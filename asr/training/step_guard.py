@@ -24,6 +24,7 @@ import torch
 from asr.config_keys import dataclass_from_keys
 from asr.data.batch import Batch
 from asr.data.dataset import SKIP_REASONS
+from asr.frames import FRAMES_PER_SECOND
 
 MIN_CUTS_MID_EPOCH = 2000
 
@@ -73,7 +74,7 @@ class StepTally:
 
     def add(self, batch: Batch, loss: torch.Tensor | None) -> None:
         self.utterances += len(batch)
-        self.audio_seconds += float(batch.feature_lens.sum()) / 100  # 10 ms frames
+        self.audio_seconds += float(batch.feature_lens.sum()) / FRAMES_PER_SECOND
         self.cut_ids += batch.cut_ids
         for reason, cut_ids in batch.skipped.items():
             self.skipped[reason] = self.skipped.get(reason, 0) + len(cut_ids)

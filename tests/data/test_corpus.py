@@ -4,8 +4,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from lhotse import MonoCut, SupervisionSegment
 
-from asr.data.corpus import cuts_path, load_cuts, main, prepare_manifests
+from asr.data.corpus import cut_text, cuts_path, load_cuts, main, prepare_manifests
 
 PARTS = ("dev-clean", "test-clean", "train-clean-100")
 
@@ -101,3 +102,13 @@ def test_command_line_prints_one_line_per_part(
     n = len(tiny_corpus.transcripts("test-clean"))
     last = capsys.readouterr().out.splitlines()[-1]
     assert re.fullmatch(rf"test-clean: {n} utterances, \d+\.\d\d h, 0 skipped", last)
+
+
+def test_cut_text_joins_stripped_supervision_texts() -> None:
+    sups = [
+        SupervisionSegment(id=f"s{i}", recording_id="r", start=i, duration=1.0, text=text)
+        for i, text in enumerate([" HELLO ", None, "", "WORLD  "])
+    ]
+    cut = MonoCut(id="c", start=0, duration=4.0, channel=0, supervisions=sups)
+    assert cut_text(cut) == "HELLO WORLD"
+    assert cut_text(MonoCut(id="e", start=0, duration=1.0, channel=0)) == ""

@@ -2,8 +2,8 @@ from collections import Counter
 
 import pytest
 
-from asr.data.corpus import load_cuts
-from asr.data.datamodule import AsrDataModule, open_cuts
+from asr.data.corpus import load_cuts, open_cuts
+from asr.data.datamodule import AsrDataModule
 
 TRAIN, DEV, TEST = "train-clean-100", "dev-clean", "test-clean"
 SAMPLER = {"max_duration": 10, "max_cut_duration": 10, "num_buckets": 4}

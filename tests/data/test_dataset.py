@@ -14,8 +14,8 @@ from asr.data.corpus import load_cuts
 from asr.data.datamodule import AsrDataModule
 from asr.data.dataset import AsrDataset
 from asr.data.features import FeatureConfig
-from asr.data.tokenizer import PAD_ID
-from asr.models.conformer import subsampled_length
+from asr.frames import subsampled_length
+from asr.tokens import PAD_ID
 
 DEV = "dev-clean"
 

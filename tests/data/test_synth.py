@@ -10,7 +10,6 @@ from asr.data.synth import (
     MARKER,
     PARTS,
     PEAK_DBFS,
-    SAMPLE_RATE,
     TEST_ONLY_SPEAKER,
     TRAIN_SPEAKERS,
     Speaker,
@@ -21,6 +20,7 @@ from asr.data.synth import (
     postprocess,
 )
 from asr.data.synth_lexicon import CATEGORIES
+from asr.frames import SAMPLE_RATE
 
 TINY = {"train_hours": 0.012, "dev_minutes": 0.25, "test_minutes": 0.3, "seed": 3}
 FLAC_NAME = re.compile(r"(\d+)-(\d+)-(\d{4})\.flac")

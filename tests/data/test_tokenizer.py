@@ -4,15 +4,8 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from asr.data.tokenizer import (
-    BLANK_ID,
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    Tokenizer,
-    train_tokenizer,
-)
+from asr.data.tokenizer import Tokenizer, train_tokenizer
+from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 TRAIN, DEV = "train-clean-100", "dev-clean"
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from asr.losses import lattice as torch_lattice
-from asr.losses.samplewise import lattice_ops, plan_chunks, plan_groups
+from asr.losses.samplewise import lattice_ops, plan_chunks, plan_groups, tanh_joint_parts
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
 from asr.profiling import launching_ops
@@ -46,6 +46,31 @@ def loss_and_grads(loss_fn, joiner, module, enc, pred, *rest, reduction="mean", 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+class ReluJoiner(Joiner):
+    """A Joiner subclass that forms its logits otherwise: it must not take the fused path."""
+
+    def joint(self, enc_projected: torch.Tensor, pred_projected: torch.Tensor) -> torch.Tensor:
+        return self.output(torch.relu(enc_projected + pred_projected))
+
+
+def test_only_a_joiner_that_offers_its_tanh_parts_takes_the_fused_path():
+    joiner, *inputs = random_batch(0)
+    assert tanh_joint_parts(joiner) == (
+        joiner.project_encoder,
+        joiner.project_predictor,
+        joiner.output,
+    )
+    assert tanh_joint_parts(WrappedJoiner(joiner)) is None  # offers nothing
+    relu = ReluJoiner(encoder_dim=12, predictor_dim=10, joint_dim=16, vocab_size=17)
+    relu.load_state_dict(joiner.state_dict())
+    assert tanh_joint_parts(relu) is None
+    ref, ref_grads = loss_and_grads(batched_transducer_loss, relu, relu, *inputs)
+    got, grads = loss_and_grads(samplewise_transducer_loss, relu, relu, *inputs)
+    assert rel_error(got, ref) < 1e-4  # the generic path computed the relu joiner's loss
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert rel_error(g, r) < 1e-4
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from asr.data.tokenizer import BOS_ID, EOS_ID
 from asr.losses.cross_entropy import label_smoothed_cross_entropy
-from asr.models.aed import IGNORE_INDEX, EncoderDecoder, TransformerDecoder
+from asr.models.aed import EncoderDecoder, TransformerDecoder
 from asr.models.build import build_model, count_parameters
+from asr.tokens import BOS_ID, EOS_ID, IGNORE_INDEX
 
 VOCAB = 40
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from asr.frames import subsampled_length, subsampled_lengths
 from asr.models.conformer import (
     ConformerEncoder,
     ConvSubsampling,
@@ -10,8 +11,6 @@ from asr.models.conformer import (
     masked_batch_norm,
     rel_shift,
     relative_positions,
-    subsampled_length,
-    subsampled_lengths,
 )
 
 

@@ -30,8 +30,7 @@ from lhotse import CutSet
 from omegaconf import OmegaConf
 
 from asr.data.buckets import build_sampler
-from asr.data.corpus import load_cuts
-from asr.data.datamodule import open_cuts
+from asr.data.corpus import load_cuts, open_cuts
 from asr.data.tokenizer import Tokenizer
 from asr.training.train import build
 

@@ -1,0 +1,92 @@
+"""The package's import rules (see the module docstrings and DESIGN): which parts may
+import which, and no import cycle. Read from the source with `ast`, so a rule holds for
+imports inside functions too."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "asr"
+# (importer package, imported package) pairs that must never occur.
+FORBIDDEN = [
+    ("asr.data", "asr.models"),
+    ("asr.models", "asr.data"),
+    ("asr.losses", "asr.models"),
+    ("asr.losses", "asr.data"),
+    ("asr.models", "asr.losses"),
+    ("asr.models", "asr.training"),
+    ("asr.data", "asr.training"),
+    ("asr.losses", "asr.training"),
+    ("asr.decoding", "asr.training"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Modules of `asr` that `path` imports (anywhere in the file)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("asr"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("asr"):
+            found.add(node.module)
+            # `from asr.data import synth_lexicon`: a module, not a name
+            for alias in node.names:
+                if (PACKAGE.parent / node.module.replace(".", "/") / f"{alias.name}.py").exists():
+                    found.add(f"{node.module}.{alias.name}")
+    return found
+
+
+GRAPH = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@pytest.mark.parametrize(("importer", "imported"), FORBIDDEN)
+def test_forbidden_import_directions(importer: str, imported: str) -> None:
+    offending = sorted(
+        f"{m} imports {i}"
+        for m, targets in GRAPH.items()
+        if within(m, importer)
+        for i in targets
+        if within(i, imported)
+    )
+    assert not offending, offending
+
+
+def test_no_import_cycle() -> None:
+    """Depth-first search over module imports (a package's __init__ counts as a module)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH.get(module, ())):
+            if target not in GRAPH or target == module:
+                continue
+            if state.get(target) == 1:
+                cycle = path[path.index(target) :] + [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in GRAPH:
+        if module not in state:
+            visit(module)
+
+
+def test_the_rules_see_real_imports() -> None:
+    """The graph is not empty by mistake: known imports are found."""
+    assert "asr.frames" in GRAPH["asr.data.dataset"]
+    assert "asr.tokens" in GRAPH["asr.models.aed"]
+    assert "asr.data.synth_lexicon" in GRAPH["asr.data.synth"]
