@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from asr.data.corpus import cuts_path, prepare_manifests
 from asr.data.features import precompute_features
-from asr.data.synth import make_demo_corpus
 from asr.data.tokenizer import Tokenizer, train_tokenizer
+from asr.demo.synth import make_demo_corpus
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # ~30 training, ~11 dev and ~14 test utterances of ~3.5 s: built in a few seconds.

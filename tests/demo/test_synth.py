@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asr.data.synth import (
+from asr.demo.lexicon import CATEGORIES
+from asr.demo.synth import (
     MARKER,
     PARTS,
     PEAK_DBFS,
@@ -19,7 +20,6 @@ from asr.data.synth import (
     plan_corpus,
     postprocess,
 )
-from asr.data.synth_lexicon import CATEGORIES
 from asr.frames import SAMPLE_RATE
 
 TINY = {"train_hours": 0.012, "dev_minutes": 0.25, "test_minutes": 0.3, "seed": 3}

@@ -1,4 +1,4 @@
-"""Words and sentence templates for the synthetic demo corpus (see `asr.data.synth`).
+"""Words and sentence templates for the synthetic demo corpus (see `asr.demo.synth`).
 
 Ordinary English words that espeak-ng reads well: no abbreviations, no digits, and no
 homographs whose pronunciation depends on the part of speech (read, live, tear, wind,

@@ -3,7 +3,7 @@
 Design:
 
 - Text. A seeded template grammar (statements, questions, commands, compound and reported
-  sentences) fills its slots from the word lists in `asr.data.synth_lexicon`. Each word
+  sentences) fills its slots from the word lists in `asr.demo.lexicon`. Each word
   category is drawn by cycling through a shuffled copy of its list, not by independent
   draws, so a few thousand sentences use the whole lexicon (1,600+ words). Dev and test draw
   only words seen in training and reject any sentence that occurs in training.
@@ -39,7 +39,7 @@ import soundfile as sf
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from asr.data import synth_lexicon as lex
+from asr.demo import lexicon as lex
 from asr.frames import SAMPLE_RATE
 
 PARTS = ("train-clean-100", "dev-clean", "test-clean")
