@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from lhotse import Recording
 
-from asr.data.features import FeatureConfig, compute_features
+from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import SearchOptions, decode, default_options
 from asr.export import load_bundle
@@ -35,7 +35,7 @@ def read_audio(path: str | Path) -> np.ndarray:
         audio = recording.load_audio()
     except Exception as err:
         raise ValueError(f"cannot read audio {path}: {type(err).__name__}: {err}") from err
-    return audio.mean(axis=0).astype(np.float32)
+    return to_mono(audio)
 
 
 class Recognizer:
@@ -59,6 +59,10 @@ class Recognizer:
         self.options = options or default_options(model)
         self._extractor = self.features.extractor()
 
+    def features_of(self, audio: np.ndarray) -> torch.Tensor:
+        """(T, F) features of 16 kHz samples, (N,) or (channels, N), as the model expects."""
+        return torch.from_numpy(compute_features(to_mono(audio), self.features, self._extractor))
+
     @torch.inference_mode()
     def transcribe_features(self, feats: Sequence[torch.Tensor]) -> list[str]:
         """Texts of per-utterance (T, F) feature matrices, decoded as one batch."""
@@ -81,10 +85,7 @@ class Recognizer:
                 read_audio(a) if isinstance(a, str | Path) else np.asarray(a, np.float32)
                 for a in chunk
             ]
-            feats = [
-                torch.from_numpy(compute_features(s, self.features, self._extractor))
-                for s in samples
-            ]
+            feats = [self.features_of(s) for s in samples]
             texts.extend(self.transcribe_features(feats))
         return texts
 

@@ -30,6 +30,7 @@ from asr.data.features import (
     check_sample_rate,
     compute_features,
     normalize_features,
+    to_mono,
 )
 from asr.data.tokenizer import Tokenizer
 from asr.frames import subsampled_lengths
@@ -126,9 +127,7 @@ class AsrDataset(torch.utils.data.Dataset):
             audio = cut.load_audio()
         except FILE_ERRORS as err:
             return first_line(err)
-        if audio.ndim == 2:
-            audio = audio[0]
-        return compute_features(audio, self.features, self._extractor)
+        return compute_features(to_mono(audio), self.features, self._extractor)
 
     def _check_text(self, cut: Cut) -> tuple[str, list[int]] | str:
         """(text, token ids), or the reason the cut is unusable."""

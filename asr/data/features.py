@@ -67,6 +67,17 @@ def check_sample_rate(cut_id: str, sampling_rate: int) -> None:
         )
 
 
+def to_mono(audio: np.ndarray) -> np.ndarray:
+    """(N,) or (channels, N) samples -> (N,) float32, channels averaged: the one rule for
+    multi-channel audio in training, decoding and transcription."""
+    audio = np.asarray(audio)
+    if audio.ndim == 2:
+        audio = audio.mean(axis=0)
+    elif audio.ndim != 1:
+        raise ValueError(f"audio must be (samples,) or (channels, samples), got {audio.shape}")
+    return audio.astype(np.float32, copy=False)
+
+
 def compute_features(audio: np.ndarray, config: FeatureConfig, extractor: Fbank) -> np.ndarray:
     """(T, F) log-mel of 16 kHz mono `audio`, normalized as `config` says."""
     with single_threaded():

@@ -22,7 +22,7 @@ from rich.progress import Progress
 from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS, first_line
-from asr.data.features import check_sample_rate, normalize_features
+from asr.data.features import check_sample_rate
 from asr.metrics import ErrorCounts, word_errors
 from asr.transcribe import Recognizer, load_recognizer
 
@@ -40,7 +40,6 @@ def decode_manifest(
     sampler = build_eval_sampler(cuts, max_duration)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    extractor = recognizer.features.extractor()
     total, skipped, utterances, audio_seconds = ErrorCounts(), [], 0, 0.0
     start = time.perf_counter()
     with open(output_dir / "hyps.jsonl", "w") as out, Progress(transient=True) as progress:
@@ -50,7 +49,7 @@ def decode_manifest(
             for cut in batch:
                 check_sample_rate(cut.id, cut.sampling_rate)
                 try:
-                    audio = cut.load_audio()[0]
+                    audio = cut.load_audio()
                 except FILE_ERRORS as err:
                     skipped.append(cut.id)
                     log.warning(
@@ -60,10 +59,7 @@ def decode_manifest(
                     )
                     lines.append((cut, "", first_line(err)))
                     continue
-                feat = extractor.extract(audio, cut.sampling_rate)
-                feats.append(
-                    torch.from_numpy(normalize_features(feat, recognizer.features.normalize))
-                )
+                feats.append(recognizer.features_of(audio))
                 kept.append(cut)
             hyps = recognizer.transcribe_features(feats) if kept else []
             lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]

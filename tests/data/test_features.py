@@ -10,6 +10,7 @@ from asr.data.features import (
     compute_features,
     precompute_features,
     single_threaded,
+    to_mono,
 )
 
 DEV = "dev-clean"
@@ -68,3 +69,13 @@ def test_precompute_into_a_new_directory(tiny_corpus, tmp_path: Path) -> None:
     out = tmp_path / "new" / "dir" / "dev-feats.jsonl.gz"
     assert precompute_features(tiny_corpus.cuts(DEV), out) == out
     assert out.is_file()
+
+
+def test_to_mono_averages_channels_and_keeps_mono() -> None:
+    stereo = np.stack([np.ones(5), np.zeros(5)]).astype(np.float64)
+    assert np.array_equal(to_mono(stereo), np.full(5, 0.5, np.float32))
+    assert to_mono(stereo).dtype == np.float32
+    mono = np.arange(4, dtype=np.float32)
+    assert np.array_equal(to_mono(mono), mono) and np.array_equal(to_mono(mono[None]), mono)
+    with pytest.raises(ValueError, match=r"\(channels, samples\)"):
+        to_mono(np.zeros((1, 2, 3)))
