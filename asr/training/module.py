@@ -30,6 +30,7 @@ from asr.export import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import Model
 from asr.training.objective import Objective
+from asr.training.optimizer import build_optimizer
 from asr.training.schedules import build_scheduler
 from asr.training.step_guard import (
     FaultConfig,
@@ -254,29 +255,8 @@ class AsrLitModule(L.LightningModule):
         self.skip_budget.check(epoch_end=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        cfg = dict(self.optim_cfg)
-        scheduler_cfg = cfg.pop("scheduler")
-        decay, no_decay = [], []
-        for param in self.model.parameters():
-            if param.requires_grad:
-                (decay if param.ndim >= 2 else no_decay).append(param)
-        groups = [
-            {"params": decay, "weight_decay": float(cfg.pop("weight_decay", 0.0))},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(
-            groups,
-            lr=float(cfg.pop("lr")),
-            betas=tuple(cfg.pop("betas", (0.9, 0.98))),
-            eps=float(cfg.pop("eps", 1e-8)),
-            # One kernel for all parameters instead of about ten ops per parameter; not
-            # under fp16 loss scaling, where Lightning must unscale before clipping.
-            fused=self._loss_scaler() is None,
-        )
-        if cfg:
-            valid = "lr, betas, eps, weight_decay, scheduler"
-            raise KeyError(f"unknown optim key(s) {sorted(cfg)}; valid: {valid}")
-        scheduler = build_scheduler(optimizer, scheduler_cfg, self.total_steps)
+        optimizer = build_optimizer(self.model, self.optim_cfg, fused=self._loss_scaler() is None)
+        scheduler = build_scheduler(optimizer, self.optim_cfg["scheduler"], self.total_steps)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

@@ -30,8 +30,8 @@ from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
 from asr.frames import FRAMES_PER_SECOND
 from asr.models.build import build_model
-from asr.training.module import AsrLitModule
 from asr.training.objective import Objective, build_objective, first_full_loss_step
+from asr.training.optimizer import build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +122,7 @@ def build_training(
     model_cfg = copy.deepcopy(setup.model)
     objective = build_objective(model_cfg.get("kind", "transducer"), model_cfg.pop("loss", None))
     model = build_model(model_cfg, setup.vocab_size).to(device).train()
-    module = AsrLitModule(
-        model,
-        objective,
-        tokenizer=None,  # only the optimizer is wanted: no decoding,
-        optim=setup.optim,
-        bundle_meta={},
-        total_steps=1,  # and any schedule length will do
-    )
-    optimizer = module.configure_optimizers()["optimizer"]
+    optimizer = build_optimizer(model, setup.optim)
     return model, objective, optimizer, first_full_loss_step(objective)
 
 

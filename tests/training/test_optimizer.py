@@ -1,0 +1,35 @@
+"""build_optimizer: the AdamW of training and of the batch-size probes."""
+
+import pytest
+import torch
+
+from asr.training.optimizer import build_optimizer
+
+
+def _model() -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    model[1].bias.requires_grad_(False)  # frozen parameters are left out
+    return model
+
+
+def test_weight_decay_on_matrices_only_and_settings_from_the_config() -> None:
+    model = _model()
+    cfg = {"lr": 2e-3, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.01, "scheduler": {}}
+    opt = build_optimizer(model, cfg, fused=False)
+    decay, no_decay = opt.param_groups
+    assert [p.shape for p in decay["params"]] == [torch.Size([3, 4])]
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert {id(p) for p in no_decay["params"]} == {id(model[0].bias), id(model[1].weight)}
+    assert decay["lr"] == 2e-3 and decay["betas"] == (0.8, 0.9) and decay["eps"] == 1e-6
+    assert decay["fused"] is False
+    model(torch.randn(2, 4)).sum().backward()
+    before = model[0].weight.detach().clone()
+    opt.step()
+    assert not torch.equal(model[0].weight, before)
+
+
+def test_unknown_or_missing_keys_are_named() -> None:
+    with pytest.raises(KeyError, match=r"unknown optim key\(s\) \['momentum'\]; valid: lr"):
+        build_optimizer(_model(), {"lr": 1e-3, "momentum": 0.9})
+    with pytest.raises(KeyError, match="optim.lr is missing"):
+        build_optimizer(_model(), {"weight_decay": 0.1})
