@@ -1,4 +1,4 @@
-"""Input checks and reductions shared by the transducer losses."""
+"""Input checks and the reduction that every loss of `asr.losses` shares."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ def validate_inputs(
     reduction: str,
 ) -> tuple[int, int]:
     """Check shapes and lengths; return (max encoder length, max target length)."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    check_reduction(reduction)
     if encoder_out.dim() != 3 or predictor_out.dim() != 3 or targets.dim() != 2:
         raise ValueError(
             "expected encoder_out (B, T, D_enc), predictor_out (B, U+1, D_pred), targets (B, U);"
@@ -55,6 +54,12 @@ def validate_inputs(
             f"{max_u + 1} are needed (blank/start first, then one per token)"
         )
     return max_t, max_u
+
+
+def check_reduction(reduction: str) -> None:
+    """Raise unless `reduction` is "mean", "sum" or "none"."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
 def reduce_nll(nll: Tensor, reduction: str) -> Tensor:

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from asr.losses.checks import check_reduction, reduce_nll
 from asr.tokens import IGNORE_INDEX
-
-_REDUCTIONS = ("mean", "sum", "none")
 
 
 def label_smoothed_cross_entropy(
@@ -20,8 +19,7 @@ def label_smoothed_cross_entropy(
     With smoothing e, the target distribution puts 1 - e on the target and e / V on every
     token (`F.cross_entropy`'s definition). "none" returns per-utterance sums (B,).
     """
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    check_reduction(reduction)
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
@@ -36,7 +34,4 @@ def label_smoothed_cross_entropy(
         label_smoothing=label_smoothing,
         reduction="none",
     )  # (B, U), zero where ignored
-    per_utterance = per_token.sum(dim=1)
-    if reduction == "mean":
-        return per_utterance.mean()
-    return per_utterance.sum() if reduction == "sum" else per_utterance
+    return reduce_nll(per_token.sum(dim=1), reduction)

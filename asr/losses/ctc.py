@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_REDUCTIONS = ("mean", "sum", "none")
+from asr.losses.checks import check_reduction, reduce_nll
 
 
 def _at_least_fp32(x: Tensor) -> Tensor:
@@ -32,8 +32,7 @@ def ctc_loss(
     Impossible alignments (more tokens than frames allow) count as zero loss
     (``zero_infinity``), so one bad utterance cannot poison a batch.
     """
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    check_reduction(reduction)
     if log_probs.dim() != 3 or targets.dim() != 2:
         raise ValueError(
             f"expected log_probs (B, T, V) and targets (B, U), got {tuple(log_probs.shape)} "
@@ -61,6 +60,4 @@ def ctc_loss(
             reduction="none",
             zero_infinity=True,
         )
-    if reduction == "mean":
-        return nll.mean()
-    return nll.sum() if reduction == "sum" else nll
+    return reduce_nll(nll, reduction)
