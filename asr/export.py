@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from asr.cli import command
 from asr.data.tokenizer import Tokenizer
 from asr.models.build import Model, build_model
 
@@ -28,7 +30,16 @@ _EPOCH_FILE = re.compile(r"epoch=(\d+)\.ckpt$")
 def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path} (made by the 'train' stage)")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return _torch_load(path, weights_only=False)
+
+
+def _torch_load(path: Path, *, weights_only: bool) -> Any:
+    """torch.load, with an error naming `path` when the file is truncated or not torch's."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"cannot read {path}: truncated or not a torch file ({reason})") from err
 
 
 def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
@@ -110,7 +121,7 @@ def load_bundle(path: str | Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
     if path.suffix == ".ckpt":
         bundle = bundle_from_checkpoints([path])
     else:
-        bundle = torch.load(path, map_location="cpu", weights_only=True)
+        bundle = _torch_load(path, weights_only=True)
     if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
         raise ValueError(f"{path} is neither an asr bundle nor an asr-train checkpoint")
     tokenizer = Tokenizer.from_bytes(bundle["tokenizer"])
@@ -119,6 +130,7 @@ def load_bundle(path: str | Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
     return model.eval(), tokenizer, dict(bundle["features"])
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
     parser.add_argument("checkpoint", type=Path)

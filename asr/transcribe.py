@@ -6,6 +6,7 @@ Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from lhotse import Recording
 
+from asr.cli import command
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import SearchOptions, decode, default_options
@@ -34,8 +36,18 @@ def read_audio(path: str | Path) -> np.ndarray:
             recording = recording.resample(SAMPLE_RATE)
         audio = recording.load_audio()
     except Exception as err:
-        raise ValueError(f"cannot read audio {path}: {type(err).__name__}: {err}") from err
+        raise ValueError(f"cannot read audio {path}: {_audio_error(err)}") from err
     return to_mono(audio)
+
+
+def _audio_error(err: BaseException) -> str:
+    """The reason an audio file could not be read, short: lhotse lists every backend it
+    tried on one line; libsndfile's (the first) is the one that matters for FLAC/WAV."""
+    text = str(err)
+    found = re.search(r"LibsndfileError'>: (.*)", text)  # one line of lhotse's list
+    if found:
+        return found.group(1).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 class Recognizer:
@@ -100,6 +112,7 @@ def load_recognizer(
     return Recognizer(model, tokenizer, FeatureConfig(**features), device, options)
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Transcribe audio files with an asr bundle.")
     parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")

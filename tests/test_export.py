@@ -89,6 +89,40 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="neither an asr bundle nor an asr-train checkpoint"):
         load_bundle(tmp_path / "other.pt")
+    truncated = tmp_path / "truncated.bundle.pt"
+    truncated.write_bytes((tmp_path / "other.pt").read_bytes()[:300])
+    with pytest.raises(ValueError, match=f"cannot read {truncated}: truncated or not a torch"):
+        load_bundle(truncated)
+
+
+def test_command_line_errors_are_one_line_naming_the_file(bundle: Path, tmp_path: Path) -> None:
+    """Bad input ends a console script with one line on stderr, exit 1, no traceback;
+    ASR_DEBUG=1 shows the traceback."""
+    truncated = tmp_path / "model.bundle.pt"
+    truncated.write_bytes(bundle.read_bytes()[:100_000])
+    bad_flac = tmp_path / "bad.flac"
+    bad_flac.write_text("not audio")
+    cases = [
+        (["asr-transcribe", truncated, bad_flac], f"cannot read {truncated}: truncated"),
+        (["asr-transcribe", bundle, tmp_path / "none.flac"], "audio file not found"),
+        (["asr-transcribe", bundle, bad_flac], f"cannot read audio {bad_flac}: Error opening"),
+        (["asr-decode", bundle, tmp_path / "none.jsonl.gz"], "manifest not found"),
+        (["asr-export", tmp_path / "none.ckpt"], "checkpoint not found"),
+    ]
+    for (name, *args), message in cases:
+        done = subprocess.run(
+            [str(BIN / name), *map(str, args)], capture_output=True, text=True, env=ENV
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.startswith(f"{name}: error: ") and message in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    debug = subprocess.run(
+        [str(BIN / "asr-transcribe"), str(truncated), str(bad_flac)],
+        capture_output=True,
+        text=True,
+        env={**ENV, "ASR_DEBUG": "1"},
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
 def test_transcribe_path_or_array_gives_the_same_text(bundle: Path, test_flacs) -> None:

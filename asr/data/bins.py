@@ -30,6 +30,7 @@ import yaml
 from lhotse.cut import Cut
 from rich.progress import track
 
+from asr.cli import command
 from asr.data.corpus import cut_text, open_cuts
 from asr.data.tokenizer import Tokenizer
 
@@ -191,6 +192,7 @@ def read_bins(path: str | Path) -> dict[str, Any]:
     return keys
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     """asr-estimate-bins: 1D or 2D bucket bins and per-bucket TPS limits from manifests."""
 

@@ -13,7 +13,7 @@ On a machine with internet access `download_librispeech` fetches the real corpus
 It also owns how the rest of the package reads manifests: `load_cuts` (one, lazily),
 `open_cuts` (several, interleaved) and `cut_text` (a cut's transcript).
 
-Run as `python -m asr.data.corpus --corpus-dir DIR --output-dir data/manifests [--download]`.
+Run as `asr-prepare-manifests --corpus-dir DIR --output-dir data/manifests [--download]`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from lhotse.cut import Cut
 from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
 from lhotse.recipes.librispeech import LIBRISPEECH, parse_utterance
 from rich.progress import track
+
+from asr.cli import command
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,9 @@ def load_cuts(path: str | Path) -> CutSet:
     path = Path(path)
     if not path.is_file():
         if "-feats" in path.name:
-            stage, command = "features", "python -m asr.data.features --cuts ... --output ..."
+            stage, command = "features", "asr-compute-features --cuts ... --output ..."
         else:
-            stage, command = "manifests", "python -m asr.data.corpus --corpus-dir ... --output-dir"
+            stage, command = "manifests", "asr-prepare-manifests --corpus-dir ... --output-dir ..."
         raise FileNotFoundError(
             f"manifest not found: {path} (it is made by the '{stage}' stage: {command}, "
             f"or recipes/*/run.sh --stage {stage})"
@@ -184,6 +186,7 @@ def prepare_manifests(
     return reports
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus-dir", type=Path, required=True, help="the LibriSpeech directory")
@@ -194,10 +197,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="first download LibriSpeech (all 960 h + dev/test) into the parent of --corpus-dir",
     )
+    parser.add_argument("--download-only", action="store_true", help="download, make no manifest")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.download:
+    if args.download or args.download_only:
         download_librispeech(args.corpus_dir.parent, args.parts or "librispeech")
+    if args.download_only:
+        return
     for part, report in prepare_manifests(args.corpus_dir, args.output_dir, args.parts).items():
         print(
             f"{part}: {report.utterances} utterances, {report.hours:.2f} h, "

@@ -2,7 +2,7 @@
 
 Features are computed on the fly from audio by default. `precompute_features` stores them
 once with lhotse (lilcom-compressed), which saves the extraction on every epoch when the
-CPU is the bottleneck: `python -m asr.data.features --cuts IN --output OUT`.
+CPU is the bottleneck: `asr-compute-features --cuts IN --output OUT`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from lhotse import Fbank, FbankConfig, LilcomChunkyWriter
 
+from asr.cli import command
 from asr.frames import SAMPLE_RATE
 
 
@@ -120,6 +121,7 @@ def precompute_features(
     return output_path
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Precompute log-mel features for a manifest.")
     parser.add_argument("--cuts", type=Path, required=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from asr.cli import command
 from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, SPECIAL_PIECES, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,9 @@ def train_tokenizer(
     return Tokenizer.from_bytes(buffer.getvalue())
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
-    """`python -m asr.data.tokenizer --cuts CUTS.jsonl.gz --vocab-size N --output M.model`."""
+    """`asr-train-tokenizer --cuts CUTS.jsonl.gz --vocab-size N --output M.model`."""
     import argparse
 
     from asr.data.corpus import cut_text, load_cuts

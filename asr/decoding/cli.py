@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
+from asr.cli import command
 from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS, first_line
@@ -91,6 +92,7 @@ def decode_manifest(
     return summary
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Decode a cut manifest and report WER.")
     parser.add_argument("model", type=Path, help="bundle (asr-export) or .ckpt")

@@ -39,6 +39,7 @@ import soundfile as sf
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from asr.cli import command
 from asr.demo import lexicon as lex
 from asr.frames import SAMPLE_RATE
 
@@ -447,6 +448,7 @@ def make_demo_corpus(
     return {**summary, "reused": False}
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> None:
     """Console script `asr-make-demo-corpus OUT [--train-hours H] ...`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

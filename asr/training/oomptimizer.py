@@ -60,6 +60,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from asr.cli import command
 from asr.data.bins import read_bins, write_bins
 from asr.training.precision import resolve_precision
 from asr.training.probes import (
@@ -380,6 +381,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+@command
 def main(argv: list[str] | None = None) -> None:
     """asr-oomptimizer: per-bucket batch sizes from worst-case probes of the real model."""
     args = _parse_args(argv)

@@ -52,17 +52,17 @@ if run 0; then say 0
   asr-make-demo-corpus "$data" --train-hours "$train_hours"
 fi
 if run 1; then say 1
-  python -m asr.data.corpus --corpus-dir "$data/LibriSpeech" --output-dir "$manifests"
+  asr-prepare-manifests --corpus-dir "$data/LibriSpeech" --output-dir "$manifests"
 fi
 if run 2; then say 2
   model=$data/tokenizer/bpe$vocab_size.model
   if [[ -f $model ]]; then echo "$model exists"; else
-    python -m asr.data.tokenizer --cuts "$(cuts train-clean-100)" --vocab-size $vocab_size --output "$model"
+    asr-train-tokenizer --cuts "$(cuts train-clean-100)" --vocab-size $vocab_size --output "$model"
   fi
 fi
 if run 3; then say 3
   for part in train-clean-100 dev-clean; do
-    python -m asr.data.features --cuts "$(cuts $part)" --output "$(cuts $part-feats)"
+    asr-compute-features --cuts "$(cuts $part)" --output "$(cuts $part-feats)"
   done
 fi
 bins=$data/bins.yaml

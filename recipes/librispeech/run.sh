@@ -35,15 +35,15 @@ manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 
 if run 0; then say 0
-  python -c "from asr.data.corpus import download_librispeech as d; d('$data', 'librispeech')"
+  asr-prepare-manifests --download-only --corpus-dir "$data/LibriSpeech"
 fi
 if run 1; then say 1
-  python -m asr.data.corpus --corpus-dir "$data/LibriSpeech" --output-dir "$manifests"
+  asr-prepare-manifests --corpus-dir "$data/LibriSpeech" --output-dir "$manifests"
 fi
 if run 2; then say 2
   model=$data/tokenizer/bpe$vocab_size.model
   if [[ -f $model ]]; then echo "$model exists"; else
-    python -m asr.data.tokenizer --vocab-size $vocab_size --output "$model" --cuts \
+    asr-train-tokenizer --vocab-size $vocab_size --output "$model" --cuts \
       "$(cuts train-clean-100)" "$(cuts train-clean-360)" "$(cuts train-other-500)"
   fi
 fi
