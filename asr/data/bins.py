@@ -96,8 +96,28 @@ def equal_total_edges(values: Sequence[float] | np.ndarray, num_buckets: int) ->
 
 
 def bucket_of(values: np.ndarray, edges: Sequence[float]) -> np.ndarray:
-    """Index of the first edge >= each value (len(edges) when above the last)."""
+    """Index of the first edge >= each value (len(edges) when above the last): the one
+    bucket rule of the package, as lhotse's samplers apply it (bisect_left)."""
     return np.searchsorted(np.asarray(edges, dtype=float), values, side="left")
+
+
+def duration_edges(bins: Sequence[Bin]) -> list[float]:
+    """The duration edge of each bin (a 2D bin's first element)."""
+    return [float(b[0]) if isinstance(b, tuple) else float(b) for b in bins]
+
+
+def duration_index(bins: Sequence[Bin], duration: float) -> int:
+    """The first bin whose duration edge holds `duration`; len(bins) beyond the last."""
+    return int(bucket_of(np.asarray([duration]), duration_edges(bins))[0])
+
+
+def bin_index(bins: Sequence[Bin], duration: float, tokens: int | None = None) -> int:
+    """The bucket of one cut: the first bin whose duration edge holds `duration` and, for 2D
+    bins, whose token edge holds `tokens`; len(bins) when none does."""
+    first = duration_index(bins, duration)
+    if first == len(bins) or not isinstance(bins[0], tuple):
+        return first
+    return next((i for i in range(first, len(bins)) if tokens <= bins[i][1]), len(bins))
 
 
 def tps_limits(

@@ -11,7 +11,6 @@ Bins are upper edges (see `asr.data.bins`).
 from __future__ import annotations
 
 import copy
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -21,7 +20,7 @@ from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
-from asr.data.bins import Bin, read_bins
+from asr.data.bins import Bin, bin_index, duration_index, read_bins
 from asr.data.corpus import cut_text
 from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
 from asr.data.tokenizer import Tokenizer
@@ -119,28 +118,9 @@ def count_tokens(cuts: CutSet, tokenizer: Tokenizer) -> CutSet:
     return cuts.map(annotate)
 
 
-def bucket_index(bins: Sequence[Bin], duration: float, tokens: int | None = None) -> int:
-    """The first bin holding the cut (2D: duration and tokens both within); len(bins) if none."""
-    for i, edge in enumerate(bins):
-        if isinstance(edge, tuple):
-            if duration <= edge[0] and tokens <= edge[1]:
-                return i
-        elif duration <= edge:
-            return i
-    return len(bins)
-
-
-def duration_bucket_index(bins: Sequence[Bin], duration: float) -> int:
-    """The first bin whose duration edge holds `duration` (the last one if none)."""
-    for i, edge in enumerate(bins):
-        if duration <= (edge[0] if isinstance(edge, tuple) else edge):
-            return i
-    return len(bins) - 1
-
-
 @dataclass
 class BucketConstraint(SamplingConstraint):
-    """Which bucket a cut falls in (`bucket_index`) and when a batch is full:
+    """Which bucket a cut falls in (`asr.data.bins.bin_index`) and when a batch is full:
     `batch_sizes[bucket]` cuts, or else lhotse's `TimeConstraint` (padded seconds,
     optionally quadratic)."""
 
@@ -163,7 +143,7 @@ class BucketConstraint(SamplingConstraint):
 
     def select_bucket(self, buckets: Any, example: Cut = None, example_len: Any = None) -> int:
         tokens = num_tokens(example) if self.two_d else None
-        return bucket_index(self.bins, example.duration, tokens)
+        return bin_index(self.bins, example.duration, tokens)
 
     def add(self, example: Cut) -> None:
         if self.time is not None:
@@ -217,13 +197,14 @@ class CutFilter:
         tokens = num_tokens(cut) if two_d or uses_tps else None
         if uses_tps:  # before the bins: an outlier's tokens may fit no 2D bin either
             limit = self.max_tps
-            if isinstance(limit, Sequence):
-                limit = limit[duration_bucket_index(self.bins, duration)]
+            if isinstance(limit, Sequence):  # per bin; none beyond the last bin
+                index = duration_index(self.bins, duration)
+                limit = limit[index] if index < len(limit) else None
             if limit is not None and tokens / duration > limit:
                 return "tokens per second above max_tps"
             if self.min_tps is not None and tokens / duration < self.min_tps:
                 return "tokens per second below min_tps"
-        if self.bins and bucket_index(self.bins, duration, tokens) == len(self.bins):
+        if self.bins and bin_index(self.bins, duration, tokens) == len(self.bins):
             return "beyond the last bucket"
         return None
 
@@ -333,7 +314,7 @@ def build_sampler(
         cut = next(iter(batch))
         if constraint is not None:
             return constraint.select_bucket(bins, example=cut)
-        return bisect_left(stream.duration_bins, cut.duration)
+        return duration_index(stream.duration_bins, cut.duration)
 
     sampler = RankSynchronizedSampler(
         stream,

@@ -15,60 +15,48 @@ from typing import Any
 
 import lightning as L
 import torch
-from lhotse import CutSet
 
 from asr.data.batch import Batch
 from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import open_cuts
 from asr.data.dataset import AsrDataset, SpecAugmentConfig
 from asr.data.features import FeatureConfig
-from asr.data.rank_sync import RankSynchronizedSampler
+from asr.data.rank_sync import RankSynchronizedSampler, check_resumable
 from asr.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-class _SkipFirst:
-    """Iterate `sampler` but drop its first `n` mini-batches (cut metadata only)."""
-
-    def __init__(self, sampler: RankSynchronizedSampler) -> None:
-        self.sampler, self.n = sampler, 0
-
-    def __iter__(self) -> Iterator[CutSet]:
-        batches = iter(self.sampler)
-        for _ in range(self.n):
-            if next(batches, None) is None:
-                break
-        self.n = 0
-        return batches
 
 
 class TrainLoader:
     """A DataLoader over a bucketing sampler that can resume inside an epoch.
 
     Lightning calls `sampler.set_epoch(epoch)` on it before each epoch (it looks for a
-    `sampler` attribute); `resume_at(epoch, batches_done)` makes the next iteration of
-    that epoch skip the batches already trained on. Workers persist across epochs.
+    `sampler` attribute); `resume_at(epoch, batches_done, world_size)` makes the next iteration of
+    that epoch skip the batches already trained on (the sampler's `load_state_dict`).
+    Workers persist across epochs.
     """
 
     def __init__(self, dataset: AsrDataset, sampler: RankSynchronizedSampler, num_workers: int):
         self.sampler = sampler
-        self._batches = _SkipFirst(sampler)
-        self._loader = _loader(dataset, self._batches, num_workers)
-        self._resume: tuple[int, int] | None = None
+        self._loader = _loader(dataset, sampler, num_workers)
+        self._resume: dict[str, int] | None = None
 
-    def resume_at(self, epoch: int, batches_done: int) -> None:
-        self._resume = (epoch, batches_done)
+    def resume_at(self, epoch: int, batches_done: int, world_size: int) -> None:
+        self._resume = {"epoch": epoch, "steps_done": batches_done, "world_size": world_size}
 
     def __iter__(self) -> Iterator[Batch]:
         # A generator: nothing happens until the first batch is asked for, so Lightning's
         # probing iter() calls do not consume the resume position.
         if self._resume is not None:
-            epoch, self._batches.n = self._resume
             # Lightning draws the first batch of a resumed run before it sets the sampler's
-            # epoch, so the epoch is set here (else an epoch >= 1 would replay epoch 0's order).
-            self.sampler.set_epoch(epoch)
-            log.info("resuming epoch %d after %d batches", epoch, self._batches.n)
+            # epoch, so the epoch comes from the position (else an epoch >= 1 would replay
+            # epoch 0's order).
+            self.sampler.load_state_dict(self._resume)
+            log.info(
+                "resuming epoch %d after %d batches",
+                self._resume["epoch"],
+                self._resume["steps_done"],
+            )
         self._resume = None
         yield from self._loader
         counts = self.dropped_counts()
@@ -129,7 +117,7 @@ class AsrDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.subsampling_factor = subsampling_factor
         self._tokenizer: Tokenizer | None = None
-        self._resume: tuple[int, int] | None = None
+        self._resume: dict[str, int] | None = None
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -157,7 +145,7 @@ class AsrDataModule(L.LightningDataModule):
         )
         loader = TrainLoader(self._dataset(train=True), sampler, self.num_workers)
         if self._resume is not None:
-            loader.resume_at(*self._resume)
+            loader.resume_at(**self._resume)
             self._resume = None
         return loader
 
@@ -207,14 +195,11 @@ class AsrDataModule(L.LightningDataModule):
         if not state:
             return
         _, world = self._rank_and_world()
-        saved = state.get("world_size", 1)
-        if state["batches_done"] and saved != world:
-            raise ValueError(
-                f"the checkpoint stopped inside epoch {state['epoch']} after "
-                f"{state['batches_done']} steps of {saved} data-parallel process(es); this run "
-                f"has {world}, which would split that epoch's batches differently. Resume with "
-                f"{saved} process(es) (trainer.devices x trainer.num_nodes), or from an "
-                f"end-of-epoch checkpoint (resume=.../checkpoints/epoch=NN.ckpt), which any "
-                f"number of processes can continue."
-            )
-        self._resume = (state["epoch"], state["batches_done"])
+        position = {
+            "epoch": state["epoch"],
+            "batches_done": state["batches_done"],
+            "world_size": state.get("world_size", 1),
+        }
+        # at once, not when the first batch is drawn
+        check_resumable({**position, "steps_done": position["batches_done"]}, world)
+        self._resume = position

@@ -46,7 +46,9 @@ class RankSynchronizedSampler:
     step's batches share it, without it rank r simply takes every world_size-th batch.
 
     `state_dict()` records the epoch and the steps taken; `load_state_dict()` makes the
-    next iteration replay that epoch's batch order and skip those steps (metadata only).
+    next iteration replay that epoch's batch order and skip those steps (metadata only):
+    the one way a run resumes inside an epoch (the data module hands it the checkpoint's
+    position).
     """
 
     def __init__(
@@ -105,13 +107,25 @@ class RankSynchronizedSampler:
         return {"epoch": self.epoch, "steps_done": self.steps_done, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state.get("world_size", self.world_size) != self.world_size:
-            raise ValueError(
-                f"sampler state was saved with world_size={state['world_size']}, resuming "
-                f"with {self.world_size}: the batch order would differ"
-            )
+        check_resumable(state, self.world_size)
         self.set_epoch(state["epoch"])
         self._skip = state["steps_done"]
+
+
+def check_resumable(state: dict[str, int], world_size: int) -> None:
+    """Raise unless a position {epoch, steps_done, world_size} can resume with
+    `world_size` processes: inside an epoch only the same number splits its batches the
+    same way (skipping `steps_done` of other batches would skip the wrong cuts)."""
+    saved = state.get("world_size", world_size)
+    if state.get("steps_done") and saved != world_size:
+        raise ValueError(
+            f"the checkpoint stopped inside epoch {state['epoch']} after "
+            f"{state['steps_done']} steps of {saved} data-parallel process(es); this run "
+            f"has {world_size}, which would split that epoch's batches differently. Resume "
+            f"with {saved} process(es) (trainer.devices x trainer.num_nodes), or from an "
+            f"end-of-epoch checkpoint (resume=.../checkpoints/epoch=NN.ckpt), which any "
+            f"number of processes can continue."
+        )
 
 
 class EvalSplit:

@@ -5,13 +5,16 @@ from lhotse import CutSet
 
 from asr.data.bins import (
     CutLengths,
+    bin_index,
+    bucket_of,
+    duration_index,
     equal_total_edges,
     estimate_bins,
     main,
     read_bins,
     token_sub_bins,
 )
-from asr.data.buckets import SamplerConfig, bucket_index, build_sampler
+from asr.data.buckets import SamplerConfig, build_sampler
 from asr.data.synthetic_cuts import synthetic_cuts
 from asr.data.tokenizer import Tokenizer
 
@@ -78,9 +81,7 @@ def test_2d_bins_split_tokens_inside_each_duration_bin() -> None:
     duration_bins = equal_total_edges(lengths.durations, 5)
     bins = token_sub_bins(lengths, duration_bins, 4)
     assert bins == sorted(bins) and {d for d, _ in bins} == set(duration_bins)
-    which = [
-        bucket_index(bins, d, t) for d, t in zip(lengths.durations, lengths.tokens, strict=True)
-    ]
+    which = [bin_index(bins, d, t) for d, t in zip(lengths.durations, lengths.tokens, strict=True)]
     assert max(which) < len(bins)  # every cut fits a bin
     for edge in duration_bins:
         sub = [i for i, (d, _) in enumerate(bins) if d == edge]
@@ -137,3 +138,31 @@ def test_cli_writes_a_bins_file_the_sampler_reads(tmp_path, cuts_with_outliers, 
     assert cfg.max_tps == tuple(keys["max_tps"])
     with pytest.raises(FileNotFoundError, match="asr-estimate-bins"):
         read_bins(tmp_path / "missing.yaml")
+
+
+def test_one_bucket_rule_for_scalar_vectorized_and_2d_lookups() -> None:
+    """First edge >= the value (lhotse's bisect_left), len(bins) beyond the last edge,
+    whichever function asks; 2D bins also need the token edge to hold."""
+    edges = [2.0, 5.0, 9.0]
+    durations = np.array([0.5, 2.0, 2.01, 5.0, 8.99, 9.0, 9.01])
+    expected = [0, 0, 1, 1, 2, 2, 3]
+    assert bucket_of(durations, edges).tolist() == expected
+    assert [bin_index(edges, d) for d in durations] == expected
+    assert [duration_index(edges, d) for d in durations] == expected
+    two_d = [(2.0, 10), (2.0, 20), (5.0, 30), (9.0, 60)]
+    assert bin_index(two_d, 1.0, 10) == 0 and bin_index(two_d, 1.0, 11) == 1
+    assert bin_index(two_d, 1.0, 25) == 2  # too many tokens for its duration: a longer bin
+    assert bin_index(two_d, 6.0, 61) == 4 and bin_index(two_d, 9.5, 1) == 4  # fits none
+    assert duration_index(two_d, 2.0) == 0 and duration_index(two_d, 9.5) == 4
+
+
+def test_a_cut_beyond_the_last_bin_is_dropped_as_such_even_with_per_bin_tps_limits() -> None:
+    from lhotse import MonoCut
+
+    from asr.data.buckets import CutFilter
+
+    cut_filter = CutFilter(0.0, 100.0, [2.0, 5.0], max_tps=[3.0, 3.0])
+    long_fast = MonoCut(id="long", start=0, duration=6.0, channel=0, custom={"num_tokens": 60})
+    short_fast = MonoCut(id="short", start=0, duration=1.0, channel=0, custom={"num_tokens": 9})
+    assert cut_filter.reason(long_fast) == "beyond the last bucket"
+    assert cut_filter.reason(short_fast) == "tokens per second above max_tps"
