@@ -30,7 +30,8 @@ def error_line(err: BaseException) -> str:
 
 
 def command(main: Main) -> Main:
-    """Wrap a console script's ``main(argv)`` with the error convention above."""
+    """Wrap a console script's ``main(argv)`` (or a Hydra task function) with the error
+    convention above."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):

@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from asr.cli import command
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.models.build import build_model, count_parameters
@@ -161,6 +162,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
+@command
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

@@ -324,3 +324,26 @@ def test_samplewise_and_batched_losses_train_alike(
     ]
     assert max(relative) < 1e-4, relative
     assert losses["batched"][-1] < losses["batched"][0]  # it trained
+
+
+def test_asr_train_ends_a_bad_config_with_one_line(tmp_path: Path) -> None:
+    """An unknown loss kind: one line naming the key and the valid values, exit 1."""
+    done = subprocess.run(
+        [
+            str(ASR_TRAIN),
+            "experiment=demo",
+            "model.loss.kind=nope",
+            f"exp_dir={tmp_path / 'exp'}",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    error = done.stderr.strip().splitlines()[-1]
+    assert (
+        error
+        == "asr-train: error: model.loss.kind='nope' is unknown; valid: ['batched', 'samplewise']"
+    )
+    assert "Traceback" not in done.stderr
