@@ -42,7 +42,7 @@ from asr.training.probes import ModelSetup, build_training  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiment", default="demo", help="configs/experiment/<name>.yaml")
+    parser.add_argument("--experiment", default="demo", help="asr/configs/experiment/<name>.yaml")
     parser.add_argument("--data-dir", default="data/demo", help="the corpus of the preset")
     parser.add_argument("--batches", type=int, default=24, help="timed steps + warm-up steps")
     parser.add_argument("--warmup", type=int, default=4, help="first steps not timed")

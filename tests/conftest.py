@@ -21,8 +21,8 @@ from asr.data.corpus import cuts_path, prepare_manifests
 from asr.data.features import precompute_features
 from asr.data.tokenizer import Tokenizer, train_tokenizer
 from asr.demo.synth import make_demo_corpus
+from asr.training.train import CONFIG_DIR
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # ~30 training, ~11 dev and ~14 test utterances of ~3.5 s: built in a few seconds.
 TINY_CORPUS = {"train_hours": 0.03, "dev_minutes": 0.5, "test_minutes": 0.8, "seed": 0}
 VOCAB_SIZE = 64
@@ -78,7 +78,7 @@ def tokenizer(tiny_corpus: TinyCorpus) -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def feature_manifests(tiny_corpus: TinyCorpus) -> dict[str, Path]:
-    """Stored features for train and dev, under the names configs/experiment/demo.yaml uses."""
+    """Stored features for train and dev, under the names asr/configs/experiment/demo.yaml uses."""
     return {
         part: precompute_features(tiny_corpus.cuts(part), tiny_corpus.cuts(f"{part}-feats"))
         for part in (TRAIN, DEV)
@@ -153,7 +153,7 @@ def train_overrides(
 
 @pytest.fixture(scope="session")
 def compose_train(tiny_corpus: TinyCorpus) -> Callable[..., DictConfig]:
-    """`compose(exp_dir, *overrides, kind=...)`: configs/train.yaml with the tiny overrides
+    """`compose(exp_dir, *overrides, kind=...)`: asr/configs/train.yaml with the tiny overrides
     of that model kind, then yours (`experiment=...` among them picks the model group)."""
 
     def compose(exp_dir: Path, *overrides: str, kind: str = "transducer") -> DictConfig:

@@ -28,7 +28,7 @@ from asr.data.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """Keys of `configs/data/*.yaml` `sampler:`.
+    """Keys of `asr/configs/data/*.yaml` `sampler:`.
 
     - `max_duration`: target seconds of audio per mini-batch, counted with padding
       (cuts x longest cut). It is soft: lhotse closes a batch once a cut has crossed it,

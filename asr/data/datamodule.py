@@ -83,7 +83,7 @@ def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.
 class AsrDataModule(L.LightningDataModule):
     """Training/validation/test loaders for one corpus.
 
-    Args mirror `configs/data/*.yaml`: manifest paths, the tokenizer model, feature and
+    Args mirror `asr/configs/data/*.yaml`: manifest paths, the tokenizer model, feature and
     SpecAugment settings, sampler settings (`asr.data.buckets.SamplerConfig`), the
     validation batch size in seconds, loader workers, and the encoder's subsampling
     factor (to drop transcripts the encoder cannot carry).

@@ -324,7 +324,7 @@ def parse_memory_size(text: str) -> int:
 
 
 def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """configs/train.yaml composed with Hydra overrides (`key=value`)."""
+    """asr/configs/train.yaml composed with Hydra overrides (`key=value`)."""
     with hydra.initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return hydra.compose("train", overrides=list(overrides))
 

@@ -42,9 +42,9 @@ from asr.training.step_guard import FaultConfig
 
 log = logging.getLogger("asr.train")
 
-# The repository's configs/ (the package is installed editable from a checkout);
+# The configs ship inside the package (asr/configs), so any install finds them;
 # ASR_CONFIG_DIR points elsewhere, and Hydra's --config-dir adds a directory.
-CONFIG_DIR = os.environ.get("ASR_CONFIG_DIR", str(Path(__file__).resolve().parents[2] / "configs"))
+CONFIG_DIR = os.environ.get("ASR_CONFIG_DIR", str(Path(__file__).resolve().parents[1] / "configs"))
 
 
 def resume_path(cfg: DictConfig, ckpt_dir: Path) -> str | None:

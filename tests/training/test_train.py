@@ -13,9 +13,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 import asr
-from asr.training.train import build, resume_path, run
+from asr.training.train import CONFIG_DIR, build, resume_path, run
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 ASR_TRAIN = Path(sys.executable).with_name("asr-train")
 
 
@@ -28,7 +27,7 @@ def compose(*overrides: str) -> DictConfig:
 
 
 def test_experiment_preset_sets_its_run_directories() -> None:
-    # configs/experiment/demo.yaml: data_dir: data/demo, exp_dir: exp/demo
+    # asr/configs/experiment/demo.yaml: data_dir: data/demo, exp_dir: exp/demo
     cfg = compose("experiment=demo")
     assert (cfg.data_dir, cfg.exp_dir) == ("data/demo", "exp/demo")
     assert cfg.data.tokenizer == "data/demo/tokenizer/bpe128.model"

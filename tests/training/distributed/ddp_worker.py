@@ -25,9 +25,7 @@ import torch
 from lhotse import CutSet
 
 from asr.data.corpus import load_cuts
-from asr.training.train import build, resume_path
-
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+from asr.training.train import CONFIG_DIR, build, resume_path
 
 
 def weights_digest(model: torch.nn.Module) -> str:

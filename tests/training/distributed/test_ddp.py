@@ -32,9 +32,8 @@ from omegaconf import OmegaConf
 from asr.data.buckets import build_sampler
 from asr.data.corpus import load_cuts, open_cuts
 from asr.data.tokenizer import Tokenizer
-from asr.training.train import build
+from asr.training.train import CONFIG_DIR, build
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 WORKER = Path(__file__).with_name("ddp_worker.py")
 BIN = Path(sys.executable).parent
 TIMEOUT = 300  # seconds for any one launch: a hang fails the test instead of the suite
