@@ -15,6 +15,7 @@ import torch
 from lhotse import Recording
 
 from asr.cli import command
+from asr.data.dataset import first_line
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import SearchOptions, decode, default_options
@@ -45,9 +46,7 @@ def _audio_error(err: BaseException) -> str:
     tried on one line; libsndfile's (the first) is the one that matters for FLAC/WAV."""
     text = str(err)
     found = re.search(r"LibsndfileError'>: (.*)", text)  # one line of lhotse's list
-    if found:
-        return found.group(1).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+    return found.group(1).strip() if found else first_line(err)
 
 
 class Recognizer:

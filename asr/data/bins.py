@@ -20,6 +20,7 @@ import argparse
 import logging
 import math
 import sys
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,14 +102,14 @@ def bucket_of(values: np.ndarray, edges: Sequence[float]) -> np.ndarray:
     return np.searchsorted(np.asarray(edges, dtype=float), values, side="left")
 
 
-def duration_edges(bins: Sequence[Bin]) -> list[float]:
-    """The duration edge of each bin (a 2D bin's first element)."""
-    return [float(b[0]) if isinstance(b, tuple) else float(b) for b in bins]
+def _duration_edge(b: Bin) -> float:
+    return b[0] if isinstance(b, tuple) else b
 
 
 def duration_index(bins: Sequence[Bin], duration: float) -> int:
-    """The first bin whose duration edge holds `duration`; len(bins) beyond the last."""
-    return int(bucket_of(np.asarray([duration]), duration_edges(bins))[0])
+    """The first bin whose duration edge holds `duration`; len(bins) beyond the last. The
+    rule of `bucket_of` for one cut, without building arrays (it runs for every cut)."""
+    return bisect_left(bins, duration, key=_duration_edge)
 
 
 def bin_index(bins: Sequence[Bin], duration: float, tokens: int | None = None) -> int:

@@ -31,7 +31,7 @@ class TrainLoader:
     """A DataLoader over a bucketing sampler that can resume inside an epoch.
 
     Lightning calls `sampler.set_epoch(epoch)` on it before each epoch (it looks for a
-    `sampler` attribute); `resume_at(epoch, batches_done, world_size)` makes the next iteration of
+    `sampler` attribute); `resume_at(position)` makes the next iteration of
     that epoch skip the batches already trained on (the sampler's `load_state_dict`).
     Workers persist across epochs.
     """
@@ -41,8 +41,9 @@ class TrainLoader:
         self._loader = _loader(dataset, sampler, num_workers)
         self._resume: dict[str, int] | None = None
 
-    def resume_at(self, epoch: int, batches_done: int, world_size: int) -> None:
-        self._resume = {"epoch": epoch, "steps_done": batches_done, "world_size": world_size}
+    def resume_at(self, position: dict[str, int]) -> None:
+        """`position`: the sampler's state ({epoch, steps_done, world_size})."""
+        self._resume = position
 
     def __iter__(self) -> Iterator[Batch]:
         # A generator: nothing happens until the first batch is asked for, so Lightning's
@@ -145,7 +146,7 @@ class AsrDataModule(L.LightningDataModule):
         )
         loader = TrainLoader(self._dataset(train=True), sampler, self.num_workers)
         if self._resume is not None:
-            loader.resume_at(**self._resume)
+            loader.resume_at(self._resume)
             self._resume = None
         return loader
 
@@ -195,11 +196,11 @@ class AsrDataModule(L.LightningDataModule):
         if not state:
             return
         _, world = self._rank_and_world()
+        # the sampler's state: batches done are its steps done
         position = {
             "epoch": state["epoch"],
-            "batches_done": state["batches_done"],
+            "steps_done": state["batches_done"],
             "world_size": state.get("world_size", 1),
         }
-        # at once, not when the first batch is drawn
-        check_resumable({**position, "steps_done": position["batches_done"]}, world)
+        check_resumable(position, world)  # at once, not when the first batch is drawn
         self._resume = position
