@@ -14,19 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from asr.errors import joined_lines
+
 # OSError covers missing, unreadable and truncated files; ValueError and KeyError bad
 # values and config keys.
 INPUT_ERRORS = (OSError, ValueError, KeyError)
 DEBUG_ENV = "ASR_DEBUG"
 
 Main = TypeVar("Main", bound=Callable[..., None])
-
-
-def error_line(err: BaseException) -> str:
-    """The message of `err` on one line (a KeyError's without its quotes)."""
-    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return " ".join(lines) or type(err).__name__
 
 
 def command(main: Main) -> Main:
@@ -41,7 +36,7 @@ def command(main: Main) -> Main:
             if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
                 raise
             prog = Path(sys.argv[0]).name or "asr"
-            print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
+            print(f"{prog}: error: {joined_lines(err)}", file=sys.stderr)
             raise SystemExit(1) from None
 
     return wrapper  # type: ignore[return-value]

@@ -20,6 +20,7 @@ import torch
 
 from asr.cli import command
 from asr.data.tokenizer import Tokenizer
+from asr.errors import first_line
 from asr.models.build import Model, build_model
 
 BUNDLE_FORMAT = "asr-bundle-1"
@@ -38,7 +39,7 @@ def _torch_load(path: Path, *, weights_only: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err, with_type=False)
         raise ValueError(f"cannot read {path}: truncated or not a torch file ({reason})") from err
 
 

@@ -15,10 +15,10 @@ import torch
 from lhotse import Recording
 
 from asr.cli import command
-from asr.data.dataset import first_line
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import SearchOptions, decode, default_options
+from asr.errors import first_line
 from asr.export import load_bundle
 from asr.frames import SAMPLE_RATE
 from asr.models.build import Model

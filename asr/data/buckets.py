@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from lhotse import CutSet
@@ -20,6 +20,7 @@ from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
+from asr.config_keys import checked_keys
 from asr.data.bins import Bin, bin_index, duration_index, read_bins
 from asr.data.corpus import cut_text
 from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
@@ -70,11 +71,7 @@ class SamplerConfig:
     def from_mapping(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
         """Build from a config mapping; an unknown key is an error that names it. The keys
         of `bins_file` fill those not given."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise KeyError(f"unknown data.sampler key(s) {unknown}; valid keys: {sorted(known)}")
-        values = dict(cfg)
+        values = checked_keys(cls, cfg, "data.sampler")
         if values.get("bins_file"):
             from_file = read_bins(values["bins_file"])
             for key in ("bucket_duration_bins", "bucket_batch_size", "max_tps"):

@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from asr.config_keys import dataclass_from_keys
 from asr.data.batch import Batch
 from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import open_cuts
@@ -111,8 +112,12 @@ class AsrDataModule(L.LightningDataModule):
             list(test_cuts),
         )
         self.tokenizer_path = tokenizer
-        self.features = FeatureConfig(**(features or {}))
-        self.spec_augment = SpecAugmentConfig(**spec_augment) if spec_augment else None
+        self.features = dataclass_from_keys(FeatureConfig, features, "data.features")
+        self.spec_augment = (
+            dataclass_from_keys(SpecAugmentConfig, spec_augment, "data.spec_augment")
+            if spec_augment
+            else None
+        )
         self.sampler_cfg = SamplerConfig.from_mapping(sampler or {})
         self.valid_max_duration = valid_max_duration
         self.num_workers = num_workers

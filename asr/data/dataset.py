@@ -33,6 +33,7 @@ from asr.data.features import (
     to_mono,
 )
 from asr.data.tokenizer import Tokenizer
+from asr.errors import first_line
 from asr.frames import subsampled_lengths
 from asr.tokens import PAD_ID, UNK_ID
 
@@ -58,11 +59,6 @@ FILE_ERRORS: tuple[type[BaseException], ...] = (
     EOFError,
 )
 FEATURE_FILE_ERRORS = (*FILE_ERRORS, ValueError)
-
-
-def first_line(err: BaseException) -> str:
-    """`Type: message` up to its first line (lhotse appends the whole cut to its errors)."""
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 @dataclass(frozen=True)

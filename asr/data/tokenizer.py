@@ -42,7 +42,8 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(
                 f"tokenizer model not found: {path} (it is made by the 'tokenizer' stage: "
-                "asr.data.tokenizer.train_tokenizer / recipes/*/run.sh --stage tokenizer)"
+                "asr-train-tokenizer --cuts ... --output ..., or recipes/*/run.sh --stage "
+                "tokenizer)"
             )
         return cls(spm.SentencePieceProcessor(model_file=str(path)))
 

@@ -22,8 +22,9 @@ from rich.progress import Progress
 from asr.cli import command
 from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import cut_text, load_cuts
-from asr.data.dataset import FILE_ERRORS, first_line
+from asr.data.dataset import FILE_ERRORS
 from asr.data.features import check_sample_rate
+from asr.errors import first_line
 from asr.metrics import ErrorCounts, word_errors
 from asr.transcribe import Recognizer, load_recognizer
 

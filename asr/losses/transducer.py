@@ -49,10 +49,8 @@ def batched_transducer_loss(
         encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction
     )
     encoder_out, predictor_out = encoder_out[:, :max_t], predictor_out[:, : max_u + 1]
-    with joiner_precision(encoder_out.device.type, logits_dtype):
-        if logits_dtype == torch.float32:
-            encoder_out, predictor_out = encoder_out.float(), predictor_out.float()
-        logits = joiner(encoder_out.unsqueeze(2), predictor_out.unsqueeze(1))  # (B,T,U+1,V)
+    with joiner_precision(logits_dtype, encoder_out, predictor_out) as (enc, pred):
+        logits = joiner(enc.unsqueeze(2), pred.unsqueeze(1))  # (B, T, U+1, V)
     vocab = logits.size(-1)
     if not 0 <= blank < vocab:
         raise ValueError(f"blank={blank} is outside the joiner's vocabulary [0, {vocab})")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.config_keys import check_choice
 from asr.frames import FRAME_SHIFT_SECONDS
 from asr.models.conformer import lengths_to_mask, sinusoids
 from asr.models.ctc_head import ctc_log_probs
@@ -135,34 +136,42 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The keys of the Hydra group ``model.decoder``.
+
+    `positions`: "sinusoidal" (any length) or "learned" (up to `max_positions`).
+    `tie_embeddings` shares the embedding matrix with the output layer.
+    """
+
+    d_model: int = 256
+    num_layers: int = 6
+    num_heads: int = 4
+    ff_expansion: int = 4
+    dropout: float = 0.1
+    positions: str = "sinusoidal"
+    max_positions: int = 1024
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("model.decoder.positions", self.positions, POSITIONS)
+        if self.num_layers < 1:
+            raise ValueError(f"model.decoder.num_layers must be >= 1, got {self.num_layers}")
+
+
 class TransformerDecoder(nn.Module):
     """Token embedding + positions, pre-norm `DecoderLayer`s, final LayerNorm, output layer.
 
-    Keyword arguments equal the keys of the Hydra group ``model.decoder``; `encoder_dim`
-    (filled in by `build_model`) adds a linear projection of the encoder output when it
-    differs from `d_model`. `tie_embeddings` shares the embedding matrix with the output
-    layer. `positions`: "sinusoidal" (any length) or "learned" (up to `max_positions`).
+    `encoder_dim` (filled in by `build_model`) adds a linear projection of the encoder
+    output when it differs from `config.d_model`.
     """
 
     def __init__(
-        self,
-        *,
-        vocab_size: int,
-        d_model: int = 256,
-        num_layers: int = 6,
-        num_heads: int = 4,
-        ff_expansion: int = 4,
-        dropout: float = 0.1,
-        encoder_dim: int | None = None,
-        positions: str = "sinusoidal",
-        max_positions: int = 1024,
-        tie_embeddings: bool = True,
+        self, config: DecoderConfig, *, vocab_size: int, encoder_dim: int | None = None
     ) -> None:
         super().__init__()
-        if positions not in POSITIONS:
-            raise ValueError(f"decoder positions must be one of {POSITIONS}, got {positions!r}")
-        if num_layers < 1:
-            raise ValueError(f"decoder num_layers must be >= 1, got {num_layers}")
+        d_model, num_heads, dropout = config.d_model, config.num_heads, config.dropout
+        positions, max_positions = config.positions, config.max_positions
         self.vocab_size, self.d_model = vocab_size, d_model
         self.positions, self.max_positions = positions, max_positions
         self.embedding = nn.Embedding(vocab_size, d_model)
@@ -178,10 +187,11 @@ class TransformerDecoder(nn.Module):
         self.memory_proj = nn.Linear(encoder_dim, d_model) if encoder_dim != d_model else None
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            DecoderLayer(d_model, num_heads, ff_expansion, dropout) for _ in range(num_layers)
+            DecoderLayer(d_model, num_heads, config.ff_expansion, dropout)
+            for _ in range(config.num_layers)
         )
         self.norm = nn.LayerNorm(d_model)
-        self.output = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        self.output = None if config.tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
 
     def _embed(self, tokens: Tensor, offset: int) -> Tensor:

@@ -1,102 +1,95 @@
 """Build a model from a plain config mapping (the Hydra group ``model``, already resolved).
 
-Sizes that follow from other parts (vocabulary size, encoder and predictor widths, blank
-id) are filled in here, so a config never repeats them. Unknown keys fail loudly.
+The keys of each part are the fields of its config dataclass (`ConformerConfig`,
+`PredictorConfig`, `JoinerConfig`, `DecoderConfig`); `model_config` reads the whole group
+into `TransducerConfig` or `AedConfig`, naming any unknown key. Sizes that follow from
+other parts (vocabulary size, encoder and predictor widths) are filled in here, so a
+config never repeats them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from asr.models.aed import EncoderDecoder, TransformerDecoder
-from asr.models.conformer import ConformerEncoder
-from asr.models.transducer import Joiner, Predictor, Transducer
+from asr.config_keys import check_choice, dataclass_from_keys
+from asr.models.aed import DecoderConfig, EncoderDecoder, TransformerDecoder
+from asr.models.conformer import ConformerConfig, ConformerEncoder
+from asr.models.transducer import Joiner, JoinerConfig, Predictor, PredictorConfig, Transducer
 
 Model = Transducer | EncoderDecoder
 
-_TOP_KEYS = ("kind", "encoder", "predictor", "joiner", "ctc_head", "blank_id")
-_AED_TOP_KEYS = ("kind", "encoder", "decoder", "ctc_head")
-_ENCODER_KEYS = (
-    "input_dim",
-    "d_model",
-    "num_layers",
-    "num_heads",
-    "ff_expansion",
-    "conv_kernel_size",
-    "subsampling_factor",
-    "dropout",
-    "conv_norm",
-    "subsampling_channels",
-    "pad_frames_to",
-)
-_PREDICTOR_KEYS = ("kind", "embed_dim", "hidden_dim", "num_layers", "context_size", "dropout")
-_JOINER_KEYS = ("joint_dim",)
-_DECODER_KEYS = (
-    "d_model",
-    "num_layers",
-    "num_heads",
-    "ff_expansion",
-    "dropout",
-    "positions",
-    "max_positions",
-    "tie_embeddings",
-)
-_MODEL_KINDS = ("transducer", "aed")
+
+@dataclass(frozen=True)
+class TransducerConfig:
+    """``model`` with ``kind: transducer``: Conformer encoder, predictor, joiner, and an
+    optional CTC head on the encoder (`ctc_head`); `blank_id` is the transducer's blank."""
+
+    predictor: PredictorConfig
+    kind: str = "transducer"
+    encoder: ConformerConfig = field(default_factory=ConformerConfig)
+    joiner: JoinerConfig = field(default_factory=JoinerConfig)
+    ctc_head: bool = False
+    blank_id: int = 0
 
 
-def _checked(section: str, cfg: Any, valid: Iterable[str]) -> dict[str, Any]:
-    """``cfg`` as a dict after checking that every key is in ``valid``."""
+@dataclass(frozen=True)
+class AedConfig:
+    """``model`` with ``kind: aed``: Conformer encoder, Transformer decoder, and an
+    optional CTC head on the encoder."""
+
+    kind: str = "aed"
+    encoder: ConformerConfig = field(default_factory=ConformerConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    ctc_head: bool = False
+
+
+MODEL_CONFIGS = {"transducer": TransducerConfig, "aed": AedConfig}
+
+
+def model_config(cfg: Mapping[str, Any]) -> TransducerConfig | AedConfig:
+    """The ``model`` group read into its typed config; an unknown key or value is an error
+    naming it and the valid ones. A ``loss`` key belongs to the objective and is ignored."""
     if not isinstance(cfg, Mapping):
-        raise TypeError(f"config section {section!r} must be a mapping, got {type(cfg).__name__}")
-    valid = tuple(valid)
-    for key in cfg:
-        if key not in valid:
-            raise ValueError(
-                f"unknown config key {section}.{key}; valid keys: {', '.join(valid)}"
-                " (vocab_size, widths and blank_id are filled in by build_model)"
-            )
-    return dict(cfg)
+        raise TypeError(f"config section model must be a mapping, got {cfg!r}")
+    kind = cfg.get("kind", "transducer")
+    check_choice("model.kind", kind, MODEL_CONFIGS)
+    parts = {key: value for key, value in cfg.items() if key != "loss"}
+    return dataclass_from_keys(MODEL_CONFIGS[kind], parts, "model")
 
 
-def build_model(cfg: Mapping[str, Any], vocab_size: int) -> Model:
+def build_model(cfg: Mapping[str, Any] | TransducerConfig | AedConfig, vocab_size: int) -> Model:
     """cfg like ``{"kind": "transducer", "encoder": {...}, "predictor": {...},
     "joiner": {"joint_dim": 256}, "ctc_head": True}`` -> a Transducer over ``vocab_size``;
     ``{"kind": "aed", "encoder": {...}, "decoder": {...}, "ctc_head": True}`` -> an
     EncoderDecoder."""
-    kind = cfg.get("kind", "transducer") if isinstance(cfg, Mapping) else None
-    if kind not in _MODEL_KINDS:
-        raise ValueError(f"unknown model.kind {kind!r}; valid kinds: {', '.join(_MODEL_KINDS)}")
-    if kind == "aed":
-        return _build_aed(cfg, vocab_size)
-    cfg = _checked("model", cfg, _TOP_KEYS)
-    blank_id = int(cfg.get("blank_id", 0))
-    encoder = ConformerEncoder(**_checked("model.encoder", cfg.get("encoder", {}), _ENCODER_KEYS))
-    pred_cfg = _checked("model.predictor", cfg.get("predictor", {}), _PREDICTOR_KEYS)
-    predictor = Predictor(vocab_size=vocab_size, blank_id=blank_id, **pred_cfg)
-    joiner_cfg = _checked("model.joiner", cfg.get("joiner", {}), _JOINER_KEYS)
+    config = cfg if dataclasses.is_dataclass(cfg) else model_config(cfg)
+    # Parts are created in a fixed order: it decides which random numbers initialize which.
+    encoder = ConformerEncoder(config.encoder)
+    if isinstance(config, AedConfig):
+        decoder = TransformerDecoder(
+            config.decoder, vocab_size=vocab_size, encoder_dim=encoder.output_dim
+        )
+        return EncoderDecoder(encoder, decoder, ctc_head=_ctc_head(config, encoder, vocab_size))
+    predictor = Predictor(config.predictor, vocab_size=vocab_size, blank_id=config.blank_id)
     joiner = Joiner(
         encoder_dim=encoder.output_dim,
         predictor_dim=predictor.output_dim,
         vocab_size=vocab_size,
-        joint_dim=joiner_cfg.get("joint_dim", 256),
+        joint_dim=config.joiner.joint_dim,
     )
-    ctc_head = nn.Linear(encoder.output_dim, vocab_size) if cfg.get("ctc_head", False) else None
-    return Transducer(encoder, predictor, joiner, ctc_head=ctc_head, blank_id=blank_id)
+    ctc_head = _ctc_head(config, encoder, vocab_size)
+    return Transducer(encoder, predictor, joiner, ctc_head=ctc_head, blank_id=config.blank_id)
 
 
-def _build_aed(cfg: Mapping[str, Any], vocab_size: int) -> EncoderDecoder:
-    cfg = _checked("model", cfg, _AED_TOP_KEYS)
-    encoder = ConformerEncoder(**_checked("model.encoder", cfg.get("encoder", {}), _ENCODER_KEYS))
-    decoder = TransformerDecoder(
-        vocab_size=vocab_size,
-        encoder_dim=encoder.output_dim,
-        **_checked("model.decoder", cfg.get("decoder", {}), _DECODER_KEYS),
-    )
-    ctc_head = nn.Linear(encoder.output_dim, vocab_size) if cfg.get("ctc_head", False) else None
-    return EncoderDecoder(encoder, decoder, ctc_head=ctc_head)
+def _ctc_head(
+    config: TransducerConfig | AedConfig, encoder: ConformerEncoder, vocab_size: int
+) -> nn.Linear | None:
+    return nn.Linear(encoder.output_dim, vocab_size) if config.ctc_head else None
 
 
 def count_parameters(model: nn.Module) -> int:

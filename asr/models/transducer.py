@@ -8,15 +8,42 @@ with B first), so a decoder can pick per-sample states with ``torch.where``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.config_keys import check_choice
 from asr.models.ctc_head import ctc_log_probs
 
 PredictorState = Tensor | tuple[Tensor, ...]
-_PREDICTOR_KINDS = ("lstm", "stateless")
+PREDICTOR_KINDS = ("lstm", "stateless")
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """The keys of the Hydra group ``model.predictor`` (see `Predictor`)."""
+
+    embed_dim: int
+    hidden_dim: int
+    kind: str = "lstm"
+    num_layers: int = 1
+    context_size: int = 2
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_choice("model.predictor.kind", self.kind, PREDICTOR_KINDS)
+        if self.kind == "stateless" and self.context_size < 1:
+            raise ValueError(f"model.predictor.context_size must be >= 1, got {self.context_size}")
+
+
+@dataclass(frozen=True)
+class JoinerConfig:
+    """The keys of the Hydra group ``model.joiner``; the input widths and the vocabulary
+    size follow from the other parts."""
+
+    joint_dim: int = 256
 
 
 class Predictor(nn.Module):
@@ -27,25 +54,12 @@ class Predictor(nn.Module):
     ReLU and a linear layer. Both are causal, so padding after a sequence never matters.
     """
 
-    def __init__(
-        self,
-        *,
-        vocab_size: int,
-        embed_dim: int,
-        hidden_dim: int,
-        num_layers: int = 1,
-        kind: str = "lstm",
-        context_size: int = 2,
-        dropout: float = 0.1,
-        blank_id: int = 0,
-    ) -> None:
+    def __init__(self, config: PredictorConfig, *, vocab_size: int, blank_id: int = 0) -> None:
         super().__init__()
-        if kind not in _PREDICTOR_KINDS:
-            raise ValueError(f"predictor kind must be one of {_PREDICTOR_KINDS}, got {kind!r}")
         if not 0 <= blank_id < vocab_size:
             raise ValueError(f"blank_id={blank_id} is outside the vocabulary [0, {vocab_size})")
-        if kind == "stateless" and context_size < 1:
-            raise ValueError(f"context_size must be >= 1, got {context_size}")
+        kind, context_size, dropout = config.kind, config.context_size, config.dropout
+        embed_dim, hidden_dim, num_layers = config.embed_dim, config.hidden_dim, config.num_layers
         self.kind, self.vocab_size, self.blank_id = kind, vocab_size, blank_id
         self.context_size = context_size
         self.output_dim = hidden_dim

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
+from asr.config_keys import check_choice
+
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -43,8 +45,7 @@ def _reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
 
 def resolve_wandb_mode(mode: str) -> str:
     """The W&B mode to use: `WANDB_MODE` if set, else `mode`, with `auto` resolved."""
-    if mode not in WANDB_MODES:
-        raise ValueError(f"logger.wandb.mode must be one of {WANDB_MODES}, got {mode!r}")
+    check_choice("logger.wandb.mode", mode, WANDB_MODES)
     env = os.environ.get("WANDB_MODE")
     if env:
         return env

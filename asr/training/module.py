@@ -30,7 +30,7 @@ from asr.export import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import Model
 from asr.training.objective import Objective
-from asr.training.optimizer import build_optimizer
+from asr.training.optimizer import OptimConfig, build_optimizer, optim_config
 from asr.training.schedules import build_scheduler
 from asr.training.step_guard import (
     FaultConfig,
@@ -64,7 +64,7 @@ class AsrLitModule(L.LightningModule):
         model: the network (a plain nn.Module).
         objective: maps (model, batch, step) to a dict of losses with key `loss`.
         tokenizer: turns hypotheses back into text for WER.
-        optim: `lr`, `betas`, `eps`, `weight_decay` and `scheduler` (see `build_scheduler`).
+        optim: the `optim` keys (`asr.training.optimizer.OptimConfig`).
         bundle_meta: what an export needs besides weights (model config, features); saved
             with the tokenizer in every checkpoint under `asr_bundle`.
         total_steps: optimizer steps of the whole run, for schedules that need it.
@@ -76,7 +76,7 @@ class AsrLitModule(L.LightningModule):
         model: Model,
         objective: Objective,
         tokenizer: Tokenizer,
-        optim: Mapping[str, Any],
+        optim: Mapping[str, Any] | OptimConfig,
         bundle_meta: Mapping[str, Any],
         total_steps: int | None = None,
         faults: FaultConfig | None = None,
@@ -85,7 +85,7 @@ class AsrLitModule(L.LightningModule):
         self.model = model
         self.objective = objective
         self.tokenizer = tokenizer
-        self.optim_cfg = dict(optim)
+        self.optim_cfg = optim_config(optim)
         self.bundle_meta = dict(bundle_meta)
         self.total_steps = total_steps
         faults = faults or FaultConfig()
@@ -256,7 +256,9 @@ class AsrLitModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim_cfg, fused=self._loss_scaler() is None)
-        scheduler = build_scheduler(optimizer, self.optim_cfg["scheduler"], self.total_steps)
+        if self.optim_cfg.scheduler is None:
+            return {"optimizer": optimizer}
+        scheduler = build_scheduler(optimizer, self.optim_cfg.scheduler, self.total_steps)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

@@ -11,11 +11,12 @@ decoders learn to align faster with the same auxiliary CTC loss.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from asr.config_keys import ConfigError, check_choice, dataclass_from_keys
 from asr.data.batch import Batch
 from asr.losses.cross_entropy import label_smoothed_cross_entropy
 from asr.losses.ctc import ctc_loss
@@ -27,18 +28,6 @@ from asr.models.transducer import Transducer
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
 SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "grad_clamp", "lattice")
 LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def _known_keys(cls: type, cfg: Mapping[str, Any] | None, kind: str) -> dict[str, Any]:
-    """`cfg` as a dict, after checking that every key is a field of `cls`."""
-    cfg = dict(cfg or {})
-    known = sorted(f.name for f in fields(cls))
-    unknown = sorted(set(cfg) - set(known))
-    if unknown:
-        raise KeyError(
-            f"unknown model.loss key(s) {unknown} for model.kind={kind}; valid keys: {known}"
-        )
-    return cfg
 
 
 @dataclass(frozen=True)
@@ -66,26 +55,16 @@ class TransducerLossConfig:
     grad_clamp: float | None = None
     lattice: str = "auto"
 
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TransducerLossConfig:
-        out = cls(**_known_keys(cls, cfg, "transducer"))
-        if out.kind not in TRANSDUCER_LOSSES:
-            raise ValueError(
-                f"model.loss.kind={out.kind!r} is unknown; valid: {sorted(TRANSDUCER_LOSSES)}"
+    def __post_init__(self) -> None:
+        check_choice("model.loss.kind", self.kind, sorted(TRANSDUCER_LOSSES))
+        check_choice("model.loss.logits_dtype", self.logits_dtype, [*LOGITS_DTYPES, None])
+        check_choice("model.loss.lattice", self.lattice, LATTICE_IMPLEMENTATIONS)
+        defaults = TransducerLossConfig.__dataclass_fields__
+        tuned = [k for k in SAMPLEWISE_OPTIONS if getattr(self, k) != defaults[k].default]
+        if self.kind != "samplewise" and tuned:
+            raise ConfigError(
+                f"model.loss {tuned} apply only to kind=samplewise, not {self.kind!r}"
             )
-        if out.logits_dtype is not None and out.logits_dtype not in LOGITS_DTYPES:
-            raise ValueError(
-                f"model.loss.logits_dtype={out.logits_dtype!r} is unknown; valid: "
-                f"{sorted(LOGITS_DTYPES)} or null"
-            )
-        if out.lattice not in LATTICE_IMPLEMENTATIONS:
-            raise ValueError(
-                f"model.loss.lattice={out.lattice!r} is unknown; valid: {LATTICE_IMPLEMENTATIONS}"
-            )
-        tuned = [k for k in SAMPLEWISE_OPTIONS if getattr(out, k) != getattr(cls, k)]
-        if out.kind != "samplewise" and tuned:
-            raise ValueError(f"model.loss {tuned} apply only to kind=samplewise, not {out.kind!r}")
-        return out
 
     def loss_options(self) -> dict[str, Any]:
         """Keyword options for the chosen loss function."""
@@ -161,16 +140,13 @@ class AedLossConfig:
     label_smoothing: float = 0.1
     ctc_weight: float = 0.0
 
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> AedLossConfig:
-        out = cls(**_known_keys(cls, cfg, "aed"))
-        if not 0.0 <= out.ctc_weight < 1.0:
-            raise ValueError(f"model.loss.ctc_weight must be in [0, 1), got {out.ctc_weight}")
-        if not 0.0 <= out.label_smoothing < 1.0:
-            raise ValueError(
-                f"model.loss.label_smoothing must be in [0, 1), got {out.label_smoothing}"
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.ctc_weight < 1.0:
+            raise ConfigError(f"model.loss.ctc_weight must be in [0, 1), got {self.ctc_weight}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(
+                f"model.loss.label_smoothing must be in [0, 1), got {self.label_smoothing}"
             )
-        return out
 
 
 class AedObjective:
@@ -216,8 +192,8 @@ Objective = TransducerObjective | AedObjective
 def build_objective(kind: str, loss_cfg: Mapping[str, Any] | None) -> Objective:
     """The objective of a model kind ("transducer" or "aed") from its `model.loss` keys."""
     if kind == "aed":
-        return AedObjective(AedLossConfig.from_mapping(loss_cfg))
-    return TransducerObjective(TransducerLossConfig.from_mapping(loss_cfg))
+        return AedObjective(dataclass_from_keys(AedLossConfig, loss_cfg, "model.loss"))
+    return TransducerObjective(dataclass_from_keys(TransducerLossConfig, loss_cfg, "model.loss"))
 
 
 def first_full_loss_step(objective: Objective) -> int:

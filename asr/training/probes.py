@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
+from asr.errors import first_line
 from asr.frames import FRAMES_PER_SECOND
 from asr.models.build import build_model
 from asr.training.objective import Objective, build_objective, first_full_loss_step
@@ -179,7 +180,7 @@ def cuda_probe(setup: ModelSetup, budget: int) -> Iterator[Probe]:
             worst_case_step(setup, max_duration, max_tokens, batch_size, "cuda")
             torch.cuda.synchronize()
         except torch.cuda.OutOfMemoryError as err:
-            reason = f"CUDA out of memory: {str(err).splitlines()[0]}"
+            reason = f"CUDA out of memory: {first_line(err, with_type=False)}"
         peak = torch.cuda.max_memory_allocated() - before
         gc.collect()  # the exception's frames held tensors until here
         torch.cuda.empty_cache()
@@ -233,7 +234,7 @@ def _measure_cpu_step(
     except RuntimeError as err:
         if "can't allocate memory" not in str(err):
             raise
-        return {"memory_error": str(err).splitlines()[0]}
+        return {"memory_error": first_line(err, with_type=False)}
     code_pages = max(0, _status_bytes("RssFile") - file_pages)
     return {"peak": _status_bytes("VmHWM") - rss - code_pages}
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from asr.config_keys import ConfigError, check_choice, dataclass_from_keys
 
 
 def noam(step: int, *, warmup_steps: int) -> float:
@@ -35,45 +38,59 @@ def warmup_cosine(
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: Mapping[str, Any], total_steps: int | None
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-step LambdaLR from the `optim.scheduler` config.
+SCHEDULES = ("noam", "warmup_cosine")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The keys of ``optim.scheduler``.
 
     `kind: noam` takes `warmup_steps`; `kind: warmup_cosine` takes `warmup_steps`,
-    `hold_fraction` (of the total, held at the peak) and `min_ratio`, and needs
-    `total_steps` (from `trainer.max_steps` or estimated from the data).
+    `hold_fraction` (of the total, held at the peak) and `min_ratio` (the final fraction
+    of the peak rate), and needs the total number of steps (from `trainer.max_steps` or
+    estimated from the data).
     """
-    cfg = dict(cfg)
-    kind = cfg.pop("kind", None)
+
+    kind: str
+    warmup_steps: int
+    hold_fraction: float = 0.0
+    min_ratio: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_choice("optim.scheduler.kind", self.kind, SCHEDULES)
+        cosine_only = [
+            key
+            for key in ("hold_fraction", "min_ratio")
+            if getattr(self, key) != SchedulerConfig.__dataclass_fields__[key].default
+        ]
+        if self.kind != "warmup_cosine" and cosine_only:
+            raise ConfigError(
+                f"optim.scheduler {cosine_only} apply only to kind=warmup_cosine, not {self.kind!r}"
+            )
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    cfg: Mapping[str, Any] | SchedulerConfig,
+    total_steps: int | None,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step LambdaLR from the `optim.scheduler` config (`SchedulerConfig`)."""
+    if not isinstance(cfg, SchedulerConfig):
+        cfg = dataclass_from_keys(SchedulerConfig, cfg, "optim.scheduler")
+    warmup_steps = int(cfg.warmup_steps)
     fn: Callable[[int], float]
-    if kind == "noam":
-        _expect_keys(cfg, {"warmup_steps"}, kind)
-        fn = lambda step: noam(step, warmup_steps=int(cfg["warmup_steps"]))  # noqa: E731
-    elif kind == "warmup_cosine":
-        _expect_keys(cfg, {"warmup_steps", "hold_fraction", "min_ratio"}, kind)
+    if cfg.kind == "noam":
+        fn = lambda step: noam(step, warmup_steps=warmup_steps)  # noqa: E731
+    else:
         if not total_steps:
             raise ValueError("optim.scheduler.kind=warmup_cosine needs the total number of steps")
-        hold = int(float(cfg.get("hold_fraction", 0.0)) * total_steps)
+        hold = int(float(cfg.hold_fraction) * total_steps)
+        min_ratio = float(cfg.min_ratio)
         fn = lambda step: warmup_cosine(  # noqa: E731
             step,
-            warmup_steps=int(cfg["warmup_steps"]),
+            warmup_steps=warmup_steps,
             total_steps=total_steps,
             hold_steps=hold,
-            min_ratio=float(cfg.get("min_ratio", 0.01)),
-        )
-    else:
-        raise ValueError(
-            f"unknown optim.scheduler.kind {kind!r}; valid kinds: 'noam', 'warmup_cosine'"
+            min_ratio=min_ratio,
         )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
-
-
-def _expect_keys(cfg: Mapping[str, Any], allowed: set[str], kind: str) -> None:
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        raise KeyError(
-            f"unknown optim.scheduler key(s) {unknown} for kind={kind}; valid: {sorted(allowed)}"
-        )
-    if "warmup_steps" not in cfg:
-        raise KeyError(f"optim.scheduler.warmup_steps is required for kind={kind}")

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.cli import command
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
-from asr.models.build import build_model, count_parameters
+from asr.models.build import build_model, count_parameters, model_config
 from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
 from asr.training.distributed.ddp import (
     DistributedConfig,
@@ -37,6 +37,7 @@ from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import build_objective
+from asr.training.optimizer import optim_config
 from asr.training.precision import enlarge_onednn_cache, resolve_precision
 from asr.training.step_guard import FaultConfig
 
@@ -70,14 +71,20 @@ def estimate_total_steps(trainer: L.Trainer, datamodule: AsrDataModule) -> int:
 
 
 def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
-    """Instantiate tokenizer, model, objective, data, loggers and trainer from `cfg`."""
-    tokenizer = Tokenizer.load(cfg.data.tokenizer)
+    """Instantiate tokenizer, model, objective, data, loggers and trainer from `cfg`.
+    Every config section is read into its typed config before any file is opened, so a
+    mistyped key fails at once."""
     model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
     objective = build_objective(model_cfg.get("kind", "transducer"), model_cfg.pop("loss", None))
-    model = build_model(model_cfg, tokenizer.vocab_size)
-    log.info("model: %s parameters", f"{count_parameters(model):,}")
+    model_parts = model_config(model_cfg)
+    optim = optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
+    faults = FaultConfig.from_mapping(cfg.get("faults"))
+    distributed = DistributedConfig.from_mapping(cfg.get("distributed"))
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     datamodule = AsrDataModule(**data_cfg)
+    tokenizer = Tokenizer.load(cfg.data.tokenizer)
+    model = build_model(model_parts, tokenizer.vocab_size)
+    log.info("model: %s parameters", f"{count_parameters(model):,}")
 
     exp_dir = Path(cfg.exp_dir)
     ckpt_dir = exp_dir / "checkpoints"
@@ -87,7 +94,6 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         trainer_cfg["precision"], trainer_cfg["accelerator"]
     )
     log.info("precision: %s", trainer_cfg["precision"])
-    distributed = DistributedConfig.from_mapping(cfg.get("distributed"))
     world_size = processes_per_node(trainer_cfg["accelerator"], trainer_cfg["devices"])
     world_size *= int(trainer_cfg.get("num_nodes", 1))
     if uses_cpu(trainer_cfg["accelerator"]):
@@ -116,15 +122,15 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
     )
-    needs_total = cfg.optim.scheduler.kind == "warmup_cosine"
+    needs_total = optim.scheduler is not None and optim.scheduler.kind == "warmup_cosine"
     module = AsrLitModule(
         model,
         objective,
         tokenizer,
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        optim=optim,
         bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
         total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
-        faults=FaultConfig.from_mapping(cfg.get("faults")),
+        faults=faults,
     )
     return trainer, module, datamodule
 

@@ -107,7 +107,7 @@ def test_bad_settings_fail_at_construction(tiny_corpus) -> None:
     paths = {"train_cuts": [], "valid_cuts": [], "tokenizer": str(tiny_corpus.tokenizer_path)}
     with pytest.raises(ValueError, match="data.features.source .* got 'stored'"):
         AsrDataModule(**paths, features={"source": "stored"})
-    with pytest.raises(KeyError, match="max_seconds"):
+    with pytest.raises(ValueError, match="unknown config key data.sampler.max_seconds"):
         AsrDataModule(**paths, sampler={"max_seconds": 10})
 
 

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.decoding.transducer import GreedyOptions, greedy_search
-from asr.models.transducer import Joiner, Predictor, Transducer
+from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
 
 BLANK, V, ROWS, U_MAX = 0, 7, 8, 16
 
@@ -89,9 +89,8 @@ def test_invalid_options():
 def test_batched_equals_one_by_one(kind, context_size):
     torch.manual_seed(0)
     vocab = 9
-    predictor = Predictor(
-        vocab_size=vocab, embed_dim=8, hidden_dim=10, kind=kind, context_size=context_size
-    )
+    config = PredictorConfig(embed_dim=8, hidden_dim=10, kind=kind, context_size=context_size)
+    predictor = Predictor(config, vocab_size=vocab)
     joiner = Joiner(encoder_dim=6, predictor_dim=10, joint_dim=12, vocab_size=vocab)
     model = Transducer(nn.Identity(), predictor, joiner).double().eval()
     enc = 3 * torch.randn(5, 14, 6, dtype=torch.float64)

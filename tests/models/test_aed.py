@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from asr.losses.cross_entropy import label_smoothed_cross_entropy
-from asr.models.aed import EncoderDecoder, TransformerDecoder
+from asr.models.aed import DecoderConfig, EncoderDecoder
 from asr.models.build import build_model, count_parameters
 from asr.tokens import BOS_ID, EOS_ID, IGNORE_INDEX
 
@@ -112,8 +112,8 @@ def test_bad_decoder_configs_name_the_key() -> None:
         build_model({"kind": "aed", "decoder": {"width": 3}}, VOCAB)
     with pytest.raises(ValueError, match="model.predictor"):
         build_model({"kind": "aed", "predictor": {}}, VOCAB)
-    with pytest.raises(ValueError, match="positions must be one of"):
-        TransformerDecoder(vocab_size=VOCAB, positions="rotary")
+    with pytest.raises(ValueError, match="model.decoder.positions='rotary' is unknown"):
+        DecoderConfig(positions="rotary")
 
 
 def test_label_smoothed_cross_entropy_sums_per_utterance_and_skips_padding() -> None:

@@ -90,7 +90,9 @@ def test_unknown_key_or_kind_is_named(cfg, names):
 
 def test_unknown_predictor_kind_is_named():
     pred = {"kind": "gru", "embed_dim": 10, "hidden_dim": 12}
-    with pytest.raises(ValueError, match=r"\('lstm', 'stateless'\), got 'gru'"):
+    with pytest.raises(
+        ValueError, match=r"model.predictor.kind='gru' is unknown; valid: \['lstm', 'stateless'\]"
+    ):
         build_model(_cfg(predictor=pred), VOCAB)
 
 

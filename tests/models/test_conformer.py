@@ -4,6 +4,7 @@ import torch.nn.functional as F
 
 from asr.frames import subsampled_length, subsampled_lengths
 from asr.models.conformer import (
+    ConformerConfig,
     ConformerEncoder,
     ConvSubsampling,
     RelPositionMultiHeadAttention,
@@ -51,11 +52,11 @@ def test_invalid_factor_names_the_valid_ones():
 
 def test_invalid_conv_options():
     with pytest.raises(ValueError, match="odd"):
-        ConformerEncoder(d_model=16, num_heads=2, conv_kernel_size=4)
+        ConformerConfig(d_model=16, num_heads=2, conv_kernel_size=4)
     with pytest.raises(ValueError, match="conv_norm"):
-        ConformerEncoder(d_model=16, num_heads=2, conv_norm="group_norm")
+        ConformerConfig(d_model=16, num_heads=2, conv_norm="group_norm")
     with pytest.raises(ValueError, match="divisible"):
-        ConformerEncoder(d_model=18, num_heads=4)
+        ConformerConfig(d_model=18, num_heads=4)
 
 
 def test_rel_shift_matches_explicit_indexing():
@@ -106,14 +107,16 @@ def _encoder(
 ) -> ConformerEncoder:
     torch.manual_seed(0)
     enc = ConformerEncoder(
-        input_dim=80,
-        d_model=32,
-        num_layers=2,
-        num_heads=4,
-        conv_kernel_size=7,
-        subsampling_factor=factor,
-        conv_norm=conv_norm,
-        dropout=dropout,
+        ConformerConfig(
+            input_dim=80,
+            d_model=32,
+            num_layers=2,
+            num_heads=4,
+            conv_kernel_size=7,
+            subsampling_factor=factor,
+            conv_norm=conv_norm,
+            dropout=dropout,
+        )
     )
     if conv_norm == "batch_norm":  # non-trivial running statistics
         for m in enc.modules():
@@ -153,7 +156,7 @@ def test_layers_see_frames_padded_to_a_multiple_and_outputs_do_not(factor):
     assert y.shape == unpadded.shape == (4, subsampled_lengths(66, factor), 32)
     assert torch.allclose(y, unpadded, atol=1e-5)
     with pytest.raises(ValueError, match="pad_frames_to must be >= 1, got 0"):
-        ConformerEncoder(pad_frames_to=0)
+        ConformerConfig(pad_frames_to=0)
 
 
 def test_no_gradient_into_padded_frames():

@@ -1,16 +1,18 @@
 import pytest
 import torch
 
-from asr.models.conformer import ConformerEncoder
-from asr.models.transducer import Joiner, Predictor, Transducer
+from asr.models.conformer import ConformerConfig, ConformerEncoder
+from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
 
 V = 11
 
 
 def _predictor(kind: str, **kwargs) -> Predictor:
     torch.manual_seed(0)
-    defaults = dict(vocab_size=V, embed_dim=12, hidden_dim=16, num_layers=2, blank_id=0)
-    return Predictor(kind=kind, **{**defaults, **kwargs}).eval()
+    config = PredictorConfig(
+        kind=kind, **{"embed_dim": 12, "hidden_dim": 16, "num_layers": 2, **kwargs}
+    )
+    return Predictor(config, vocab_size=V, blank_id=0).eval()
 
 
 PREDICTORS = [("lstm", {}), ("stateless", {"context_size": 1}), ("stateless", {"context_size": 3})]
@@ -67,10 +69,10 @@ def test_predictor_step_reproduces_forward(kind, kwargs):
 
 
 def test_predictor_rejects_bad_options():
-    with pytest.raises(ValueError, match="kind"):
-        Predictor(vocab_size=5, embed_dim=4, hidden_dim=4, kind="gru")
+    with pytest.raises(ValueError, match="model.predictor.kind='gru' is unknown"):
+        PredictorConfig(embed_dim=4, hidden_dim=4, kind="gru")
     with pytest.raises(ValueError, match="blank_id"):
-        Predictor(vocab_size=5, embed_dim=4, hidden_dim=4, blank_id=5)
+        Predictor(PredictorConfig(embed_dim=4, hidden_dim=4), vocab_size=5, blank_id=5)
 
 
 def test_joiner_broadcast_equals_explicit_loops():
@@ -90,7 +92,7 @@ def test_joiner_broadcast_equals_explicit_loops():
 
 def _transducer(ctc: bool) -> Transducer:
     torch.manual_seed(0)
-    encoder = ConformerEncoder(input_dim=20, d_model=16, num_layers=1, num_heads=2)
+    encoder = ConformerEncoder(ConformerConfig(input_dim=20, d_model=16, num_layers=1, num_heads=2))
     predictor = _predictor("lstm")
     joiner = Joiner(encoder_dim=16, predictor_dim=16, joint_dim=8, vocab_size=V)
     head = torch.nn.Linear(16, V) if ctc else None

@@ -53,7 +53,9 @@ def test_auto_with_a_netrc_key_but_no_server_is_offline(
 
 
 def test_unknown_mode_is_an_error() -> None:
-    with pytest.raises(ValueError, match="logger.wandb.mode must be one of .* got 'cloud'"):
+    with pytest.raises(
+        ValueError, match="logger.wandb.mode='cloud' is unknown; valid: .*'offline'"
+    ):
         resolve_wandb_mode("cloud")
 
 

@@ -14,7 +14,7 @@ def _model() -> torch.nn.Module:
 
 def test_weight_decay_on_matrices_only_and_settings_from_the_config() -> None:
     model = _model()
-    cfg = {"lr": 2e-3, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.01, "scheduler": {}}
+    cfg = {"lr": 2e-3, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.01}
     opt = build_optimizer(model, cfg, fused=False)
     decay, no_decay = opt.param_groups
     assert [p.shape for p in decay["params"]] == [torch.Size([3, 4])]
@@ -29,7 +29,11 @@ def test_weight_decay_on_matrices_only_and_settings_from_the_config() -> None:
 
 
 def test_unknown_or_missing_keys_are_named() -> None:
-    with pytest.raises(KeyError, match=r"unknown optim key\(s\) \['momentum'\]; valid: lr"):
+    with pytest.raises(
+        ValueError, match=r"unknown config key optim.momentum; valid keys of optim: \['betas'"
+    ):
         build_optimizer(_model(), {"lr": 1e-3, "momentum": 0.9})
-    with pytest.raises(KeyError, match="optim.lr is missing"):
+    with pytest.raises(ValueError, match="config key optim.lr is required"):
         build_optimizer(_model(), {"weight_decay": 0.1})
+    with pytest.raises(ValueError, match="unknown config key optim.scheduler.warmup;"):
+        build_optimizer(_model(), {"lr": 1e-3, "scheduler": {"kind": "noam", "warmup": 3}})

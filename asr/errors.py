@@ -1,0 +1,22 @@
+"""Error messages shortened to one line, for logs, skip counts and the command line."""
+
+from __future__ import annotations
+
+
+def first_line(err: BaseException, *, with_type: bool = True) -> str:
+    """The first line of `err`'s message (lhotse appends the whole cut to its errors, CUDA
+    a page of advice), after `Type: ` unless `with_type` is false; the type name alone
+    when the message is empty."""
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    lines = str(text).splitlines()
+    line = lines[0].strip() if lines else ""
+    if not with_type:
+        return line or type(err).__name__
+    return f"{type(err).__name__}: {line}"
+
+
+def joined_lines(err: BaseException) -> str:
+    """All of `err`'s message on one line (a KeyError's without its quotes)."""
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return " ".join(lines) or type(err).__name__
