@@ -49,7 +49,7 @@ class FeatureConfig:
 @contextmanager
 def single_threaded() -> Iterator[None]:
     """Run torch on one thread inside the block: filterbank extraction is many small ops,
-    and two intra-op threads made it about 50x slower on a 2-core machine."""
+    which intra-op threads only slow down (by far, on a machine with few cores)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuts", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True, help="cuts manifest with features")
     parser.add_argument("--num-mel-bins", type=int, default=80)
-    parser.add_argument("--num-jobs", type=int, default=1, help="one is fast: ~1000x real time")
+    parser.add_argument("--num-jobs", type=int, default=1, help="one is usually enough")
     args = parser.parse_args(argv)
     config = FeatureConfig(num_mel_bins=args.num_mel_bins, source="precomputed")
     print(f"wrote {precompute_features(args.cuts, args.output, config, args.num_jobs)}")

@@ -1,0 +1,2 @@
+"""From encoder output to token ids: greedy and beam search for each model kind
+(`search.decode` picks one), and `asr-decode` over a manifest."""

@@ -30,8 +30,8 @@ How memory is measured:
   not fit. The server runs with glibc's mmap threshold fixed at 128 KiB
   (`MALLOC_MMAP_THRESHOLD_`): every tensor gets its own mapping, returned when freed, so
   resident memory follows the live tensors and grows with the batch size. With glibc's
-  default, adaptive threshold the peak of one step jumped between neighbouring sizes
-  (batch 9: 108 MiB, batch 10: 86 MiB); a training process under that default may hold
+  default, adaptive threshold the peak of one step is not monotonic in the batch size
+  (a larger batch can measure less); a training process under that default may hold
   more than measured here, so leave headroom (or train with the same setting).
 
 Both modes keep one extra copy of the parameters by default, like the gradient buckets

@@ -2,9 +2,8 @@
 
 bf16 mixed precision runs matrix products and convolutions in bfloat16 and keeps the
 weights, optimizer state and losses in float32. It pays only where the hardware has bf16
-arithmetic: recent GPUs, and CPUs with AVX512-BF16 or AMX (there a bf16 matrix product
-runs about 3x as fast as a float32 one); elsewhere bf16 is emulated and slower than
-float32, so "auto" falls back to "32-true".
+arithmetic: recent GPUs, and CPUs with AVX512-BF16 or AMX; elsewhere bf16 is emulated
+and slower than float32, so "auto" falls back to "32-true".
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ import torch
 
 # oneDNN, which runs PyTorch's bf16 matrix products and all convolutions on CPUs, compiles a
 # kernel for every new tensor shape and keeps the last 1,024 in a cache. Variable-length
-# batches need several thousand (a few dozen ops x the batch shapes of an epoch), and the
-# default cache thrashed: about 40 ms of compiling per demo step. 4,096 entries held them
-# for about 0.7 GB more memory.
+# batches need several thousand (a few dozen ops x the batch shapes of an epoch): with the
+# default, kernels are compiled again at almost every step. 4,096 entries hold an epoch's
+# shapes, for some memory per cached kernel.
 ONEDNN_CACHE_ENTRIES = 4096
 
 AUTO = "auto"
