@@ -25,6 +25,7 @@ from asr.models.build import Model, build_model
 
 BUNDLE_FORMAT = "asr-bundle-1"
 BUNDLE_KEY = "asr_bundle"  # where asr-train puts model config + tokenizer in checkpoints
+EMA_STATE_KEY = "EmaWeights"  # the callback state asr.training.callbacks keeps
 _EPOCH_FILE = re.compile(r"epoch=(\d+)\.ckpt$")
 
 
@@ -69,11 +70,22 @@ def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
     return [found[e] for e in wanted]
 
 
-def _model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _model_state(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, torch.Tensor]:
+    """The model's weights in `checkpoint`; with `ema`, its parameters replaced by the EMA
+    that `asr.training.callbacks.EmaWeights` kept (buffers stay the model's own)."""
     prefix = "model."
-    return {
+    state = {
         k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)
     }
+    if ema:
+        averaged = (checkpoint.get("callbacks") or {}).get(EMA_STATE_KEY)
+        if not averaged:
+            raise ValueError(
+                "this checkpoint has no EMA weights: train with ema=scaled (README, 'EMA "
+                "that follows the batch size') or export without --ema"
+            )
+        state.update({k: v.to(state[k].dtype) for k, v in averaged["weights"].items()})
+    return state
 
 
 def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -87,8 +99,9 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     return out
 
 
-def bundle_from_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """The bundle dict of the averaged weights of `paths` (config from the last one)."""
+def bundle_from_checkpoints(paths: list[Path], ema: bool = False) -> dict[str, Any]:
+    """The bundle dict of the averaged weights of `paths` (config from the last one);
+    with `ema`, of their EMA weights."""
     checkpoints = [_load(p) for p in paths]
     meta = checkpoints[-1].get(BUNDLE_KEY)
     if meta is None:
@@ -98,14 +111,18 @@ def bundle_from_checkpoints(paths: list[Path]) -> dict[str, Any]:
         "model": meta["model"],
         "features": meta["features"],
         "tokenizer": meta["tokenizer"],
-        "state_dict": average_state_dicts([_model_state(c) for c in checkpoints]),
+        "state_dict": average_state_dicts([_model_state(c, ema) for c in checkpoints]),
         "averaged": [str(p) for p in paths],
+        "ema": ema,
     }
 
 
-def export_bundle(ckpt: str | Path, output: str | Path, average: int = 1) -> Path:
-    """Write a bundle from `ckpt` (weights averaged over `average` epochs). Returns its path."""
-    bundle = bundle_from_checkpoints(checkpoints_to_average(ckpt, average))
+def export_bundle(
+    ckpt: str | Path, output: str | Path, average: int = 1, ema: bool = False
+) -> Path:
+    """Write a bundle from `ckpt` (weights averaged over `average` epochs; with `ema`, the
+    EMA weights). Returns its path."""
+    bundle = bundle_from_checkpoints(checkpoints_to_average(ckpt, average), ema)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
@@ -136,14 +153,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--average", type=int, default=1, help="average the last N epochs")
+    parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
     parser.add_argument(
         "-o", "--output", type=Path, default=None, help="default: beside the exp dir"
     )
     args = parser.parse_args(argv)
     output = args.output or args.checkpoint.parent.parent / "model.bundle.pt"
-    path = export_bundle(args.checkpoint, output, args.average)
+    path = export_bundle(args.checkpoint, output, args.average, args.ema)
+    weights = "EMA weights" if args.ema else "weights"
     print(
-        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, averaged {args.average} checkpoint(s))"
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {weights} averaged over "
+        f"{args.average} checkpoint(s))"
     )
 
 

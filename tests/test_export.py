@@ -45,7 +45,7 @@ def bundle(trained_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("export") / "model.bundle.pt"
     last_epoch = trained_run.checkpoints / f"epoch={trained_run.epochs - 1:02d}.ckpt"
     out = _cli("asr-export", last_epoch, "--average", "2", "-o", path)
-    assert f"wrote {path}" in out and "averaged 2 checkpoint(s)" in out
+    assert f"wrote {path}" in out and "weights averaged over 2 checkpoint(s)" in out
     return path
 
 

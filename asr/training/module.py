@@ -95,6 +95,7 @@ class AsrLitModule(L.LightningModule):
         self._tally = StepTally()  # this rank's micro-batches since the last optimizer step
         self._eval_sums: dict[str, torch.Tensor] = {}  # stage -> see _eval_layout
         self._last_step_end: float | None = None
+        self.last_step_audio_seconds = 0.0  # of the last optimizer step, over all ranks
 
     def _remember_skipped(self, batch: Batch) -> None:
         for reason, cut_ids in batch.skipped.items():
@@ -160,6 +161,7 @@ class AsrLitModule(L.LightningModule):
         self.nonfinite.record(nonfinite, step, reason)
         self.skip_budget.add(totals)
         self.skip_budget.check()
+        self.last_step_audio_seconds = totals.audio_seconds  # read by the EMA callback
         self._log_step(totals, norm)
 
     def _log_step(self, totals: StepTotals, grad_norm: float) -> None:
@@ -255,9 +257,15 @@ class AsrLitModule(L.LightningModule):
         self.skip_budget.check(epoch_end=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, self.optim_cfg, fused=self._loss_scaler() is None)
-        if self.optim_cfg.scheduler is None:
-            return {"optimizer": optimizer}
+        compression = getattr(self.trainer.strategy, "compression", None)
+        optimizer = build_optimizer(
+            self.model,
+            self.optim_cfg,
+            fused=self._loss_scaler() is None,
+            momentum_elsewhere=compression is not None and compression.momentum > 0,
+        )
+        if self.optim_cfg.scheduler is None or getattr(self.trainer.strategy, "adascale", None):
+            return {"optimizer": optimizer}  # constant, or set by AdaScale every step
         scheduler = build_scheduler(optimizer, self.optim_cfg.scheduler, self.total_steps)
         return {
             "optimizer": optimizer,

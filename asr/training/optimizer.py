@@ -1,6 +1,6 @@
-"""The optimizer of every training run (`optim` config): AdamW with weight decay on
-matrices only. Shared by the LightningModule and the batch-size probes, so a probe's
-optimizer state is the one training will hold."""
+"""The optimizer of every training run (`optim` config): AdamW (the default) or momentum
+SGD, with weight decay on matrices only. Shared by the LightningModule and the batch-size
+probes, so a probe's optimizer state is the one training will hold."""
 
 from __future__ import annotations
 
@@ -10,20 +10,45 @@ from typing import Any
 
 import torch
 
-from asr.config_keys import dataclass_from_keys
+from asr.config_keys import ConfigError, check_choice, dataclass_from_keys
 from asr.training.schedules import SchedulerConfig
+
+OPTIMIZERS = ("adamw", "sgd")
+ADAMW_ONLY = ("betas", "eps")
+SGD_ONLY = ("momentum", "nesterov")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The keys of the Hydra group ``optim``: AdamW's peak `lr`, `betas`, `eps` and
-    `weight_decay`, and the learning-rate `scheduler` (`SchedulerConfig`; null: constant)."""
+    """The keys of the Hydra group ``optim``: the optimizer `kind` (`adamw` or `sgd`), its
+    peak `lr` and `weight_decay`, AdamW's `betas` and `eps` or SGD's `momentum` and
+    `nesterov`, and the learning-rate `scheduler` (`SchedulerConfig`; null: constant)."""
 
     lr: float
+    kind: str = "adamw"
     scheduler: SchedulerConfig | None = None
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
+    momentum: float | None = None  # SGD's; null: 0.9
+    nesterov: bool | None = None  # SGD's; null: false
     weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choice("optim.kind", self.kind, OPTIMIZERS)
+        other = SGD_ONLY if self.kind == "adamw" else ADAMW_ONLY
+        defaults = OptimConfig.__dataclass_fields__
+        tuned = [key for key in other if getattr(self, key) != defaults[key].default]
+        if tuned:
+            raise ConfigError(f"optim {tuned} do not apply to optim.kind={self.kind}")
+        if not 0.0 <= self.sgd_momentum < 1.0:
+            raise ConfigError(f"optim.momentum must be in [0, 1), got {self.momentum}")
+
+    @property
+    def sgd_momentum(self) -> float:
+        """SGD's momentum (0 for AdamW): what a communication hook may take over."""
+        if self.kind != "sgd":
+            return 0.0
+        return 0.9 if self.momentum is None else float(self.momentum)
 
 
 def optim_config(cfg: Mapping[str, Any] | OptimConfig) -> OptimConfig:
@@ -32,12 +57,18 @@ def optim_config(cfg: Mapping[str, Any] | OptimConfig) -> OptimConfig:
 
 
 def build_optimizer(
-    model: torch.nn.Module, cfg: Mapping[str, Any] | OptimConfig, *, fused: bool = True
-) -> torch.optim.AdamW:
-    """AdamW over `model`'s trainable parameters from the `optim` keys. Weight decay
-    applies to parameters with two or more dimensions; biases and norms are not decayed.
-    `fused`: one kernel for all parameters instead of about ten ops per parameter; not
-    under fp16 loss scaling, where Lightning must unscale the gradients before clipping."""
+    model: torch.nn.Module,
+    cfg: Mapping[str, Any] | OptimConfig,
+    *,
+    fused: bool = True,
+    momentum_elsewhere: bool = False,
+) -> torch.optim.Optimizer:
+    """AdamW or SGD over `model`'s trainable parameters from the `optim` keys. Weight
+    decay applies to parameters with two or more dimensions; biases and norms are not
+    decayed. `fused`: one kernel for all parameters instead of about ten ops per
+    parameter; not under fp16 loss scaling, where Lightning must unscale the gradients
+    before clipping. `momentum_elsewhere`: SGD runs without momentum because a
+    communication hook applies it (DGC's momentum correction)."""
     config = optim_config(cfg)
     decay, no_decay = [], []
     for param in model.parameters():
@@ -47,6 +78,15 @@ def build_optimizer(
         {"params": decay, "weight_decay": float(config.weight_decay)},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if config.kind == "sgd":
+        momentum = 0.0 if momentum_elsewhere else config.sgd_momentum
+        return torch.optim.SGD(
+            groups,
+            lr=float(config.lr),
+            momentum=momentum,
+            nesterov=bool(config.nesterov) and momentum > 0,
+            fused=fused,
+        )
     return torch.optim.AdamW(
         groups,
         lr=float(config.lr),

@@ -12,14 +12,14 @@ import torch
 from asr.config_keys import ConfigError, check_choice, dataclass_from_keys
 
 
-def noam(step: int, *, warmup_steps: int) -> float:
+def noam(step: float, *, warmup_steps: int) -> float:
     """Linear warm-up to 1 at `warmup_steps`, then decay as 1/sqrt(step) (Transformer/Noam)."""
     step = max(step, 1)
     return min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
 def warmup_cosine(
-    step: int,
+    step: float,
     *,
     warmup_steps: int,
     total_steps: int,
@@ -69,28 +69,33 @@ class SchedulerConfig:
             )
 
 
+def schedule_function(
+    cfg: Mapping[str, Any] | SchedulerConfig, total_steps: int | None
+) -> Callable[[float], float]:
+    """The multiplier of the peak rate at a (possibly fractional) step, from the
+    `optim.scheduler` config (`SchedulerConfig`)."""
+    if not isinstance(cfg, SchedulerConfig):
+        cfg = dataclass_from_keys(SchedulerConfig, cfg, "optim.scheduler")
+    warmup_steps = int(cfg.warmup_steps)
+    if cfg.kind == "noam":
+        return lambda step: noam(step, warmup_steps=warmup_steps)
+    if not total_steps:
+        raise ValueError("optim.scheduler.kind=warmup_cosine needs the total number of steps")
+    hold = int(float(cfg.hold_fraction) * total_steps)
+    min_ratio = float(cfg.min_ratio)
+    return lambda step: warmup_cosine(
+        step,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+        hold_steps=hold,
+        min_ratio=min_ratio,
+    )
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     cfg: Mapping[str, Any] | SchedulerConfig,
     total_steps: int | None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A per-step LambdaLR from the `optim.scheduler` config (`SchedulerConfig`)."""
-    if not isinstance(cfg, SchedulerConfig):
-        cfg = dataclass_from_keys(SchedulerConfig, cfg, "optim.scheduler")
-    warmup_steps = int(cfg.warmup_steps)
-    fn: Callable[[int], float]
-    if cfg.kind == "noam":
-        fn = lambda step: noam(step, warmup_steps=warmup_steps)  # noqa: E731
-    else:
-        if not total_steps:
-            raise ValueError("optim.scheduler.kind=warmup_cosine needs the total number of steps")
-        hold = int(float(cfg.hold_fraction) * total_steps)
-        min_ratio = float(cfg.min_ratio)
-        fn = lambda step: warmup_cosine(  # noqa: E731
-            step,
-            warmup_steps=warmup_steps,
-            total_steps=total_steps,
-            hold_steps=hold,
-            min_ratio=min_ratio,
-        )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_function(cfg, total_steps))

@@ -21,10 +21,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from asr.cli import command
+from asr.config_keys import dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.models.build import build_model, count_parameters, model_config
+from asr.training.callbacks import EmaConfig, EmaWeights
 from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
+from asr.training.distributed.adascale import AdaScaleLearningRate
 from asr.training.distributed.ddp import (
     DistributedConfig,
     build_strategy,
@@ -33,12 +36,14 @@ from asr.training.distributed.ddp import (
     set_cpu_threads,
     uses_cpu,
 )
+from asr.training.distributed.dgc import CompressionMonitor
 from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import build_objective
 from asr.training.optimizer import optim_config
 from asr.training.precision import enlarge_onednn_cache, resolve_precision
+from asr.training.schedules import schedule_function
 from asr.training.step_guard import FaultConfig
 
 log = logging.getLogger("asr.train")
@@ -104,12 +109,17 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         config=distributed,
         parts_without_gradient=objective.parts_without_gradient(model),
         loss_kind=getattr(objective.config, "kind", None),
+        optimizer_momentum=optim.sgd_momentum,
     )
     callbacks = [
         *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
         L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
         L.pytorch.callbacks.RichProgressBar(),
     ]
+    if cfg.get("ema"):
+        callbacks.append(EmaWeights(dataclass_from_keys(EmaConfig, cfg.ema, "ema")))
+    if getattr(strategy, "compression", None) is not None:
+        callbacks.append(CompressionMonitor(strategy.compression))
     debug = cfg.get("debug") or {}
     if debug.get("straggler_rank") is not None:
         callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))
@@ -123,13 +133,25 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
     )
     needs_total = optim.scheduler is not None and optim.scheduler.kind == "warmup_cosine"
+    total_steps = estimate_total_steps(trainer, datamodule) if needs_total else None
+    if getattr(strategy, "adascale", None) is not None:
+        if optim.kind != "sgd":
+            raise ValueError("distributed.adascale is for momentum SGD: set optim=sgd_cosine")
+        # The schedule is the one-rank run's, in steps of one rank's batch.
+        one_rank_steps = total_steps * world_size if total_steps else None
+        schedule = (
+            schedule_function(optim.scheduler, one_rank_steps)
+            if optim.scheduler is not None
+            else lambda _: 1.0
+        )
+        trainer.callbacks.append(AdaScaleLearningRate(strategy.adascale, schedule, one_rank_steps))
     module = AsrLitModule(
         model,
         objective,
         tokenizer,
         optim=optim,
         bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
-        total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
+        total_steps=total_steps,
         faults=faults,
     )
     return trainer, module, datamodule

@@ -30,10 +30,23 @@ def test_weight_decay_on_matrices_only_and_settings_from_the_config() -> None:
 
 def test_unknown_or_missing_keys_are_named() -> None:
     with pytest.raises(
-        ValueError, match=r"unknown config key optim.momentum; valid keys of optim: \['betas'"
+        ValueError, match=r"unknown config key optim.momentun; valid keys of optim: \['betas'"
     ):
+        build_optimizer(_model(), {"lr": 1e-3, "momentun": 0.9})
+    with pytest.raises(ValueError, match=r"optim \['momentum'\] do not apply to optim.kind=adamw"):
         build_optimizer(_model(), {"lr": 1e-3, "momentum": 0.9})
     with pytest.raises(ValueError, match="config key optim.lr is required"):
         build_optimizer(_model(), {"weight_decay": 0.1})
     with pytest.raises(ValueError, match="unknown config key optim.scheduler.warmup;"):
         build_optimizer(_model(), {"lr": 1e-3, "scheduler": {"kind": "noam", "warmup": 3}})
+
+
+def test_sgd_with_momentum_or_with_the_momentum_left_to_a_hook() -> None:
+    cfg = {"kind": "sgd", "lr": 0.1, "weight_decay": 0.01, "nesterov": True}
+    sgd = build_optimizer(_model(), cfg, fused=False)
+    assert isinstance(sgd, torch.optim.SGD)
+    assert sgd.param_groups[0]["momentum"] == 0.9 and sgd.param_groups[0]["nesterov"]
+    plain = build_optimizer(_model(), cfg, fused=False, momentum_elsewhere=True)
+    assert plain.param_groups[0]["momentum"] == 0.0 and not plain.param_groups[0]["nesterov"]
+    with pytest.raises(ValueError, match=r"optim \['betas'\] do not apply to optim.kind=sgd"):
+        build_optimizer(_model(), {**cfg, "betas": [0.9, 0.9]})

@@ -9,6 +9,9 @@ What this module adds to Lightning's defaults, each decided once at start-up:
 - a timeout: a collective that waits on a process which died or hung fails after
   `timeout` seconds instead of hanging the job forever.
 - one torch thread per process on CPU, where N processes on N cores only contend.
+- a communication hook (`distributed.compression`: Deep Gradient Compression, see
+  `asr.training.distributed.dgc`) registered on every device: Lightning's `DDPStrategy`
+  registers hooks only on CUDA, so `HookedDDPStrategy` does it for CPU/gloo too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 
 from asr.config_keys import dataclass_from_keys
+from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
+from asr.training.distributed.dgc import DGCConfig, DGCState, dgc_hook
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +53,17 @@ class DistributedConfig:
     - `find_unused_parameters`: `auto` (only when the objective needs it), `true`, `false`.
     - `cpu_threads`: torch threads per process in multi-process CPU runs; null: the
       `OMP_NUM_THREADS` environment variable if set, else 1.
+    - `compression`: null (dense all-reduce) or a gradient compression (`kind: dgc`,
+      `DGCConfig`).
+    - `adascale`: null, or AdaScale's learning-rate gain for momentum SGD
+      (`AdaScaleConfig`).
     """
 
     timeout: float = 600.0
     find_unused_parameters: bool | str = "auto"
     cpu_threads: int | None = None
+    compression: DGCConfig | None = None
+    adascale: AdaScaleConfig | None = None
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> DistributedConfig:
@@ -88,6 +99,32 @@ def uses_cpu(accelerator: str) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
+class HookedDDPStrategy(DDPStrategy):
+    """`DDPStrategy` that registers its communication hook on any device (Lightning's
+    registers it only on CUDA, so a CPU/gloo run would silently train dense)."""
+
+    @property
+    def compression(self) -> DGCState | None:
+        """The DGC hook's state, when the gradients are compressed."""
+        state = self._ddp_comm_state
+        return state if isinstance(state, DGCState) else None
+
+    @property
+    def adascale(self) -> AdaScaleState | None:
+        """AdaScale's state, when the learning rate follows its gain."""
+        state = self._ddp_comm_state
+        return state if isinstance(state, AdaScaleState) else None
+
+    def _register_ddp_hooks(self) -> None:
+        if self._ddp_comm_hook is None:
+            return
+        if self.compression is not None:
+            self.compression.total_entries = sum(
+                p.numel() for p in self.model.parameters() if p.requires_grad
+            )
+        self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
+
+
 def build_strategy(
     strategy: str | Strategy,
     *,
@@ -95,13 +132,16 @@ def build_strategy(
     config: DistributedConfig,
     parts_without_gradient: Sequence[str],
     loss_kind: str | None = None,
+    optimizer_momentum: float = 0.0,
 ) -> str | Strategy:
     """The `strategy` argument for `lightning.Trainer`.
 
     `ddp`, and `auto` with more than one process, become a configured `DDPStrategy`;
     `parts_without_gradient` (from the objective) decides `find_unused_parameters`
-    under `auto`. Anything else goes to Lightning as given, except FSDP with the
-    sample-wise transducer loss, which cannot work (see the README).
+    under `auto`. With `config.compression` the DGC hook is registered; it takes over
+    the optimizer's momentum (`optimizer_momentum`, SGD's; the optimizer must then run
+    without). Anything else goes to Lightning as given, except FSDP with the sample-wise
+    transducer loss, which cannot work (see the README).
     """
     if not isinstance(strategy, str):
         return strategy
@@ -112,8 +152,17 @@ def build_strategy(
             "only a shard of them. Use trainer.strategy=ddp (the presets fit one GPU), or "
             "model.loss.kind=batched."
         )
+    hooked = [k for k in ("compression", "adascale") if getattr(config, k) is not None]
+    if len(hooked) == 2:
+        raise ValueError("distributed.compression and distributed.adascale exclude each other")
     if strategy != "ddp" and not (strategy == "auto" and world_size > 1):
+        if hooked:
+            raise ValueError(
+                f"distributed.{hooked[0]} needs trainer.strategy=ddp, not {strategy!r}"
+            )
         return strategy
+    if config.adascale is not None and world_size < 2:
+        raise ValueError("distributed.adascale needs at least 2 processes (trainer.devices)")
     find_unused = config.find_unused_parameters
     if find_unused == "auto":
         find_unused = bool(parts_without_gradient)
@@ -128,8 +177,16 @@ def build_strategy(
         log.info(
             "DDP looks for unused parameters every step (%s)", ", ".join(parts_without_gradient)
         )
-    return DDPStrategy(
-        find_unused_parameters=bool(find_unused), timeout=timedelta(seconds=config.timeout)
+    hook: dict[str, Any] = {}
+    if config.compression is not None:
+        state = DGCState(config.compression, momentum=optimizer_momentum)
+        hook = {"ddp_comm_state": state, "ddp_comm_hook": dgc_hook}
+    elif config.adascale is not None:
+        hook = {"ddp_comm_state": AdaScaleState(config.adascale), "ddp_comm_hook": adascale_hook}
+    return HookedDDPStrategy(
+        find_unused_parameters=bool(find_unused),
+        timeout=timedelta(seconds=config.timeout),
+        **hook,
     )
 
 

@@ -1,0 +1,146 @@
+"""Deep Gradient Compression against dense DDP on the demo; prints one JSON line per run and
+a summary line.
+
+    python scripts/benchmark_dgc.py [--data-dir data/demo] [--runs dense_adamw,dgc_adamw]
+        [--out exp/benchmark_dgc] [--epochs 8] [--warmup-steps 75]
+
+Each run trains the demo preset (`experiment=demo`) to the end with 2 processes over gloo,
+one thread each (`trainer=cpu_ddp`), 15 s of audio per rank and step (the global batch of
+the one-process demo), then tests the best checkpoint on test-clean. Runs:
+
+- `dense_adamw`: DDP's all-reduce, the demo's AdamW and schedule;
+- `dgc_adamw`: the same with `distributed/compression=dgc` (99.9 % final sparsity, the
+  paper's four warm-up stages of `--warmup-steps` steps each, error feedback);
+- `dense_sgd`, `dgc_sgd`: the same pair with `optim=sgd_cosine` (momentum SGD; with DGC the
+  hook applies the momentum: momentum correction and factor masking).
+
+Per run: the test WER, the training wall time, and from `metrics.csv` the bytes each rank
+sent per step and the compression ratio (dense bytes / sent bytes), as means over the steps
+after the warm-up and over the whole run. A dense run sends every gradient byte (ratio 1).
+Runs go one at a time: on a 2-core machine they would contend. The demo corpus is built
+(recipes/demo/run.sh, stages corpus to features) if `--data-dir` lacks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmark_ddp import BIN, ROOT, ensure_corpus
+
+RUNS = {  # name: extra asr-train overrides
+    "dense_adamw": [],
+    "dgc_adamw": ["distributed/compression=dgc"],
+    "dense_sgd": ["optim=sgd_cosine"],
+    "dgc_sgd": ["optim=sgd_cosine", "distributed/compression=dgc"],
+}
+
+
+def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
+    """Train one run to the end and test it; its wall time in seconds."""
+    command = [
+        str(BIN / "asr-train"),
+        "experiment=demo",
+        "trainer=cpu_ddp",
+        f"data_dir={args.data_dir}",
+        f"exp_dir={exp_dir}",
+        "logger=csv",
+        "resume=false",
+        f"trainer.max_epochs={args.epochs}",
+        "trainer.log_every_n_steps=1",
+        "data.sampler.max_duration=15",
+        "data.sampler.max_cut_duration=15",
+        f"distributed.compression.warmup_steps={args.warmup_steps}"
+        if "distributed/compression=dgc" in RUNS[name]
+        else None,
+        *RUNS[name],
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    start = time.perf_counter()
+    done = subprocess.run([c for c in command if c], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
+    """Traffic and WERs from the run's metrics.csv (every version, in order)."""
+    rows = []
+    for path in sorted((exp_dir / "csv").glob("version_*/metrics.csv")):
+        with open(path) as f:
+            rows += list(csv.DictReader(f))
+    steps = [r for r in rows if r.get("train/grad_norm")]
+    sent = [float(r["comm/sent_bytes"]) for r in steps if r.get("comm/sent_bytes")]
+    dense = [float(r["comm/dense_bytes"]) for r in steps if r.get("comm/dense_bytes")]
+    late = [
+        (float(r["comm/sent_bytes"]), float(r["comm/dense_bytes"]))
+        for r in steps
+        if r.get("comm/sent_bytes") and int(r["step"]) >= after_step
+    ]
+    test = [float(r["test/wer"]) for r in rows if r.get("test/wer")]
+    dev = [float(r["val/wer"]) for r in rows if r.get("val/wer")]
+    out: dict[str, float | int | None] = {
+        "optimizer_steps": len(steps),
+        "test_wer": round(test[-1], 2) if test else None,
+        "dev_wer_last_epoch": round(dev[-1], 2) if dev else None,
+    }
+    if sent:
+        out["sent_bytes_per_step_mean"] = round(statistics.mean(sent))
+        out["dense_bytes_per_step"] = round(statistics.mean(dense))
+        out["compression_whole_run"] = round(sum(dense) / sum(sent), 1)
+    if late:
+        out["sent_bytes_per_step_after_warmup"] = round(statistics.mean(s for s, _ in late))
+        out["compression_after_warmup"] = round(
+            sum(d for _, d in late) / sum(s for s, _ in late), 1
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "demo")
+    parser.add_argument("--train-hours", type=float, default=2.0, help="if the corpus is built")
+    parser.add_argument("--runs", default="dense_adamw,dgc_adamw", help="comma-separated")
+    parser.add_argument("--out", type=Path, default=ROOT / "exp" / "benchmark_dgc")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--warmup-steps", type=int, default=75, help="per DGC warm-up stage")
+    args = parser.parse_args()
+    args.data_dir = args.data_dir.resolve()
+    ensure_corpus(args.data_dir, args.train_hours)
+    results = {}
+    for name in args.runs.split(","):
+        if name not in RUNS:
+            sys.exit(f"unknown run {name!r}; valid: {', '.join(RUNS)}")
+        exp_dir = args.out / name
+        wall = train(name, args, exp_dir)
+        after = 4 * args.warmup_steps if name.startswith("dgc") else 0
+        results[name] = {
+            "run": name,
+            "processes": 2,
+            "epochs": args.epochs,
+            **figures(exp_dir, after),
+            "wall_seconds": round(wall, 1),
+        }
+        print(json.dumps(results[name]), flush=True)
+    summary: dict[str, object] = {"summary": True}
+    for optimizer in ("adamw", "sgd"):
+        dense, dgc = results.get(f"dense_{optimizer}"), results.get(f"dgc_{optimizer}")
+        if dense and dgc and dense["test_wer"] is not None and dgc["test_wer"] is not None:
+            summary[f"{optimizer}_wer_dgc_minus_dense"] = round(
+                dgc["test_wer"] - dense["test_wer"], 2
+            )
+            summary[f"{optimizer}_wall_dgc_over_dense"] = round(
+                dgc["wall_seconds"] / dense["wall_seconds"], 3
+            )
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""One rank of the communication hook tests (DGC, AdaScale): DDP over gloo on vector
+parameters whose gradient is a known random vector per rank and step
+(`loss = sum(p * c)`), with a hook or DDP's own all-reduce. Writes what each rank saw to
+`out_dir/rank{R}.pt`.
+
+AdaScale modes: `adascale-same` (both ranks get the same gradient: no noise),
+`adascale-noise` (independent zero-mean gradients: pure noise), `adascale-mixed` (a
+shared mean plus independent noise of the same squared norm)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
+from asr.training.distributed.dgc import DGCConfig, DGCState, dgc_hook
+
+
+class Vectors(nn.Module):
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__()
+        self.parts = nn.ParameterList(
+            nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in sizes
+        )
+
+    def forward(self, coefficients: list[torch.Tensor]) -> torch.Tensor:
+        return sum((p * c).sum() for p, c in zip(self.parts, coefficients, strict=True))
+
+
+def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: int) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    multi = mode in ("dense", "dgc0-multi") or mode.startswith("adascale")
+    sizes = [700, 300, 1500] if multi else [3000]
+    model = DistributedDataParallel(Vectors(sizes), bucket_cap_mb=0.005)  # ~ a bucket a part
+    state = None
+    if mode.startswith("adascale"):
+        adascale = AdaScaleState(AdaScaleConfig(smoothing=0.0))
+        model.register_comm_hook(adascale, adascale_hook)
+        gains = []
+        for step in range(steps):
+            shared = torch.Generator().manual_seed(1000 * step)
+            own = torch.Generator().manual_seed(1000 * step + 1 + rank)
+            mean = [torch.randn(n, dtype=torch.float64, generator=shared) for n in sizes]
+            noise = [torch.randn(n, dtype=torch.float64, generator=own) for n in sizes]
+            coefficients = {
+                "adascale-same": mean,
+                "adascale-noise": noise,
+                "adascale-mixed": [m + z for m, z in zip(mean, noise, strict=True)],
+            }[mode]
+            model.zero_grad(set_to_none=True)
+            model(coefficients).backward()
+            gains.append(adascale.finish_step())
+        torch.save({"gains": gains}, Path(out_dir) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+        return
+    if mode != "dense":
+        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0}.get(mode, 0.9)
+        momentum = 0.9 if mode == "dgc-momentum" else 0.0
+        state = DGCState(DGCConfig(sparsity=sparsity), momentum=momentum, total_entries=sum(sizes))
+        model.register_comm_hook(state, dgc_hook)
+    record: dict[str, list] = {"local": [], "exchanged": [], "sent": [], "masked": []}
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(1000 * step + rank)
+        coefficients = [torch.randn(n, dtype=torch.float64, generator=generator) for n in sizes]
+        model.zero_grad(set_to_none=True)
+        model(coefficients).backward()
+        record["local"].append(torch.cat(coefficients))
+        record["exchanged"].append(torch.cat([p.grad.clone() for p in model.module.parts]))
+        if state is not None and state.last_sent:
+            sent = state.last_sent[0]
+            record["sent"].append(sent.clone())
+            residual = state.residual[0]
+            velocity = state.velocity.get(0, torch.zeros_like(residual))
+            record["masked"].append(
+                (residual[sent].abs().max().item(), velocity[sent].abs().max().item())
+            )
+    if state is not None:
+        record["residual"] = {i: r.clone() for i, r in state.residual.items()}
+        record["traffic"] = vars(state.last_traffic)
+    torch.save(record, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    rank, world, init_file, out_dir, mode, steps = sys.argv[1:]
+    main(int(rank), int(world), init_file, out_dir, mode, int(steps))

@@ -1,0 +1,70 @@
+"""The DGC communication hook with 2 real processes over gloo: exact at sparsity 0,
+nothing lost at high sparsity, momentum factor masking; and its config and schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.config_keys import ConfigError
+from asr.training.distributed.dgc import DGCConfig, top_k_indices
+
+
+def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path: Path) -> None:
+    dense = run_ranks(tmp_path, "dense", steps=3)
+    dgc = run_ranks(tmp_path, "dgc0-multi", steps=3)
+    for rank in range(2):
+        for step in range(3):
+            assert torch.equal(dgc[rank]["exchanged"][step], dense[rank]["exchanged"][step])
+    expected = (dense[0]["local"][0] + dense[1]["local"][0]) / 2
+    assert torch.allclose(dense[0]["exchanged"][0], expected)
+
+
+def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path) -> None:
+    steps = 6
+    ranks = run_ranks(tmp_path, "dgc", steps=steps)
+    sent_total = sum(2 * ranks[0]["exchanged"][t] for t in range(steps))  # summed over ranks
+    local_total = sum(r["local"][t] for r in ranks for t in range(steps))
+    residual_total = sum(r["residual"][0] for r in ranks)
+    assert torch.allclose(sent_total + residual_total, local_total, atol=1e-10)
+    for rank in ranks:  # both ranks applied the same update
+        assert torch.equal(rank["exchanged"][-1], ranks[0]["exchanged"][-1])
+        assert all(len(sent) == 300 for sent in rank["sent"])  # 10 % of 3,000
+    traffic = ranks[0]["traffic"]
+    assert traffic["sent_entries"] == 300 and traffic["entries"] == 3000
+    assert traffic["sent_bytes"] == 300 * (4 + 8)  # int32 index + float64 value
+    assert traffic["dense_bytes"] == 3000 * 8
+
+
+def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
+    run_ranks, tmp_path: Path
+) -> None:
+    ranks = run_ranks(tmp_path, "dgc-momentum", steps=4)
+    for rank in ranks:
+        assert rank["masked"] and all(m == (0.0, 0.0) for m in rank["masked"])
+        residual = rank["residual"][0]
+        unsent = torch.ones_like(residual, dtype=torch.bool)
+        unsent[rank["sent"][-1]] = False
+        assert bool((residual[unsent] != 0).all())  # everything else is kept
+
+
+def test_top_k_through_a_sampled_threshold_is_the_exact_top_k() -> None:
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(100_000, generator=generator).abs()
+    for k in (1, 10, 100, 5_000):
+        got = top_k_indices(values, k, 0.01, generator)
+        assert len(got) == k
+        assert torch.equal(got.sort().values, torch.topk(values, k).indices.sort().values)
+
+
+def test_warm_up_schedule_and_config_checks() -> None:
+    config = DGCConfig(warmup_steps=10)
+    stages = [config.sparsity_at(step) for step in (0, 9, 10, 25, 39, 40, 10_000)]
+    assert stages == [0.75, 0.75, 0.9375, 0.984375, 0.996, 0.999, 0.999]
+    assert DGCConfig().sparsity_at(0) == 0.999  # no warm-up
+    with pytest.raises(ConfigError, match="sparsities must be in"):
+        DGCConfig(sparsity=1.0)
+    with pytest.raises(ConfigError, match="sample_fraction"):
+        DGCConfig(sample_fraction=0.0)
