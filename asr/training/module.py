@@ -262,7 +262,7 @@ class AsrLitModule(L.LightningModule):
             self.model,
             self.optim_cfg,
             fused=self._loss_scaler() is None,
-            momentum_elsewhere=compression is not None and compression.momentum > 0,
+            moments_in_hook=compression is not None and compression.moments_in_hook,
         )
         if self.optim_cfg.scheduler is None or getattr(self.trainer.strategy, "adascale", None):
             return {"optimizer": optimizer}  # constant, or set by AdaScale every step

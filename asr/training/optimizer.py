@@ -61,14 +61,16 @@ def build_optimizer(
     cfg: Mapping[str, Any] | OptimConfig,
     *,
     fused: bool = True,
-    momentum_elsewhere: bool = False,
+    moments_in_hook: bool = False,
 ) -> torch.optim.Optimizer:
     """AdamW or SGD over `model`'s trainable parameters from the `optim` keys. Weight
     decay applies to parameters with two or more dimensions; biases and norms are not
     decayed. `fused`: one kernel for all parameters instead of about ten ops per
     parameter; not under fp16 loss scaling, where Lightning must unscale the gradients
-    before clipping. `momentum_elsewhere`: SGD runs without momentum because a
-    communication hook applies it (DGC's momentum correction)."""
+    before clipping. `moments_in_hook`: plain SGD (no momentum) with the configured rate
+    and weight decay, because a communication hook applies the optimizer's moments (DGC:
+    SGD's momentum correction, or AdamW's directions); for AdamW that SGD's weight decay
+    is AdamW's decoupled one, since the gradient it receives is already Adam's direction."""
     config = optim_config(cfg)
     decay, no_decay = [], []
     for param in model.parameters():
@@ -78,8 +80,8 @@ def build_optimizer(
         {"params": decay, "weight_decay": float(config.weight_decay)},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    if config.kind == "sgd":
-        momentum = 0.0 if momentum_elsewhere else config.sgd_momentum
+    if config.kind == "sgd" or moments_in_hook:
+        momentum = 0.0 if moments_in_hook else config.sgd_momentum
         return torch.optim.SGD(
             groups,
             lr=float(config.lr),

@@ -10,6 +10,7 @@ Running the same command again resumes from `exp_dir/checkpoints/last.ckpt` (`re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -36,7 +37,7 @@ from asr.training.distributed.ddp import (
     set_cpu_threads,
     uses_cpu,
 )
-from asr.training.distributed.dgc import CompressionMonitor
+from asr.training.distributed.dgc import AdamMoments, CompressionMonitor
 from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
@@ -110,7 +111,19 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         parts_without_gradient=objective.parts_without_gradient(model),
         loss_kind=getattr(objective.config, "kind", None),
         optimizer_momentum=optim.sgd_momentum,
+        adam_moments=AdamMoments(*optim.betas, optim.eps) if optim.kind == "adamw" else None,
     )
+    compression = getattr(strategy, "compression", None)
+    if compression is not None and trainer_cfg.get("gradient_clip_val"):
+        # DGC clips each rank's gradient before accumulation, in the hook, instead of the
+        # exchanged sum (which holds accumulated values, or already Adam's directions).
+        if compression.config.clip_norm is None:
+            clip = float(trainer_cfg["gradient_clip_val"])
+            compression.config = dataclasses.replace(compression.config, clip_norm=clip)
+        trainer_cfg["gradient_clip_val"] = None
+        log.info(
+            "gradient clipping moves into the DGC hook: clip_norm=%s", compression.config.clip_norm
+        )
     callbacks = [
         *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
         L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),

@@ -46,7 +46,16 @@ def test_sgd_with_momentum_or_with_the_momentum_left_to_a_hook() -> None:
     sgd = build_optimizer(_model(), cfg, fused=False)
     assert isinstance(sgd, torch.optim.SGD)
     assert sgd.param_groups[0]["momentum"] == 0.9 and sgd.param_groups[0]["nesterov"]
-    plain = build_optimizer(_model(), cfg, fused=False, momentum_elsewhere=True)
+    plain = build_optimizer(_model(), cfg, fused=False, moments_in_hook=True)
     assert plain.param_groups[0]["momentum"] == 0.0 and not plain.param_groups[0]["nesterov"]
     with pytest.raises(ValueError, match=r"optim \['betas'\] do not apply to optim.kind=sgd"):
         build_optimizer(_model(), {**cfg, "betas": [0.9, 0.9]})
+
+
+def test_adamw_whose_moments_a_hook_keeps_becomes_plain_sgd_with_its_decay() -> None:
+    cfg = {"lr": 2e-3, "weight_decay": 0.01}
+    sgd = build_optimizer(_model(), cfg, fused=False, moments_in_hook=True)
+    assert isinstance(sgd, torch.optim.SGD)
+    decay, no_decay = sgd.param_groups
+    assert decay["lr"] == 2e-3 and decay["momentum"] == 0.0
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0

@@ -28,7 +28,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 
 from asr.config_keys import dataclass_from_keys
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
-from asr.training.distributed.dgc import DGCConfig, DGCState, dgc_hook
+from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +133,17 @@ def build_strategy(
     parts_without_gradient: Sequence[str],
     loss_kind: str | None = None,
     optimizer_momentum: float = 0.0,
+    adam_moments: AdamMoments | None = None,
 ) -> str | Strategy:
     """The `strategy` argument for `lightning.Trainer`.
 
     `ddp`, and `auto` with more than one process, become a configured `DDPStrategy`;
     `parts_without_gradient` (from the objective) decides `find_unused_parameters`
     under `auto`. With `config.compression` the DGC hook is registered; it takes over
-    the optimizer's momentum (`optimizer_momentum`, SGD's; the optimizer must then run
-    without). Anything else goes to Lightning as given, except FSDP with the sample-wise
-    transducer loss, which cannot work (see the README).
+    the optimizer's moments (`optimizer_momentum`, SGD's, or `adam_moments`, AdamW's,
+    in `adamw: direction` mode), and the optimizer then runs as plain SGD. Anything else
+    goes to Lightning as given, except FSDP with the sample-wise transducer loss, which
+    cannot work (see the README).
     """
     if not isinstance(strategy, str):
         return strategy
@@ -179,7 +181,8 @@ def build_strategy(
         )
     hook: dict[str, Any] = {}
     if config.compression is not None:
-        state = DGCState(config.compression, momentum=optimizer_momentum)
+        adam = adam_moments if config.compression.adamw == "direction" else None
+        state = DGCState(config.compression, momentum=optimizer_momentum, adam=adam)
         hook = {"ddp_comm_state": state, "ddp_comm_hook": dgc_hook}
     elif config.adascale is not None:
         hook = {"ddp_comm_state": AdaScaleState(config.adascale), "ddp_comm_hook": adascale_hook}

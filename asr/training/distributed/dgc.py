@@ -13,9 +13,17 @@ so no gradient is lost, only delayed. Following the paper:
   u <- m u + g and accumulates v <- v + u, sends the top-k of v, and the optimizer
   applies the exchanged sum as plain SGD (its own momentum is off). **Momentum factor
   masking** clears u and v where they were sent, so stale momentum does not push a
-  coordinate again. For AdamW runs the hook does error feedback on the gradient only
-  (v <- v + g): Adam's momentum and per-coordinate scaling act after the exchange, on the
-  sparse sum, and cannot be moved into the hook the way SGD's momentum can.
+  coordinate again.
+- **AdamW runs** (`adamw: gradient | direction`). `gradient`: error feedback on the
+  gradient only (v <- v + g) and AdamW after the exchange, on the sparse sum. Adam's
+  moments cannot be corrected the way SGD's velocity is: it divides each coordinate by
+  the root of its second moment, so a coordinate that arrives once every ~1/(1 - sparsity)
+  steps with the sum of those steps moves about as far as after one dense step, and
+  training slows by about that factor (measured on the demo: recipes/demo/RESULTS.md).
+  `direction` (the default): each rank keeps its own Adam moments of its local gradient in
+  the hook and accumulates the bias-corrected Adam direction m / (sqrt(v) + eps); the top-k
+  of that is exchanged and the optimizer applies the average as SGD with AdamW's learning
+  rate and decoupled weight decay, so a delayed coordinate keeps every step's movement.
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -56,7 +64,10 @@ class DGCConfig:
     - `warmup_sparsities`, `warmup_steps`: the sparsities of the warm-up stages and the
       optimizer steps each lasts (0: no warm-up).
     - `sample_fraction`: share of a bucket sampled to estimate the top-k threshold.
-    - `clip_norm`: local gradient clipping threshold before accumulation (null: none).
+    - `clip_norm`: local gradient clipping threshold before accumulation (null: the
+      trainer's `gradient_clip_val`, which then no longer clips after the exchange).
+    - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook) or
+      `gradient` (error feedback on the gradient, AdamW after the exchange).
     - `seed`: of the threshold sampling (each rank adds its rank).
     """
 
@@ -66,9 +77,11 @@ class DGCConfig:
     warmup_steps: int = 0
     sample_fraction: float = 0.01
     clip_norm: float | None = None
+    adamw: str = "direction"
     seed: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "warmup_sparsities", tuple(self.warmup_sparsities))
         for value in (self.sparsity, *self.warmup_sparsities):
             if not 0.0 <= value < 1.0:
                 raise ConfigError(
@@ -80,6 +93,7 @@ class DGCConfig:
                 f"{self.sample_fraction}"
             )
         check_choice("distributed.compression.kind", self.kind, ["dgc"])
+        check_choice("distributed.compression.adamw", self.adamw, ["direction", "gradient"])
         if self.warmup_steps < 0:
             raise ConfigError(
                 f"distributed.compression.warmup_steps must be >= 0, got {self.warmup_steps}"
@@ -113,18 +127,31 @@ class StepTraffic:
         return self.dense_bytes / max(self.sent_bytes, 1)
 
 
+@dataclass(frozen=True)
+class AdamMoments:
+    """AdamW's `betas` and `eps`, for the moments the hook keeps in `direction` mode."""
+
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-8
+
+
 @dataclass
 class DGCState:
-    """Per-rank state of the hook: the residual v and velocity u of every bucket, the
-    optimizer step (for the warm-up) and the traffic of the current and last step."""
+    """Per-rank state of the hook: the residual v and velocity u (SGD) or Adam moments of
+    every bucket, the optimizer step (for the warm-up) and the traffic of the current and
+    last step."""
 
     config: DGCConfig
     momentum: float = 0.0  # SGD's momentum, taken over by the hook (0: error feedback)
+    adam: AdamMoments | None = None  # AdamW's moments, taken over by the hook
     total_entries: int = 0  # all gradient entries of the model (for per-bucket clipping)
     process_group: dist.ProcessGroup | None = None
     step: int = 0
     residual: dict[int, Tensor] = field(default_factory=dict)
     velocity: dict[int, Tensor] = field(default_factory=dict)
+    second_moment: dict[int, Tensor] = field(default_factory=dict)  # Adam's v per bucket
+    bucket_steps: dict[int, int] = field(default_factory=dict)  # Adam's t per bucket
     traffic: StepTraffic = field(default_factory=StepTraffic)
     last_traffic: StepTraffic = field(default_factory=StepTraffic)
     last_sent: dict[int, Tensor] = field(default_factory=dict)  # bucket -> indices sent
@@ -132,6 +159,12 @@ class DGCState:
 
     def world_size(self) -> int:
         return dist.get_world_size(self.process_group)
+
+    @property
+    def moments_in_hook(self) -> bool:
+        """Whether the hook applies the optimizer's moments (the optimizer must then be
+        plain SGD): SGD's momentum correction, or AdamW's directions."""
+        return self.momentum > 0 or self.adam is not None
 
     def random(self, device: torch.device) -> torch.Generator:
         if self.generator is None or self.generator.device != device:
@@ -177,18 +210,40 @@ def clip_locally(state: DGCState, grad: Tensor) -> Tensor:
     return grad * (limit / norm) if norm > limit else grad
 
 
+def _buffer(buffers: dict[int, Tensor], index: int, like: Tensor) -> Tensor:
+    """The state tensor of bucket `index`, zeros when new (or when DDP rebuilt its buckets)."""
+    buffer = buffers.get(index)
+    if buffer is None or buffer.shape != like.shape:
+        buffer = buffers[index] = torch.zeros_like(like)
+    return buffer
+
+
+def adam_direction(state: DGCState, index: int, grad: Tensor) -> Tensor:
+    """Update this rank's Adam moments of bucket `index` with `grad` and return the
+    bias-corrected direction m_hat / (sqrt(v_hat) + eps) (AdamW's step before the rate)."""
+    adam = state.adam
+    assert adam is not None
+    known = state.second_moment.get(index)
+    fresh = known is None or known.shape != grad.shape
+    first = _buffer(state.velocity, index, grad)
+    second = _buffer(state.second_moment, index, grad)
+    step = state.bucket_steps[index] = 1 if fresh else state.bucket_steps[index] + 1
+    first.mul_(adam.beta1).add_(grad, alpha=1 - adam.beta1)
+    second.mul_(adam.beta2).addcmul_(grad, grad, value=1 - adam.beta2)
+    denominator = (second / (1 - adam.beta2**step)).sqrt_().add_(adam.eps)
+    return (first / (1 - adam.beta1**step)).div_(denominator)
+
+
 def compress_bucket(state: DGCState, index: int, grad: Tensor, sparsity: float) -> Tensor:
     """Fold this step's local gradient `grad` (a flat bucket) into the residual and return
     the indices to send; their values are `state.residual[index][indices]`."""
     config = state.config
     grad = clip_locally(state, grad.float() if grad.dtype != torch.float64 else grad)
-    residual = state.residual.get(index)
-    if residual is None or residual.shape != grad.shape:
-        residual = state.residual[index] = torch.zeros_like(grad)
-    if state.momentum > 0:
-        velocity = state.velocity.get(index)
-        if velocity is None or velocity.shape != grad.shape:
-            velocity = state.velocity[index] = torch.zeros_like(grad)
+    residual = _buffer(state.residual, index, grad)
+    if state.adam is not None:
+        residual.add_(adam_direction(state, index, grad))
+    elif state.momentum > 0:
+        velocity = _buffer(state.velocity, index, grad)
         velocity.mul_(state.momentum).add_(grad)
         residual.add_(velocity)
     else:
@@ -207,19 +262,24 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
     traffic.dense_bytes += buffer.numel() * buffer.element_size()
     traffic.entries += buffer.numel()
     is_last = bucket.is_last()
-    if sparsity == 0.0 and state.momentum == 0.0 and not state.residual:
+    if sparsity == 0.0 and not state.moments_in_hook and not state.residual:
         traffic.sent_bytes += buffer.numel() * buffer.element_size()
         traffic.sent_entries += buffer.numel()
         buffer.copy_(clip_locally(state, buffer))
         work = dist.all_reduce(buffer.div_(world), group=state.process_group, async_op=True)
         return _finish(work.get_future(), state, is_last, lambda fut: fut.value()[0])
 
+    if buffer.numel() >= 2**31:
+        raise ValueError(
+            f"a gradient bucket of {buffer.numel()} entries is too large for int32 indices: "
+            "lower DDP's bucket_cap_mb"
+        )
     indices = compress_bucket(state, index, buffer, sparsity)
     residual = state.residual[index]
     values = residual[indices]
     residual[indices] = 0.0
     state.last_sent[index] = indices
-    if state.momentum > 0:
+    if state.momentum > 0 and state.adam is None:
         state.velocity[index][indices] = 0.0  # momentum factor masking
     payload = torch.cat([indices.to(INDEX_DTYPE).view(torch.uint8), values.view(torch.uint8)])
     traffic.sent_bytes += payload.numel()
@@ -272,10 +332,10 @@ class CompressionMonitor(Callback):
         self.state.step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
-        if trainer.global_step == self._logged_step or self.state.step == 0:
+        traffic = self.state.last_traffic
+        if trainer.global_step == self._logged_step or traffic.entries == 0:
             return  # inside gradient accumulation, or before the first exchange
         self._logged_step = trainer.global_step
-        traffic = self.state.last_traffic
         values = {
             "comm/sent_bytes": float(traffic.sent_bytes),
             "comm/dense_bytes": float(traffic.dense_bytes),

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
-from asr.training.distributed.dgc import DGCConfig, DGCState, dgc_hook
+from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
 
 
 class Vectors(nn.Module):
@@ -60,9 +60,12 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         dist.destroy_process_group()
         return
     if mode != "dense":
-        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0}.get(mode, 0.9)
+        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0, "dgc-adam0": 0.0}.get(mode, 0.9)
         momentum = 0.9 if mode == "dgc-momentum" else 0.0
-        state = DGCState(DGCConfig(sparsity=sparsity), momentum=momentum, total_entries=sum(sizes))
+        adam = AdamMoments(0.9, 0.98, 1e-8) if mode.startswith("dgc-adam") else None
+        state = DGCState(
+            DGCConfig(sparsity=sparsity), momentum=momentum, adam=adam, total_entries=sum(sizes)
+        )
         model.register_comm_hook(state, dgc_hook)
     record: dict[str, list] = {"local": [], "exchanged": [], "sent": [], "masked": []}
     for step in range(steps):

@@ -50,6 +50,30 @@ def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
         assert bool((residual[unsent] != 0).all())  # everything else is kept
 
 
+def _adam_directions(gradients: list[torch.Tensor]) -> list[torch.Tensor]:
+    """AdamW's bias-corrected directions (betas 0.9, 0.98, eps 1e-8) of a gradient sequence."""
+    first, second, out = torch.zeros_like(gradients[0]), torch.zeros_like(gradients[0]), []
+    for step, grad in enumerate(gradients, start=1):
+        first = 0.9 * first + 0.1 * grad
+        second = 0.98 * second + 0.02 * grad * grad
+        out.append((first / (1 - 0.9**step)) / ((second / (1 - 0.98**step)).sqrt() + 1e-8))
+    return out
+
+
+def test_adamw_directions_are_exchanged_and_nothing_is_lost(run_ranks, tmp_path: Path) -> None:
+    steps = 5
+    exact = run_ranks(tmp_path, "dgc-adam0", steps=steps)
+    directions = [_adam_directions(rank["local"]) for rank in exact]
+    for t in range(steps):  # at sparsity 0: the mean of the ranks' own Adam directions
+        expected = (directions[0][t] + directions[1][t]) / 2
+        assert torch.allclose(exact[0]["exchanged"][t], expected, rtol=1e-12, atol=1e-12)
+    sparse = run_ranks(tmp_path, "dgc-adam", steps=steps)
+    directions = [_adam_directions(rank["local"]) for rank in sparse]
+    sent = sum(2 * sparse[0]["exchanged"][t] for t in range(steps))
+    residual = sum(rank["residual"][0] for rank in sparse)
+    assert torch.allclose(sent + residual, sum(sum(d) for d in directions), atol=1e-9)
+
+
 def test_top_k_through_a_sampled_threshold_is_the_exact_top_k() -> None:
     generator = torch.Generator().manual_seed(0)
     values = torch.randn(100_000, generator=generator).abs()

@@ -11,13 +11,16 @@ import pytest
 import torch
 
 from asr.models.build import build_model
+from asr.training.distributed.adascale import AdaScaleConfig
 from asr.training.distributed.ddp import (
     DistributedConfig,
+    HookedDDPStrategy,
     build_strategy,
     is_peer_failure,
     processes_per_node,
     set_cpu_threads,
 )
+from asr.training.distributed.dgc import DGCConfig
 from asr.training.distributed.straggler import Straggler
 from asr.training.objective import build_objective
 
@@ -120,3 +123,38 @@ def test_the_straggler_sleeps_its_own_step_time_times_slowdown_minus_one() -> No
     assert other.slept == 0.0  # not its rank
     with pytest.raises(ValueError, match="debug.straggler_slowdown must be >= 1"):
         Straggler(rank=0, slowdown=0.5)
+
+
+def test_a_communication_hook_gets_a_strategy_that_registers_it_on_any_device() -> None:
+    dgc = DistributedConfig(compression=DGCConfig(warmup_steps=10))
+    strategy = build_strategy(
+        "ddp", world_size=2, config=dgc, parts_without_gradient=[], optimizer_momentum=0.9
+    )
+    assert isinstance(strategy, HookedDDPStrategy)
+    assert strategy.compression is not None and strategy.compression.momentum == 0.9
+    assert strategy.adascale is None
+    adascale = DistributedConfig(adascale=AdaScaleConfig())
+    strategy = build_strategy("ddp", world_size=2, config=adascale, parts_without_gradient=[])
+    assert strategy.adascale is not None and strategy.compression is None
+    with pytest.raises(ValueError, match="exclude each other"):
+        build_strategy(
+            "ddp",
+            world_size=2,
+            config=DistributedConfig(compression=DGCConfig(), adascale=AdaScaleConfig()),
+            parts_without_gradient=[],
+        )
+    with pytest.raises(ValueError, match="distributed.compression needs trainer.strategy=ddp"):
+        build_strategy("auto", world_size=1, config=dgc, parts_without_gradient=[])
+    with pytest.raises(ValueError, match="adascale needs at least 2 processes"):
+        build_strategy("ddp", world_size=1, config=adascale, parts_without_gradient=[])
+
+
+def test_compression_keys_are_read_from_the_config() -> None:
+    config = DistributedConfig.from_mapping(
+        {"compression": {"kind": "dgc", "sparsity": 0.99, "warmup_steps": 5}}
+    )
+    assert config.compression == DGCConfig(sparsity=0.99, warmup_steps=5)
+    with pytest.raises(ValueError, match="unknown config key distributed.compression.sparsty"):
+        DistributedConfig.from_mapping({"compression": {"sparsty": 0.9}})
+    with pytest.raises(ValueError, match="distributed.compression.kind='topk' is unknown"):
+        DistributedConfig.from_mapping({"compression": {"kind": "topk"}})
