@@ -21,9 +21,10 @@ so no gradient is lost, only delayed. Following the paper:
   steps with the sum of those steps moves about as far as after one dense step, and
   training slows by about that factor (measured on the demo: recipes/demo/RESULTS.md).
   `direction` (the default): each rank keeps its own Adam moments of its local gradient in
-  the hook and accumulates the bias-corrected Adam direction m / (sqrt(v) + eps); the top-k
-  of that is exchanged and the optimizer applies the average as SGD with AdamW's learning
-  rate and decoupled weight decay, so a delayed coordinate keeps every step's movement.
+  the hook and accumulates the update lr_t m / (sqrt(v) + eps) (bias-corrected, at each
+  step's rate); the top-k of that is exchanged, divided by the current rate, and the
+  optimizer applies the average as SGD with AdamW's rate and decoupled weight decay, so a
+  delayed coordinate keeps every step's movement, whatever the schedule did meanwhile.
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -41,6 +42,7 @@ resumed run starts them at zero (one step's worth of delayed gradient is dropped
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import lightning as L
@@ -156,9 +158,15 @@ class DGCState:
     last_traffic: StepTraffic = field(default_factory=StepTraffic)
     last_sent: dict[int, Tensor] = field(default_factory=dict)  # bucket -> indices sent
     generator: torch.Generator | None = None
+    learning_rate: Callable[[], float] | None = None  # the optimizer's current rate
 
     def world_size(self) -> int:
         return dist.get_world_size(self.process_group)
+
+    def rate(self) -> float:
+        """The optimizer's learning rate of this step (1 when no optimizer is attached)."""
+        rate = self.learning_rate() if self.learning_rate is not None else 1.0
+        return rate if rate > 0 else 1.0
 
     @property
     def moments_in_hook(self) -> bool:
@@ -241,7 +249,9 @@ def compress_bucket(state: DGCState, index: int, grad: Tensor, sparsity: float) 
     grad = clip_locally(state, grad.float() if grad.dtype != torch.float64 else grad)
     residual = _buffer(state.residual, index, grad)
     if state.adam is not None:
-        residual.add_(adam_direction(state, index, grad))
+        # The update itself (rate x direction): a coordinate sent later, at another rate,
+        # still moves by what each step asked (decode divides by the rate of the send).
+        residual.add_(adam_direction(state, index, grad), alpha=state.rate())
     elif state.momentum > 0:
         velocity = _buffer(state.velocity, index, grad)
         velocity.mul_(state.momentum).add_(grad)
@@ -294,6 +304,8 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
         for part in gathered:
             where = part[:index_bytes].view(INDEX_DTYPE).long()
             total.index_add_(0, where, part[index_bytes:].view(residual.dtype))
+        if state.adam is not None:
+            total.div_(state.rate())  # the optimizer multiplies by the rate again
         return total.div_(world).to(buffer.dtype)
 
     return _finish(work.get_future(), state, is_last, decode)
@@ -330,6 +342,8 @@ class CompressionMonitor(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.state.step = trainer.global_step
+        groups = trainer.optimizers[0].param_groups
+        self.state.learning_rate = lambda: float(groups[0]["lr"])
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
         traffic = self.state.last_traffic

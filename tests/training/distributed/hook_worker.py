@@ -66,6 +66,8 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         state = DGCState(
             DGCConfig(sparsity=sparsity), momentum=momentum, adam=adam, total_entries=sum(sizes)
         )
+        if mode == "dgc-adam":  # a rate that changes every step, as a schedule's does
+            state.learning_rate = lambda: 0.1 * (state.step + 1)
         model.register_comm_hook(state, dgc_hook)
     record: dict[str, list] = {"local": [], "exchanged": [], "sent": [], "masked": []}
     for step in range(steps):
