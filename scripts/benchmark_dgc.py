@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "exp" / "benchmark_dgc")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=75, help="per DGC warm-up stage")
+    parser.add_argument("--tag", default="", help="appended to the run names (and directories)")
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)
@@ -135,11 +136,12 @@ def main() -> None:
     for name in args.runs.split(","):
         if name not in RUNS:
             sys.exit(f"unknown run {name!r}; valid: {', '.join(RUNS)}")
-        exp_dir = args.out / name
+        exp_dir = args.out / f"{name}{args.tag}"
         wall = train(name, args, exp_dir)
         after = 4 * args.warmup_steps if name.startswith("dgc") else 0
         results[name] = {
-            "run": name,
+            "run": f"{name}{args.tag}",
+            "dgc_warmup_steps_per_stage": args.warmup_steps if name.startswith("dgc") else None,
             "processes": 2,
             "epochs": args.epochs,
             **figures(exp_dir, after),

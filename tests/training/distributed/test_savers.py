@@ -1,0 +1,74 @@
+"""The communication savers through `asr-train` with 2 real processes over gloo: Deep
+Gradient Compression and AdaScale register, train, and log what they did."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+def train(train_overrides, exp_dir: Path, *extra: str) -> list[dict[str, str]]:
+    command = [
+        str(BIN / "asr-train"),
+        *train_overrides(exp_dir),
+        "experiment=demo",
+        "trainer=cpu_ddp",
+        "trainer.devices=2",
+        "trainer.max_epochs=1",
+        "model.loss.transducer_start_step=0",
+        "run_test=false",
+        *extra,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(exp_dir / "csv" / "version_0" / "metrics.csv") as f:
+        return [row for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+def test_dgc_trains_and_logs_its_traffic(train_overrides, tmp_path: Path) -> None:
+    rows = train(
+        train_overrides,
+        tmp_path / "exp",
+        "distributed/compression=dgc",
+        "distributed.compression.warmup_steps=1",
+    )
+    steps = [r for r in rows if r.get("comm/sent_bytes")]
+    assert len(steps) >= 6
+    sparsity = [float(r["comm/sparsity"]) for r in steps]
+    assert sparsity[:4] == pytest.approx([0.75, 0.9375, 0.984375, 0.996], abs=1e-4)
+    # at 75 % sparsity a quarter of the entries go as 8 bytes (index + value) instead of 4
+    assert float(steps[0]["comm/compression"]) == pytest.approx(2.0, rel=0.01)
+    final = steps[4:]
+    assert final and all(float(r["comm/sparsity"]) == pytest.approx(0.999, abs=1e-4) for r in final)
+    # fp32 gradients sent as (int32 index, fp32 value): 1 / (2 x 0.001) = 500x
+    assert all(float(r["comm/compression"]) == pytest.approx(500, rel=0.01) for r in final)
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert losses and all(loss == loss for loss in losses)  # no NaN
+    assert {"lr-SGD/pg1", "lr-SGD/pg2"} <= rows[0].keys()  # AdamW's moments are in the hook
+
+
+@pytest.mark.slow
+def test_adascale_sets_the_rate_from_its_gain(train_overrides, tmp_path: Path) -> None:
+    rows = train(
+        train_overrides,
+        tmp_path / "exp",
+        "optim=sgd_cosine",
+        "optim.lr=0.05",
+        "optim.scheduler.warmup_steps=5",
+        "distributed/adascale=enabled",
+    )
+    gains = [float(r["adascale/gain"]) for r in rows if r.get("adascale/gain")]
+    progress = [float(r["adascale/progress"]) for r in rows if r.get("adascale/progress")]
+    assert len(gains) >= 5 and all(1.0 <= g <= 2.0 for g in gains)
+    assert progress == pytest.approx([sum(gains[: i + 1]) for i in range(len(gains))], rel=1e-4)
+    rates = [float(r["lr-SGD/pg1"]) for r in rows if r.get("lr-SGD/pg1")]
+    assert len(set(rates)) > 1  # the rate follows gain x schedule(progress)
