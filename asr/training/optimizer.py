@@ -82,12 +82,13 @@ def build_optimizer(
     ]
     if config.kind == "sgd" or moments_in_hook:
         momentum = 0.0 if moments_in_hook else config.sgd_momentum
+        # Not fused: torch's fused SGD fails on a momentum buffer of a parameter that had no
+        # gradient in its first steps (the CTC-only warm-up); the foreach path handles it.
         return torch.optim.SGD(
             groups,
             lr=float(config.lr),
             momentum=momentum,
             nesterov=bool(config.nesterov) and momentum > 0,
-            fused=fused,
         )
     return torch.optim.AdamW(
         groups,

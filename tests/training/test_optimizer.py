@@ -59,3 +59,15 @@ def test_adamw_whose_moments_a_hook_keeps_becomes_plain_sgd_with_its_decay() -> 
     decay, no_decay = sgd.param_groups
     assert decay["lr"] == 2e-3 and decay["momentum"] == 0.0
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+
+
+def test_sgd_momentum_copes_with_parameters_that_get_gradients_late() -> None:
+    """The CTC-only warm-up leaves the predictor and joiner without gradient at first."""
+    model = _model()
+    sgd = build_optimizer(model, {"kind": "sgd", "lr": 0.1})
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    sgd.step()
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    sgd.step()  # torch's fused SGD raised a TypeError here
+    assert sgd.state[model[0].bias]["momentum_buffer"] is not None
