@@ -9,6 +9,7 @@ shared mean plus independent noise of the same squared norm)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,14 @@ class Vectors(nn.Module):
 
     def forward(self, coefficients: list[torch.Tensor]) -> torch.Tensor:
         return sum((p * c).sum() for p, c in zip(self.parts, coefficients, strict=True))
+
+
+def finish() -> None:
+    """Wait for the other rank, then leave without interpreter teardown: under load, gloo's
+    teardown after the hooks' chained futures hung now and then in destroy_process_group."""
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: int) -> None:
@@ -57,8 +66,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
             model(coefficients).backward()
             gains.append(adascale.finish_step())
         torch.save({"gains": gains}, Path(out_dir) / f"rank{rank}.pt")
-        dist.destroy_process_group()
-        return
+        return finish()
     if mode != "dense":
         sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0, "dgc-adam0": 0.0}.get(mode, 0.9)
         momentum = 0.9 if mode == "dgc-momentum" else 0.0
@@ -89,7 +97,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         record["residual"] = {i: r.clone() for i, r in state.residual.items()}
         record["traffic"] = vars(state.last_traffic)
     torch.save(record, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
