@@ -32,6 +32,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from asr.config_keys import ConfigError
+from asr.training.distributed.hooks import comm_hook
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class AdaScaleState:
         return self.gain
 
 
+@comm_hook
 def adascale_hook(state: AdaScaleState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
     """DDP's averaging all-reduce, recording |g_i|^2 before and |g|^2 after it."""
     buffer = bucket.buffer()
@@ -103,14 +105,6 @@ def adascale_hook(state: AdaScaleState, bucket: dist.GradBucket) -> torch.future
         return averaged
 
     return work.get_future().then(done)
-
-
-# DDP checks a hook's annotations as objects; with PEP 563 this module's are strings.
-adascale_hook.__annotations__ = {
-    "state": AdaScaleState,
-    "bucket": dist.GradBucket,
-    "return": torch.futures.Future[torch.Tensor],
-}
 
 
 class AdaScaleLearningRate(Callback):

@@ -52,6 +52,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from asr.config_keys import ConfigError, check_choice
+from asr.training.distributed.hooks import comm_hook
 
 # The paper's exponential warm-up: each stage keeps a quarter of what the previous sent.
 PAPER_WARMUP = (0.75, 0.9375, 0.984375, 0.996)
@@ -262,6 +263,7 @@ def compress_bucket(state: DGCState, index: int, grad: Tensor, sparsity: float) 
     return top_k_indices(residual.abs(), k, config.sample_fraction, state.random(grad.device))
 
 
+@comm_hook
 def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
     """The DDP communication hook: sparse exchange of one bucket (dense at sparsity 0)."""
     buffer = bucket.buffer()
@@ -297,7 +299,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=state.process_group, async_op=True)
     k = indices.numel()
-    index_bytes = k * torch.tensor([], dtype=INDEX_DTYPE).element_size()
+    index_bytes = k * INDEX_DTYPE.itemsize
 
     def decode(fut: torch.futures.Future) -> Tensor:
         total = torch.zeros_like(residual)
@@ -309,14 +311,6 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
         return total.div_(world).to(buffer.dtype)
 
     return _finish(work.get_future(), state, is_last, decode)
-
-
-# DDP checks a hook's annotations as objects; with PEP 563 this module's are strings.
-dgc_hook.__annotations__ = {
-    "state": DGCState,
-    "bucket": dist.GradBucket,
-    "return": torch.futures.Future[torch.Tensor],
-}
 
 
 def _finish(
