@@ -2,7 +2,8 @@
 a summary line.
 
     python scripts/benchmark_dgc.py [--data-dir data/demo] [--runs dense_adamw,dgc_adamw]
-        [--out exp/benchmark_dgc] [--epochs 8] [--warmup-steps 75]
+        [--out exp/benchmark_dgc] [--epochs 8] [--warmup-steps 75] [--tag T]
+        [--override distributed.compression.selection=tensor ...]
 
 Each run trains the demo preset (`experiment=demo`) to the end with 2 processes over gloo,
 one thread each (`trainer=cpu_ddp`), 15 s of audio per rank and step (the global batch of
@@ -31,6 +32,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,6 +69,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         if "distributed/compression=dgc" in RUNS[name]
         else None,
         *RUNS[name],
+        *args.override,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     start = time.perf_counter()
@@ -77,7 +80,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
 
 
 def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
-    """Traffic and WERs from the run's metrics.csv (every version, in order)."""
+    """Traffic and WERs from the run's metrics.csv."""
     rows = []
     for path in sorted((exp_dir / "csv").glob("version_*/metrics.csv")):
         with open(path) as f:
@@ -128,6 +131,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=75, help="per DGC warm-up stage")
     parser.add_argument("--tag", default="", help="appended to the run names (and directories)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="an extra asr-train override for every run (repeatable), e.g. "
+        "distributed.compression.selection=tensor",
+    )
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)
@@ -137,11 +147,14 @@ def main() -> None:
         if name not in RUNS:
             sys.exit(f"unknown run {name!r}; valid: {', '.join(RUNS)}")
         exp_dir = args.out / f"{name}{args.tag}"
+        if exp_dir.exists():  # an earlier measurement of this run: start clean
+            shutil.rmtree(exp_dir)
         wall = train(name, args, exp_dir)
         after = 4 * args.warmup_steps if name.startswith("dgc") else 0
         results[name] = {
             "run": f"{name}{args.tag}",
             "dgc_warmup_steps_per_stage": args.warmup_steps if name.startswith("dgc") else None,
+            "overrides": args.override,
             "processes": 2,
             "epochs": args.epochs,
             **figures(exp_dir, after),

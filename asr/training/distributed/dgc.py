@@ -4,16 +4,21 @@ communication hook.
 Instead of all-reducing each gradient bucket, every rank sends only the k entries of
 largest magnitude of what it has accumulated, as (index, value) pairs gathered by all
 ranks; the rest stays in a per-rank residual and is sent when it has grown large enough,
-so no gradient is lost, only delayed. Following the paper:
+so no gradient is lost, only delayed. Following the paper and its code:
 
-- **Threshold from a sample**: the k-th largest magnitude is estimated on a random sample
-  of `sample_fraction` of the bucket; the entries above it are cut to exactly k by a
-  top-k among them (an exact top-k over the bucket only when the sample under-selects).
+- **Top-k through a threshold from a sample**: the k-th largest magnitude is estimated on
+  a random sample of `sample_fraction` of the entries; those above it are cut to exactly k
+  by a top-k among them (an exact top-k only when the sample under-selects). `selection:
+  bucket` (default) takes one top-k over each DDP bucket; `selection: tensor` the paper's
+  layer-wise one, each parameter tensor sending its own share (at least one entry).
+  With `dense_vectors`, 1-D parameters (biases, normalization scales and shifts; 0.8 % of
+  the demo model) are sent whole every step as values at known places, as the paper's code
+  does. On the demo, AdamW, the bucket-wide top-k trained better (recipes/demo/RESULTS.md).
 - **Momentum correction** (momentum-SGD runs): the hook keeps the velocity
   u <- m u + g and accumulates v <- v + u, sends the top-k of v, and the optimizer
   applies the exchanged sum as plain SGD (its own momentum is off). **Momentum factor
-  masking** clears u and v where they were sent, so stale momentum does not push a
-  coordinate again.
+  masking** (`momentum_masking`) clears u and v where they were sent, so stale momentum
+  does not push a coordinate again.
 - **AdamW runs** (`adamw: gradient | direction`). `gradient`: error feedback on the
   gradient only (v <- v + g) and AdamW after the exchange, on the sparse sum. Adam's
   moments cannot be corrected the way SGD's velocity is: it divides each coordinate by
@@ -25,6 +30,8 @@ so no gradient is lost, only delayed. Following the paper:
   step's rate); the top-k of that is exchanged, divided by the current rate, and the
   optimizer applies the average as SGD with AdamW's rate and decoupled weight decay, so a
   delayed coordinate keeps every step's movement, whatever the schedule did meanwhile.
+  Momentum masking clears Adam's first moment where an entry was sent (its second moment
+  stays).
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -35,8 +42,9 @@ so no gradient is lost, only delayed. Following the paper:
 At sparsity 0 the hook all-reduces, giving exactly DDP's averaged gradient. Each step's
 bytes are counted: `sent_bytes` what this rank contributes (indices as int32 plus values),
 `dense_bytes` the bucket bytes a dense all-reduce exchanges; their ratio is the
-compression ratio. Residual and velocity are per-rank state that is not checkpointed: a
-resumed run starts them at zero (one step's worth of delayed gradient is dropped).
+compression ratio. Residual, velocity and the hook's Adam moments are per-rank state that
+is not checkpointed: a resumed run starts them at zero, dropping what still waited in the
+residual.
 """
 
 from __future__ import annotations
@@ -63,14 +71,21 @@ INDEX_DTYPE = torch.int32
 class DGCConfig:
     """Keys of `distributed.compression` with `kind: dgc`.
 
-    - `sparsity`: fraction of each bucket's entries not sent per step, after warm-up.
+    - `sparsity`: fraction of each tensor's entries not sent per step, after warm-up.
     - `warmup_sparsities`, `warmup_steps`: the sparsities of the warm-up stages and the
       optimizer steps each lasts (0: no warm-up).
-    - `sample_fraction`: share of a bucket sampled to estimate the top-k threshold.
+    - `sample_fraction`: share of a tensor sampled to estimate its top-k threshold.
     - `clip_norm`: local gradient clipping threshold before accumulation (null: the
       trainer's `gradient_clip_val`, which then no longer clips after the exchange).
     - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook) or
       `gradient` (error feedback on the gradient, AdamW after the exchange).
+    - `selection`: `bucket` (one top-k over each DDP bucket: the largest entries wherever
+      they are) or `tensor` (each parameter tensor sends its own share, at least one entry:
+      the paper's layer-wise threshold).
+    - `dense_vectors`: 1-D parameters (biases, normalization scales and shifts) are sent
+      whole every step, as the paper's code does.
+    - `momentum_masking`: clear the momentum (SGD's velocity, or AdamW's first moment in
+      `direction` mode) where an entry was sent.
     - `seed`: of the threshold sampling (each rank adds its rank).
     """
 
@@ -81,6 +96,9 @@ class DGCConfig:
     sample_fraction: float = 0.01
     clip_norm: float | None = None
     adamw: str = "direction"
+    selection: str = "bucket"
+    dense_vectors: bool = True
+    momentum_masking: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -97,6 +115,7 @@ class DGCConfig:
             )
         check_choice("distributed.compression.kind", self.kind, ["dgc"])
         check_choice("distributed.compression.adamw", self.adamw, ["direction", "gradient"])
+        check_choice("distributed.compression.selection", self.selection, ["bucket", "tensor"])
         if self.warmup_steps < 0:
             raise ConfigError(
                 f"distributed.compression.warmup_steps must be >= 0, got {self.warmup_steps}"
@@ -139,6 +158,51 @@ class AdamMoments:
     eps: float = 1e-8
 
 
+@dataclass(frozen=True)
+class BucketLayout:
+    """Where a bucket's parameters lie in its flat buffer: `params` (their storage
+    addresses, in buffer order) at `offsets`; `dense` the entries sent whole every step
+    (1-D parameters with `dense_vectors`), `segments` the (offset, size) of each tensor
+    whose top-k is sent."""
+
+    params: tuple[int, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    dense: Tensor
+    segments: tuple[tuple[int, int], ...]
+
+
+def bucket_layout(params: list[Tensor], dense_vectors: bool, device: torch.device) -> BucketLayout:
+    """The layout of a bucket holding `params` in buffer order."""
+    dense, segments, offsets, offset = [], [], [], 0
+    for param in params:
+        size = param.numel()
+        offsets.append(offset)
+        if dense_vectors and param.dim() <= 1:
+            dense.append(torch.arange(offset, offset + size, device=device))
+        else:
+            segments.append((offset, size))
+        offset += size
+    indices = torch.cat(dense) if dense else torch.zeros(0, dtype=torch.long, device=device)
+    return BucketLayout(
+        params=tuple(param.data_ptr() for param in params),
+        offsets=tuple(offsets),
+        sizes=tuple(param.numel() for param in params),
+        dense=indices,
+        segments=tuple(segments),
+    )
+
+
+def reorder(flat: Tensor, old: BucketLayout, new: BucketLayout) -> Tensor:
+    """`flat`, laid out as `old`, laid out as `new` (the same parameters in another order:
+    DDP rebuilds its buckets in gradient-ready order after the first step)."""
+    out = torch.empty_like(flat)
+    where = dict(zip(old.params, old.offsets, strict=True))
+    for param, offset, size in zip(new.params, new.offsets, new.sizes, strict=True):
+        out[offset : offset + size] = flat[where[param] : where[param] + size]
+    return out
+
+
 @dataclass
 class DGCState:
     """Per-rank state of the hook: the residual v and velocity u (SGD) or Adam moments of
@@ -160,6 +224,7 @@ class DGCState:
     last_sent: dict[int, Tensor] = field(default_factory=dict)  # bucket -> indices sent
     generator: torch.Generator | None = None
     learning_rate: Callable[[], float] | None = None  # the optimizer's current rate
+    layouts: dict[int, BucketLayout] = field(default_factory=dict)
 
     def world_size(self) -> int:
         return dist.get_world_size(self.process_group)
@@ -243,10 +308,9 @@ def adam_direction(state: DGCState, index: int, grad: Tensor) -> Tensor:
     return (first / (1 - adam.beta1**step)).div_(denominator)
 
 
-def compress_bucket(state: DGCState, index: int, grad: Tensor, sparsity: float) -> Tensor:
-    """Fold this step's local gradient `grad` (a flat bucket) into the residual and return
-    the indices to send; their values are `state.residual[index][indices]`."""
-    config = state.config
+def accumulate(state: DGCState, index: int, grad: Tensor) -> Tensor:
+    """Fold this step's local gradient `grad` (a flat bucket) into the residual of bucket
+    `index` and return that residual."""
     grad = clip_locally(state, grad.float() if grad.dtype != torch.float64 else grad)
     residual = _buffer(state.residual, index, grad)
     if state.adam is not None:
@@ -259,8 +323,57 @@ def compress_bucket(state: DGCState, index: int, grad: Tensor, sparsity: float) 
         residual.add_(velocity)
     else:
         residual.add_(grad)
-    k = max(1, round(grad.numel() * (1.0 - sparsity)))
-    return top_k_indices(residual.abs(), k, config.sample_fraction, state.random(grad.device))
+    return residual
+
+
+def current_layout(state: DGCState, bucket: dist.GradBucket) -> BucketLayout:
+    """The layout of `bucket`, cached; when DDP rebuilt the bucket with the same parameters
+    in another order, this rank's state of the bucket is reordered to match (with other
+    parameters, it starts again at zero)."""
+    index, params = bucket.index(), bucket.parameters()
+    known = state.layouts.get(index)
+    if known is not None and known.params == tuple(p.data_ptr() for p in params):
+        return known
+    layout = bucket_layout(params, state.config.dense_vectors, bucket.buffer().device)
+    state.layouts[index] = layout
+    for buffers in (state.residual, state.velocity, state.second_moment):
+        if index in buffers:
+            if known is not None and sorted(known.params) == sorted(layout.params):
+                buffers[index] = reorder(buffers[index], known, layout)
+            else:
+                del buffers[index]
+    return layout
+
+
+def select(state: DGCState, layout: BucketLayout, residual: Tensor, sparsity: float) -> Tensor:
+    """Indices of the entries of `residual` to send besides the dense ones: with
+    `selection: bucket` the top k = (1 - sparsity) x the bucket's other entries; with
+    `selection: tensor` the top-k of each tensor, k = its size x (1 - sparsity), at least
+    one (the paper's layer-wise threshold: every layer moves each step, whatever the scale
+    of its gradients)."""
+    magnitudes = residual.abs()
+    generator = state.random(residual.device)
+    fraction = state.config.sample_fraction
+    if state.config.selection == "bucket":
+        sparse_entries = residual.numel() - layout.dense.numel()
+        if sparse_entries == 0:
+            return torch.zeros(0, dtype=torch.long, device=residual.device)
+        magnitudes[layout.dense] = -1.0  # sent anyway: never among the top-k
+        k = max(1, round(sparse_entries * (1.0 - sparsity)))
+        return top_k_indices(magnitudes, k, fraction, generator)
+    parts = [
+        offset
+        + top_k_indices(
+            magnitudes[offset : offset + size],
+            max(1, round(size * (1.0 - sparsity))),
+            fraction,
+            generator,
+        )
+        for offset, size in layout.segments
+    ]
+    if not parts:
+        return torch.zeros(0, dtype=torch.long, device=residual.device)
+    return torch.cat(parts)
 
 
 @comm_hook
@@ -286,26 +399,36 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
             f"a gradient bucket of {buffer.numel()} entries is too large for int32 indices: "
             "lower DDP's bucket_cap_mb"
         )
-    indices = compress_bucket(state, index, buffer, sparsity)
-    residual = state.residual[index]
+    layout = current_layout(state, bucket)
+    residual = accumulate(state, index, buffer)
+    indices = select(state, layout, residual, sparsity)
+    dense_values = residual[layout.dense]
     values = residual[indices]
-    residual[indices] = 0.0
-    state.last_sent[index] = indices
-    if state.momentum > 0 and state.adam is None:
-        state.velocity[index][indices] = 0.0  # momentum factor masking
-    payload = torch.cat([indices.to(INDEX_DTYPE).view(torch.uint8), values.view(torch.uint8)])
+    sent = torch.cat([layout.dense, indices])
+    residual[sent] = 0.0
+    state.last_sent[index] = sent
+    if state.config.momentum_masking and state.moments_in_hook:
+        state.velocity[index][sent] = 0.0  # momentum factor masking (SGD's u, or Adam's m)
+    payload = torch.cat(
+        [
+            dense_values.view(torch.uint8),
+            indices.to(INDEX_DTYPE).view(torch.uint8),
+            values.view(torch.uint8),
+        ]
+    )
     traffic.sent_bytes += payload.numel()
-    traffic.sent_entries += indices.numel()
+    traffic.sent_entries += sent.numel()
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=state.process_group, async_op=True)
-    k = indices.numel()
-    index_bytes = k * INDEX_DTYPE.itemsize
+    dense_bytes = dense_values.numel() * dense_values.element_size()
+    index_end = dense_bytes + indices.numel() * INDEX_DTYPE.itemsize
 
     def decode(fut: torch.futures.Future) -> Tensor:
         total = torch.zeros_like(residual)
         for part in gathered:
-            where = part[:index_bytes].view(INDEX_DTYPE).long()
-            total.index_add_(0, where, part[index_bytes:].view(residual.dtype))
+            total.index_add_(0, layout.dense, part[:dense_bytes].view(residual.dtype))
+            where = part[dense_bytes:index_end].view(INDEX_DTYPE).long()
+            total.index_add_(0, where, part[index_end:].view(residual.dtype))
         if state.adam is not None:
             total.div_(state.rate())  # the optimizer multiplies by the rate again
         return total.div_(world).to(buffer.dtype)

@@ -9,6 +9,7 @@ shared mean plus independent noise of the same squared norm)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -23,10 +24,10 @@ from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_h
 
 
 class Vectors(nn.Module):
-    def __init__(self, sizes: list[int]) -> None:
+    def __init__(self, shapes: list[tuple[int, ...]]) -> None:
         super().__init__()
         self.parts = nn.ParameterList(
-            nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in sizes
+            nn.Parameter(torch.zeros(shape, dtype=torch.float64)) for shape in shapes
         )
 
     def forward(self, coefficients: list[torch.Tensor]) -> torch.Tensor:
@@ -46,7 +47,13 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     torch.set_num_threads(1)
     multi = mode in ("dense", "dgc0-multi") or mode.startswith("adascale")
     sizes = [700, 300, 1500] if multi else [3000]
-    model = DistributedDataParallel(Vectors(sizes), bucket_cap_mb=0.005)  # ~ a bucket a part
+    shapes: list[tuple[int, ...]] = [(n,) for n in sizes]
+    scales = [1.0] * len(shapes)
+    bucket_mb = 0.005  # ~ a bucket a part
+    if mode == "dgc-mixed":  # one bucket: two matrices of gradients 1000x apart, a vector
+        shapes, scales, bucket_mb = [(30, 100), (10, 100), (50,)], [1.0, 1e-3, 1.0], 1.0
+        sizes = [math.prod(shape) for shape in shapes]
+    model = DistributedDataParallel(Vectors(shapes), bucket_cap_mb=bucket_mb)
     state = None
     if mode.startswith("adascale"):
         adascale = AdaScaleState(AdaScaleConfig(smoothing=0.0))
@@ -72,7 +79,15 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         momentum = 0.9 if mode == "dgc-momentum" else 0.0
         adam = AdamMoments(0.9, 0.98, 1e-8) if mode.startswith("dgc-adam") else None
         state = DGCState(
-            DGCConfig(sparsity=sparsity), momentum=momentum, adam=adam, total_entries=sum(sizes)
+            DGCConfig(
+                sparsity=sparsity,
+                selection="tensor" if mode == "dgc-mixed" else "bucket",
+                dense_vectors=mode == "dgc-mixed",
+                momentum_masking=mode not in ("dgc-adam", "dgc-adam0"),  # unmasked: Adam exactly
+            ),
+            momentum=momentum,
+            adam=adam,
+            total_entries=sum(sizes),
         )
         if mode == "dgc-adam":  # a rate that changes every step, as a schedule's does
             state.learning_rate = lambda: 0.1 * (state.step + 1)
@@ -80,11 +95,14 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     record: dict[str, list] = {"local": [], "exchanged": [], "sent": [], "masked": []}
     for step in range(steps):
         generator = torch.Generator().manual_seed(1000 * step + rank)
-        coefficients = [torch.randn(n, dtype=torch.float64, generator=generator) for n in sizes]
+        coefficients = [
+            scale * torch.randn(shape, dtype=torch.float64, generator=generator)
+            for shape, scale in zip(shapes, scales, strict=True)
+        ]
         model.zero_grad(set_to_none=True)
         model(coefficients).backward()
-        record["local"].append(torch.cat(coefficients))
-        record["exchanged"].append(torch.cat([p.grad.clone() for p in model.module.parts]))
+        record["local"].append(torch.cat([c.flatten() for c in coefficients]))
+        record["exchanged"].append(torch.cat([p.grad.flatten() for p in model.module.parts]))
         if state is not None and state.last_sent:
             sent = state.last_sent[0]
             record["sent"].append(sent.clone())
@@ -96,6 +114,9 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     if state is not None:
         record["residual"] = {i: r.clone() for i, r in state.residual.items()}
         record["traffic"] = vars(state.last_traffic)
+        if 0 in state.layouts:
+            layout = state.layouts[0]
+            record["layout"] = {"dense": layout.dense.clone(), "segments": layout.segments}
     torch.save(record, Path(out_dir) / f"rank{rank}.pt")
     finish()
 

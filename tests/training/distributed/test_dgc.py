@@ -38,16 +38,53 @@ def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path
     assert traffic["dense_bytes"] == 3000 * 8
 
 
+@pytest.mark.parametrize("mode", ["dgc-momentum", "dgc-adam-masked"])
 def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
-    run_ranks, tmp_path: Path
+    run_ranks, tmp_path: Path, mode: str
 ) -> None:
-    ranks = run_ranks(tmp_path, "dgc-momentum", steps=4)
+    ranks = run_ranks(tmp_path, mode, steps=4)  # SGD's velocity, or AdamW's first moment
     for rank in ranks:
         assert rank["masked"] and all(m == (0.0, 0.0) for m in rank["masked"])
         residual = rank["residual"][0]
         unsent = torch.ones_like(residual, dtype=torch.bool)
         unsent[rank["sent"][-1]] = False
         assert bool((residual[unsent] != 0).all())  # everything else is kept
+
+
+def test_every_tensor_sends_its_own_top_k_and_vectors_go_whole(run_ranks, tmp_path: Path) -> None:
+    # one bucket: a 30x100 matrix, a 10x100 matrix with gradients 1,000x smaller, a vector
+    steps = 4
+    ranks = run_ranks(tmp_path, "dgc-mixed", steps=steps)
+    layout = ranks[0]["layout"]
+    sizes = sorted(size for _, size in layout["segments"])
+    assert sizes == [1000, 3000] and len(layout["dense"]) == 50
+    starts = {size: offset for offset, size in layout["segments"]}
+    for rank in ranks:
+        # at 90 %: a tenth of each matrix, however small its entries (from step 1: DDP
+        # rebuilds its bucket after step 0, in another order, which the hook follows)
+        for sent in rank["sent"][1:]:
+            for size, offset in starts.items():
+                inside = ((sent >= offset) & (sent < offset + size)).sum().item()
+                assert inside == size // 10
+            assert set(layout["dense"].tolist()) <= set(sent.tolist())
+        traffic = rank["traffic"]
+        assert traffic["sent_bytes"] == 50 * 8 + 400 * (4 + 8)  # float64 values, int32 indices
+    for t in range(steps):  # the vector's exchange is DDP's average, every step
+        expected = (ranks[0]["local"][t][-50:] + ranks[1]["local"][t][-50:]) / 2
+        assert torch.allclose(ranks[0]["exchanged"][t][-50:], expected, atol=1e-12)
+    # nothing lost: what was applied plus what waits is every local gradient
+    applied = sum(2 * ranks[0]["exchanged"][t] for t in range(steps))
+    local = sum(r["local"][t] for r in ranks for t in range(steps))
+    waiting = sum(_in_parameter_order(r["residual"][0], layout) for r in ranks)
+    assert torch.allclose(applied + waiting, local, atol=1e-10)
+
+
+def _in_parameter_order(flat: torch.Tensor, layout: dict) -> torch.Tensor:
+    """A bucket-ordered flat tensor of the mixed model, in the model's parameter order
+    (matrix 3,000, matrix 1,000, vector 50)."""
+    starts = {size: offset for offset, size in layout["segments"]}
+    pieces = [flat[starts[3000] : starts[3000] + 3000], flat[starts[1000] : starts[1000] + 1000]]
+    return torch.cat([*pieces, flat[layout["dense"]]])
 
 
 def _adam_directions(gradients: list[torch.Tensor]) -> list[torch.Tensor]:

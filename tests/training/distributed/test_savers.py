@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
@@ -43,17 +44,31 @@ def test_dgc_trains_and_logs_its_traffic(train_overrides, tmp_path: Path) -> Non
     )
     steps = [r for r in rows if r.get("comm/sent_bytes")]
     assert len(steps) >= 6
-    sparsity = [float(r["comm/sparsity"]) for r in steps]
-    assert sparsity[:4] == pytest.approx([0.75, 0.9375, 0.984375, 0.996], abs=1e-4)
-    # at 75 % sparsity a quarter of the entries go as 8 bytes (index + value) instead of 4
-    assert float(steps[0]["comm/compression"]) == pytest.approx(2.0, rel=0.01)
-    final = steps[4:]
-    assert final and all(float(r["comm/sparsity"]) == pytest.approx(0.999, abs=1e-4) for r in final)
-    # fp32 gradients sent as (int32 index, fp32 value): 1 / (2 x 0.001) = 500x
-    assert all(float(r["comm/compression"]) == pytest.approx(500, rel=0.01) for r in final)
+    # each bucket sends the top-k of its matrices' entries as (int32 index, fp32 value);
+    # vectors (biases, norms) go whole as fp32 values, every step
+    vectors, matrices = _parameter_sizes(tmp_path / "exp" / "checkpoints" / "last.ckpt")
+    entries = sum(vectors) + sum(matrices)
+    stages = [0.75, 0.9375, 0.984375, 0.996] + [0.999] * (len(steps) - 4)
+    for row, sparsity in zip(steps, stages, strict=True):
+        top_k = (1 - sparsity) * sum(matrices)  # up to a rounding per bucket
+        assert float(row["comm/dense_bytes"]) == 4 * entries
+        sent = float(row["comm/sent_bytes"]) - 4 * sum(vectors)
+        assert sent == pytest.approx(8 * top_k, abs=8 * 8)
+        sent_share = (sum(vectors) + top_k) / entries
+        assert float(row["comm/sparsity"]) == pytest.approx(1 - sent_share, abs=1e-5)
+        ratio = 4 * entries / (4 * sum(vectors) + 8 * top_k)
+        assert float(row["comm/compression"]) == pytest.approx(ratio, rel=1e-3)
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert losses and all(loss == loss for loss in losses)  # no NaN
     assert {"lr-SGD/pg1", "lr-SGD/pg2"} <= rows[0].keys()  # AdamW's moments are in the hook
+
+
+def _parameter_sizes(checkpoint: Path) -> tuple[list[int], list[int]]:
+    """Sizes of the model's 1-D parameters and of its others, from a checkpoint (without
+    BatchNorm's running statistics, which are buffers)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    params = [t for name, t in state.items() if t.is_floating_point() and ".running_" not in name]
+    return [t.numel() for t in params if t.dim() <= 1], [t.numel() for t in params if t.dim() > 1]
 
 
 @pytest.mark.slow
