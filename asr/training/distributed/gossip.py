@@ -1,0 +1,277 @@
+"""Decentralized averaging of model replicas: asynchronous decentralized parallel SGD
+(AD-PSGD, Lian et al., 2018), as Zhang et al. used it for acoustic models (arXiv 1907.05701,
+2110.11199).
+
+Each process trains its own replica; instead of all-reducing gradients, after each local
+optimizer step it averages its weights with one peer. Ranks are split in two sides, as in
+AD-PSGD's bipartite schedule: members at even positions are *active*, at odd positions
+*passive*. After each local step an active member sends its weights to one passive
+neighbour and receives the neighbour's; both then hold their average. A passive member
+never waits for it: a service thread answers each request when it comes, between the
+member's own steps (a lock keeps an average and an optimizer step apart). Only actives wait,
+and only for passives, so there is no cycle of waits and no deadlock, for any number of
+processes; a slow process delays only the peers that ask it, and only by one exchange.
+
+- `ring: fixed`: the members in a ring; an active alternates between its left and right
+  passive neighbours (with an odd number of members the ring has one active-active edge,
+  which is skipped).
+- `ring: random`: a fresh random bipartite ring for each of an active's steps, drawn from
+  a seed every rank shares (actives and passives each shuffled, then interleaved).
+- `delay_by_one`: the active sends a snapshot of step t's weights from a background
+  thread while step t+1 computes, and after step t+1 adds the correction
+  (peer_t - w_t) / 2: the average of step t applied one step late, its communication
+  hidden behind a step of computation.
+
+Weights are exchanged and averaged in fp32 (optimizer state stays local). `consensus()`
+averages every member's weights (a collective) so that validation, checkpoints and export
+hold one model; `spread()` measures how far the replicas are apart. Both first wait for
+every member (a barrier, taken without the lock, so a passive still answers the last
+requests of the others). The exchanges run on their own gloo process group.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from asr.config_keys import ConfigError, check_choice
+
+AVERAGE, STOP = 1, 0  # the header of a request: [kind, the active's step]
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """Keys of `distributed.gossip`.
+
+    - `ring`: `fixed` or `random` (a fresh bipartite ring per step from `seed`).
+    - `delay_by_one`: overlap each average with the next step's computation.
+    - `seed`: of the random rings (the same on every rank).
+    """
+
+    ring: str = "fixed"
+    delay_by_one: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("distributed.gossip.ring", self.ring, ["fixed", "random"])
+
+
+def is_active(position: int) -> bool:
+    """Whether the member at `position` of the ring starts the exchanges."""
+    return position % 2 == 0
+
+
+def random_ring(members: Sequence[int], step: int, seed: int) -> list[int]:
+    """A bipartite ring of `members` for `step`: actives and passives each shuffled with a
+    generator seeded by (`seed`, `step`), then interleaved (leftover actives at the end)."""
+    rng = random.Random(seed * 1_000_003 + step)
+    actives = [m for i, m in enumerate(members) if is_active(i)]
+    passives = [m for i, m in enumerate(members) if not is_active(i)]
+    rng.shuffle(actives)
+    rng.shuffle(passives)
+    ring = []
+    for i, active in enumerate(actives):
+        ring.append(active)
+        if i < len(passives):
+            ring.append(passives[i])
+    return ring
+
+
+def peer_of(members: Sequence[int], me: int, step: int, config: GossipConfig) -> int | None:
+    """The passive member the active `me` averages with after its step `step` (None when
+    `me` is passive or alone)."""
+    if len(members) < 2 or not is_active(list(members).index(me)):
+        return None
+    passives = {m for i, m in enumerate(members) if not is_active(i)}
+    ring = list(members) if config.ring == "fixed" else random_ring(members, step, config.seed)
+    at = ring.index(me)
+    around = [ring[(at - 1) % len(ring)], ring[(at + 1) % len(ring)]]
+    candidates = [m for m in dict.fromkeys(around) if m in passives]
+    if not candidates:
+        return None
+    return candidates[step % len(candidates)]
+
+
+def flatten(params: Sequence[Tensor]) -> Tensor:
+    """The parameters as one fp32 vector (a copy)."""
+    return torch.cat([p.detach().reshape(-1).float() for p in params])
+
+
+def assign(params: Sequence[Tensor], flat: Tensor) -> None:
+    """Write the fp32 vector `flat` back into `params`, in place."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+
+class Gossip:
+    """One member's side of the averaging: call `after_step()` after each local optimizer
+    step, `consensus()` before validation and at the end, `close()` when training ends.
+
+    `members`: the global ranks that gossip, in ring order (every rank, or the node
+    leaders of H-ADPSGD); `group`: a process group over at least `members` used for the
+    exchanges only (not the one of the training's collectives).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        config: GossipConfig,
+        members: Sequence[int],
+        group: dist.ProcessGroup,
+    ) -> None:
+        self.params = list(params)
+        self.config = config
+        self.members = list(members)
+        self.me = dist.get_rank()
+        if self.me not in self.members:
+            raise ConfigError(f"rank {self.me} is not among the gossip members {self.members}")
+        self.group = group
+        self.lock = threading.Lock()  # held while the weights are read-and-written
+        self.position = self.members.index(self.me)
+        self.active = is_active(self.position)
+        self.step = 0
+        self.exchanges = 0  # averages this member took part in
+        self._pending: tuple[threading.Thread, Tensor, dict[str, Tensor]] | None = None
+        self._server: threading.Thread | None = None
+        self._server_error: BaseException | None = None
+        actives = sum(is_active(i) for i in range(len(self.members)))
+        if not self.active and len(self.members) > 1:
+            self._server = threading.Thread(
+                target=self._serve, args=(actives,), name=f"gossip-passive-{self.me}", daemon=True
+            )
+            self._server.start()
+
+    # -- the active side ---------------------------------------------------------------
+
+    def after_step(self) -> None:
+        """Average with this step's peer (actives), or apply the previous step's average
+        (`delay_by_one`); passives only count the step."""
+        self._check_server()
+        step, self.step = self.step, self.step + 1
+        if not self.active:
+            return
+        self._apply_pending()
+        peer = peer_of(self.members, self.me, step, self.config)
+        if peer is None:
+            return
+        with self.lock:
+            mine = flatten(self.params)
+        if self.config.delay_by_one:
+            box: dict[str, Tensor] = {}
+            thread = threading.Thread(
+                target=self._ask, args=(peer, step, mine, box), name="gossip-active", daemon=True
+            )
+            thread.start()
+            self._pending = (thread, mine, box)
+            return
+        box = {}
+        self._ask(peer, step, mine, box)
+        with self.lock:
+            assign(self.params, (mine + box["peer"]) / 2)
+        self.exchanges += 1
+
+    def _ask(self, peer: int, step: int, mine: Tensor, box: dict[str, Tensor]) -> None:
+        dist.send(torch.tensor([AVERAGE, step], dtype=torch.int64), peer, group=self.group)
+        dist.send(mine, peer, group=self.group)
+        theirs = torch.empty_like(mine)
+        dist.recv(theirs, peer, group=self.group)
+        box["peer"] = theirs
+
+    def _apply_pending(self) -> None:
+        """`delay_by_one`: add the correction of the previous step's average."""
+        if self._pending is None:
+            return
+        thread, sent, box = self._pending
+        thread.join()
+        self._pending = None
+        if "peer" not in box:
+            raise RuntimeError(f"rank {self.me}: the delayed weight exchange failed")
+        with self.lock:
+            now = flatten(self.params)
+            assign(self.params, now + (box["peer"] - sent) / 2)
+        self.exchanges += 1
+
+    # -- the passive side --------------------------------------------------------------
+
+    def _serve(self, actives: int) -> None:
+        stops = 0
+        header = torch.empty(2, dtype=torch.int64)
+        try:
+            while stops < actives:
+                src = dist.recv(header, group=self.group)
+                if int(header[0]) == STOP:
+                    stops += 1
+                    continue
+                with self.lock:
+                    mine = flatten(self.params)
+                    theirs = torch.empty_like(mine)
+                    dist.recv(theirs, src, group=self.group)
+                    dist.send(mine, src, group=self.group)
+                    assign(self.params, (mine + theirs) / 2)
+                    self.exchanges += 1
+        except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
+            self._server_error = err
+
+    def _check_server(self) -> None:
+        if self._server_error is not None:
+            raise RuntimeError(
+                f"rank {self.me}: the gossip service thread failed"
+            ) from self._server_error
+
+    # -- all members -------------------------------------------------------------------
+
+    def _quiesce(self, group: dist.ProcessGroup | None) -> None:
+        """Finish this member's own exchanges, then wait for every member of `group`: once
+        all are here no request is in flight."""
+        self._apply_pending()
+        dist.barrier(group=group)
+
+    def consensus(self, group: dist.ProcessGroup | None = None) -> float:
+        """Set every replica to the mean of all replicas of `group` (default: the world),
+        and return the spread before it (max over ranks of the L2 distance to the mean)."""
+        self._quiesce(group)
+        self._check_server()
+        with self.lock:
+            mine = flatten(self.params)
+            mean = mine.clone()
+            dist.all_reduce(mean, group=group)
+            mean /= dist.get_world_size(group)
+            distance = torch.linalg.vector_norm(mine - mean).reshape(1).double()
+            dist.all_reduce(distance, op=dist.ReduceOp.MAX, group=group)
+            assign(self.params, mean)
+        return float(distance)
+
+    def spread(self, group: dist.ProcessGroup | None = None) -> float:
+        """The max over ranks of the L2 distance of a replica to the mean of all replicas."""
+        self._quiesce(group)
+        with self.lock:
+            mine = flatten(self.params)
+        mean = mine.clone()
+        dist.all_reduce(mean, group=group)
+        mean /= dist.get_world_size(group)
+        distance = torch.linalg.vector_norm(mine - mean).reshape(1).double()
+        dist.all_reduce(distance, op=dist.ReduceOp.MAX, group=group)
+        return float(distance)
+
+    def close(self) -> None:
+        """End the exchanges: actives tell every passive to stop; passives wait for that."""
+        self._apply_pending()
+        if self.active:
+            stop = torch.tensor([STOP, self.step], dtype=torch.int64)
+            for position, member in enumerate(self.members):
+                if not is_active(position):
+                    dist.send(stop, member, group=self.group)
+        if self._server is not None:
+            self._server.join()
+            self._server = None
+        self._check_server()

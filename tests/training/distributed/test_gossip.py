@@ -1,0 +1,74 @@
+"""Decentralized averaging (AD-PSGD's bipartite gossip) with 2-5 real processes over gloo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.training.distributed.gossip import GossipConfig, peer_of, random_ring
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+@pytest.mark.parametrize("ring", ["fixed", "random"])
+def test_rings_never_deadlock_and_every_average_has_two_sides(
+    run_gossip, tmp_path: Path, world: int, ring: str
+) -> None:
+    ranks = run_gossip(tmp_path, ring, steps=30, world=world, lr=0.1)  # a hang fails in 2 min
+    actives = [r for r in ranks if r["active"]]
+    passives = [r for r in ranks if not r["active"]]
+    assert len(actives) == (world + 1) // 2
+    assert sum(r["exchanges"] for r in actives) == 30 * len(actives)  # one per active step
+    assert sum(r["exchanges"] for r in passives) == 30 * len(actives)  # each one answered
+    for rank in ranks:
+        assert all(bool(torch.isfinite(w).all()) for w in rank["after_step"])
+
+
+@pytest.mark.parametrize("world", [2, 4, 5])
+def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: int) -> None:
+    ranks = run_gossip(tmp_path, "random", steps=60, world=world, lr=0.0)
+    start_mean = sum(r["start"][0] for r in ranks) / world
+    spreads = ranks[0]["spread"]  # after 10, 20, ... 60 steps
+    assert spreads == sorted(spreads, reverse=True) and spreads[-1] < 1e-3 * spreads[0] + 1e-6
+    for rank in ranks:  # pairwise averages keep the sum: every replica ends at the mean
+        assert torch.allclose(rank["after_step"][-1], start_mean, atol=1e-4)
+        assert torch.allclose(rank["consensus"], start_mean, atol=1e-5)
+
+
+def test_delay_by_one_applies_each_average_one_step_late(run_gossip, tmp_path: Path) -> None:
+    lr, steps = 0.1, 8
+    active, passive = run_gossip(tmp_path, "delay", steps=steps, world=2, lr=lr)
+    assert active["active"] and not passive["active"]
+    # the passive does not train, so it changes only by the averages: replay both sides
+    a, p, target = active["start"][0], passive["start"][0], active["target"]
+    pending = None  # (what the active sent, what the passive answered)
+    for t in range(steps):
+        a = a - lr * (a - target)
+        if pending is not None:  # step t-1's average, applied after step t
+            sent, answer = pending
+            a = a + (answer - sent) / 2
+        sent = a.clone()
+        pending, p = (sent, p.clone()), (p + sent) / 2
+        assert torch.allclose(active["after_step"][t], a, atol=1e-6), t
+    sent, answer = pending  # close() applies the last one
+    assert torch.allclose(active["consensus"], ((a + (answer - sent) / 2) + p) / 2, atol=1e-6)
+
+
+def test_peer_choice() -> None:
+    fixed = GossipConfig()
+    # 4 members: actives 0 and 2 alternate between their passive neighbours 1 and 3
+    assert [peer_of([0, 1, 2, 3], 0, t, fixed) for t in range(4)] == [3, 1, 3, 1]
+    assert [peer_of([0, 1, 2, 3], 2, t, fixed) for t in range(2)] == [1, 3]
+    assert peer_of([0, 1, 2, 3], 1, 0, fixed) is None  # passives never ask
+    # 3 members: the active-active edge (2, 0) is skipped
+    assert {peer_of([0, 1, 2], 0, t, fixed) for t in range(4)} == {1}
+    assert {peer_of([0, 1, 2], 2, t, fixed) for t in range(4)} == {1}
+    # H-ADPSGD's leaders: members are global ranks
+    assert peer_of([0, 2], 0, 0, fixed) == 2
+    ring = random_ring([0, 1, 2, 3, 4, 5], step=7, seed=3)
+    assert sorted(ring) == list(range(6)) and all(r % 2 == i % 2 for i, r in enumerate(ring))
+    assert ring == random_ring([0, 1, 2, 3, 4, 5], step=7, seed=3)  # the same on every rank
+    assert len({tuple(random_ring(list(range(6)), s, 3)) for s in range(10)}) > 1
+    with pytest.raises(ValueError, match="ring"):
+        GossipConfig(ring="star")
