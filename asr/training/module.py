@@ -134,9 +134,12 @@ class AsrLitModule(L.LightningModule):
     def _guard_step(self, optimizer: Any) -> None:
         """After backward (DDP has all-reduced the gradients), before the update: sum the
         ranks' tallies, skip the update on every rank when a loss or the gradient is not
-        finite anywhere or no rank had data, stop when the faults say so, log the step."""
+        finite anywhere or no rank had data, stop when the faults say so, log the step.
+        (Decentralized training: over the ranks of the replica only, `step_group`.)"""
         tally, self._tally = self._tally, StepTally()
-        totals = reduce_tally(tally, self.device)
+        # the ranks that share this step: all of them, except in decentralized training
+        group = getattr(self.trainer.strategy, "step_group", None)
+        totals = reduce_tally(tally, self.device, group)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         norm = gradient_norm(self.model.parameters())
         if scaler is not None:  # fp16: the scaler skips overflowing steps itself

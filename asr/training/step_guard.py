@@ -108,17 +108,25 @@ class StepTotals:
         )
 
 
-def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` summed over all processes of the default group, in place (unchanged in a
-    single-process run). One all-reduce: Lightning's `strategy.reduce` adds a barrier."""
+# The step group of a replica that steps alone (decentralized training): no reduction.
+LOCAL = "local"
+
+
+def sum_over_ranks(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """`tensor` summed over the processes of `group` (None: the default group; `LOCAL`:
+    this process only), in place (unchanged in a single-process run). One all-reduce:
+    Lightning's `strategy.reduce` adds a barrier."""
+    if group == LOCAL:
+        return tensor
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM, group=group)
     return tensor
 
 
-def reduce_tally(tally: StepTally, device: torch.device) -> StepTotals:
-    """`tally` summed over all ranks."""
-    return StepTotals.from_vector(sum_over_ranks(tally.vector(device)))
+def reduce_tally(tally: StepTally, device: torch.device, group: Any = None) -> StepTotals:
+    """`tally` summed over the ranks that share the optimizer step (`group`, as in
+    `sum_over_ranks`)."""
+    return StepTotals.from_vector(sum_over_ranks(tally.vector(device), group))
 
 
 def gradient_norm(parameters: Iterable[torch.nn.Parameter]) -> float:

@@ -29,6 +29,7 @@ from asr.models.build import build_model, count_parameters, model_config
 from asr.training.callbacks import EmaConfig, EmaWeights
 from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
 from asr.training.distributed.adascale import AdaScaleLearningRate
+from asr.training.distributed.adpsgd import DecentralizedStrategy, GossipMonitor
 from asr.training.distributed.ddp import (
     DistributedConfig,
     build_strategy,
@@ -133,6 +134,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         callbacks.append(EmaWeights(dataclass_from_keys(EmaConfig, cfg.ema, "ema")))
     if getattr(strategy, "compression", None) is not None:
         callbacks.append(CompressionMonitor(strategy.compression))
+    if isinstance(strategy, DecentralizedStrategy):
+        callbacks.append(GossipMonitor(strategy))
     debug = cfg.get("debug") or {}
     if debug.get("straggler_rank") is not None:
         callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))

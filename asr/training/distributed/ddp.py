@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 
 from asr.config_keys import dataclass_from_keys
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
+from asr.training.distributed.adpsgd import DecentralizedConfig, DecentralizedStrategy
 from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class DistributedConfig:
       `DGCConfig`).
     - `adascale`: null, or AdaScale's learning-rate gain for momentum SGD
       (`AdaScaleConfig`).
+    - `gossip`: the decentralized averaging of `trainer.strategy=adpsgd`
+      (`DecentralizedConfig`).
     """
 
     timeout: float = 600.0
@@ -64,6 +67,7 @@ class DistributedConfig:
     cpu_threads: int | None = None
     compression: DGCConfig | None = None
     adascale: AdaScaleConfig | None = None
+    gossip: DecentralizedConfig = DecentralizedConfig()
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None) -> DistributedConfig:
@@ -137,6 +141,7 @@ def build_strategy(
 ) -> str | Strategy:
     """The `strategy` argument for `lightning.Trainer`.
 
+    `adpsgd` becomes the decentralized `DecentralizedStrategy` (AD-PSGD, H-ADPSGD).
     `ddp`, and `auto` with more than one process, become a configured `DDPStrategy`;
     `parts_without_gradient` (from the objective) decides `find_unused_parameters`
     under `auto`. With `config.compression` the DGC hook is registered; it takes over
@@ -157,6 +162,15 @@ def build_strategy(
     hooked = [k for k in ("compression", "adascale") if getattr(config, k) is not None]
     if len(hooked) == 2:
         raise ValueError("distributed.compression and distributed.adascale exclude each other")
+    if strategy == "adpsgd":
+        if hooked:
+            raise ValueError(
+                f"distributed.{hooked[0]} works on DDP's gradient all-reduce, which "
+                "trainer.strategy=adpsgd does not run"
+            )
+        if world_size < 2:
+            raise ValueError("trainer.strategy=adpsgd needs at least 2 processes (trainer.devices)")
+        return DecentralizedStrategy(config.gossip, timeout=timedelta(seconds=config.timeout))
     if strategy != "ddp" and not (strategy == "auto" and world_size > 1):
         if hooked:
             raise ValueError(

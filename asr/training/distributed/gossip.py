@@ -7,10 +7,14 @@ optimizer step it averages its weights with one peer. Ranks are split in two sid
 AD-PSGD's bipartite schedule: members at even positions are *active*, at odd positions
 *passive*. After each local step an active member sends its weights to one passive
 neighbour and receives the neighbour's; both then hold their average. A passive member
-never waits for it: a service thread answers each request when it comes, between the
-member's own steps (a lock keeps an average and an optimizer step apart). Only actives wait,
-and only for passives, so there is no cycle of waits and no deadlock, for any number of
-processes; a slow process delays only the peers that ask it, and only by one exchange.
+never waits for it: a service thread answers each request when it comes, even in the middle
+of the member's own step. It cannot write weights that a forward or backward is using, so it
+answers with the passive's weights plus the corrections not yet applied, and adds half the
+difference to those corrections; the passive applies them after its optimizer step, as if
+each average had come at that point (a lock keeps the service thread and the optimizer's
+update apart). Only actives wait, and only for passives, so there is no cycle of waits and
+no deadlock, for any number of processes; a slow process delays only the peers that ask it,
+and only by one exchange.
 
 - `ring: fixed`: the members in a ring; an active alternates between its left and right
   passive neighbours (with an odd number of members the ring has one active-active edge,
@@ -23,10 +27,11 @@ processes; a slow process delays only the peers that ask it, and only by one exc
   hidden behind a step of computation.
 
 Weights are exchanged and averaged in fp32 (optimizer state stays local). `consensus()`
-averages every member's weights (a collective) so that validation, checkpoints and export
+averages every rank's weights (a collective) so that validation, checkpoints and export
 hold one model; `spread()` measures how far the replicas are apart. Both first wait for
-every member (a barrier, taken without the lock, so a passive still answers the last
-requests of the others). The exchanges run on their own gloo process group.
+every rank (a barrier, taken without the lock, so a passive still answers the last
+requests of the others). The exchanges run on their own gloo process group, over CPU
+copies of the weights (on GPUs a device-to-host copy per exchange).
 """
 
 from __future__ import annotations
@@ -98,9 +103,10 @@ def peer_of(members: Sequence[int], me: int, step: int, config: GossipConfig) ->
     return candidates[step % len(candidates)]
 
 
-def flatten(params: Sequence[Tensor]) -> Tensor:
-    """The parameters as one fp32 vector (a copy)."""
-    return torch.cat([p.detach().reshape(-1).float() for p in params])
+def flatten(params: Sequence[Tensor], device: torch.device | str = "cpu") -> Tensor:
+    """The parameters as one fp32 vector on `device` (a copy; the exchanges run on CPU
+    tensors over gloo, whatever the training's device)."""
+    return torch.cat([p.detach().reshape(-1).to(device, torch.float32) for p in params])
 
 
 def assign(params: Sequence[Tensor], flat: Tensor) -> None:
@@ -136,8 +142,10 @@ class Gossip:
         if self.me not in self.members:
             raise ConfigError(f"rank {self.me} is not among the gossip members {self.members}")
         self.group = group
-        self.lock = threading.Lock()  # held while the weights are read-and-written
+        self.lock = threading.Lock()  # the service thread vs the optimizer's update
+        self.pending: Tensor | None = None  # passive: corrections to add after the step
         self.position = self.members.index(self.me)
+        self.numel = sum(p.numel() for p in self.params)
         self.active = is_active(self.position)
         self.step = 0
         self.exchanges = 0  # averages this member took part in
@@ -159,6 +167,8 @@ class Gossip:
         self._check_server()
         step, self.step = self.step, self.step + 1
         if not self.active:
+            with self.lock:
+                self.fold()
             return
         self._apply_pending()
         peer = peer_of(self.members, self.me, step, self.config)
@@ -212,15 +222,25 @@ class Gossip:
                 if int(header[0]) == STOP:
                     stops += 1
                     continue
-                with self.lock:
+                theirs = torch.empty(self.numel, dtype=torch.float32)
+                dist.recv(theirs, src, group=self.group)
+                with self.lock:  # not while the optimizer updates the weights
                     mine = flatten(self.params)
-                    theirs = torch.empty_like(mine)
-                    dist.recv(theirs, src, group=self.group)
+                    if self.pending is not None:
+                        mine += self.pending
                     dist.send(mine, src, group=self.group)
-                    assign(self.params, (mine + theirs) / 2)
+                    correction = (theirs - mine) / 2
+                    self.pending = correction if self.pending is None else self.pending + correction
                     self.exchanges += 1
         except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
             self._server_error = err
+
+    def fold(self) -> None:
+        """Add the corrections of the averages answered so far to the weights (the caller
+        holds the lock, between steps)."""
+        if self.pending is not None:
+            assign(self.params, flatten(self.params) + self.pending)
+            self.pending = None
 
     def _check_server(self) -> None:
         if self._server_error is not None:
@@ -236,32 +256,23 @@ class Gossip:
         self._apply_pending()
         dist.barrier(group=group)
 
-    def consensus(self, group: dist.ProcessGroup | None = None) -> float:
-        """Set every replica to the mean of all replicas of `group` (default: the world),
-        and return the spread before it (max over ranks of the L2 distance to the mean)."""
-        self._quiesce(group)
+    def consensus(self) -> float:
+        """Set every replica of the exchange group (every rank) to the mean of all, and
+        return the spread before it. Every rank of the group must call this (ranks that do
+        not gossip call `average_replicas`)."""
+        self._quiesce(self.group)
         self._check_server()
         with self.lock:
-            mine = flatten(self.params)
-            mean = mine.clone()
-            dist.all_reduce(mean, group=group)
-            mean /= dist.get_world_size(group)
-            distance = torch.linalg.vector_norm(mine - mean).reshape(1).double()
-            dist.all_reduce(distance, op=dist.ReduceOp.MAX, group=group)
-            assign(self.params, mean)
-        return float(distance)
+            self.fold()
+        return average_replicas(self.params, self.group, self.lock, write=True)
 
-    def spread(self, group: dist.ProcessGroup | None = None) -> float:
-        """The max over ranks of the L2 distance of a replica to the mean of all replicas."""
-        self._quiesce(group)
+    def spread(self) -> float:
+        """The max over the ranks of the exchange group of the L2 distance of a replica to
+        the mean of all (every rank of the group calls this)."""
+        self._quiesce(self.group)
         with self.lock:
-            mine = flatten(self.params)
-        mean = mine.clone()
-        dist.all_reduce(mean, group=group)
-        mean /= dist.get_world_size(group)
-        distance = torch.linalg.vector_norm(mine - mean).reshape(1).double()
-        dist.all_reduce(distance, op=dist.ReduceOp.MAX, group=group)
-        return float(distance)
+            self.fold()
+        return average_replicas(self.params, self.group, self.lock, write=False)
 
     def close(self) -> None:
         """End the exchanges: actives tell every passive to stop; passives wait for that."""
@@ -275,3 +286,28 @@ class Gossip:
             self._server.join()
             self._server = None
         self._check_server()
+        with self.lock:
+            self.fold()
+
+
+def average_replicas(
+    params: Sequence[Tensor],
+    group: dist.ProcessGroup,
+    lock: threading.Lock | None = None,
+    write: bool = True,
+) -> float:
+    """The spread of the replicas of `group` (max over ranks of the L2 distance of a
+    replica to their mean); with `write`, every replica is then set to the mean. A
+    collective: every rank of `group` calls it, after a barrier when exchanges may be in
+    flight."""
+    lock = lock or threading.Lock()
+    with lock:
+        mine = flatten(params)
+        mean = mine.clone()
+        dist.all_reduce(mean, group=group)
+        mean /= dist.get_world_size(group)
+        distance = torch.linalg.vector_norm(mine - mean).reshape(1).double()
+        dist.all_reduce(distance, op=dist.ReduceOp.MAX, group=group)
+        if write:
+            assign(params, mean)
+    return float(distance)

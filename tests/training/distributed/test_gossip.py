@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from asr.training.distributed.gossip import GossipConfig, peer_of, random_ring
+
+STRATEGY_WORKER = Path(__file__).with_name("strategy_worker.py")
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
@@ -72,3 +78,56 @@ def test_peer_choice() -> None:
     assert len({tuple(random_ring(list(range(6)), s, 3)) for s in range(10)}) > 1
     with pytest.raises(ValueError, match="ring"):
         GossipConfig(ring="star")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_strategy(tmp_path: Path, world: int, node_size: int, steps: int, *extra: str) -> list:
+    out = tmp_path / f"strategy-{world}-{node_size}-{'-'.join(extra)}"
+    out.mkdir()
+    port = str(_free_port())
+    command = [sys.executable, str(STRATEGY_WORKER)]
+    procs = [
+        subprocess.Popen(
+            [*command, str(r), str(world), port, str(out), str(node_size), str(steps), *extra],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        )
+        for r in range(world)
+    ]
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, err[-3000:]
+    return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+def test_h_adpsgd_keeps_the_replicas_of_a_node_identical(tmp_path: Path) -> None:
+    steps = 6
+    ranks = _run_strategy(tmp_path, 4, 2, steps)  # 2 nodes x 2 processes
+    for step in range(steps):
+        assert torch.equal(ranks[0]["weights"][step], ranks[1]["weights"][step])
+        assert torch.equal(ranks[2]["weights"][step], ranks[3]["weights"][step])
+    # the nodes train on different data: their replicas differ between the averages ...
+    assert not torch.equal(ranks[0]["weights"][-1], ranks[2]["weights"][-1])
+    for rank in ranks:  # ... and the run ends at their consensus
+        assert torch.allclose(rank["final"], ranks[0]["final"], atol=1e-6)
+        assert bool(torch.isfinite(rank["final"]).all())
+
+
+@pytest.mark.parametrize("extra", [("random",), ("fixed", "delay")])
+def test_adpsgd_strategy_trains_and_ends_at_the_consensus(tmp_path: Path, extra) -> None:
+    ranks = _run_strategy(tmp_path, 3, 1, 5, *extra)
+    for rank in ranks:
+        assert len(rank["weights"]) == 5
+        assert torch.allclose(rank["final"], ranks[0]["final"], atol=1e-6)
+    assert not torch.equal(ranks[0]["weights"][0], ranks[2]["weights"][0])  # own replicas

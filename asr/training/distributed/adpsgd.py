@@ -1,0 +1,245 @@
+"""Decentralized training as a Lightning strategy (`trainer.strategy=adpsgd`): AD-PSGD and,
+with `distributed.gossip.node_size` > 1, its hierarchical form H-ADPSGD (Zhang et al.,
+arXiv 1907.05701).
+
+Lightning's DDP process setup (one process per device, gloo or NCCL, the bucketing
+sampler's split of the data) without DDP's gradient all-reduce: each process trains its own
+replica, and after each optimizer step averages its weights with one peer
+(`asr.training.distributed.gossip`). With `node_size` = k > 1 every k consecutive ranks are
+one "super-learner": they all-reduce their gradients after each backward (a node-local
+group: NVLink or shared memory on a real node), the first of them (the node's leader)
+gossips with the other leaders, then sends the result to its node, so the replicas of a node
+are identical after every step.
+
+What the rest of the training sees:
+- the optimizer step's tallies (non-finite checks, skipped cuts) are summed over the
+  replica's own ranks only (`step_group`): a global all-reduce per step would make every
+  process wait for the slowest again;
+- before each validation and at the end of training every rank's weights are averaged
+  (`consensus`), so that validation, `best.ckpt`, `last.ckpt` at epoch ends and export hold
+  one consensus model, and the replicas restart from it. A checkpoint written mid-epoch
+  (`checkpoint.every_n_train_steps`) holds rank 0's replica; a resumed run starts every
+  replica from the checkpoint's weights;
+- `gossip/spread` logs the largest distance of a replica to the mean (before each
+  consensus, and every `spread_every_n_steps` steps if set: a global barrier each time).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+
+from asr.config_keys import ConfigError
+from asr.training.distributed.gossip import (
+    Gossip,
+    GossipConfig,
+    assign,
+    average_replicas,
+    flatten,
+)
+from asr.training.step_guard import LOCAL
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecentralizedConfig:
+    """Keys of `distributed.gossip`: those of `GossipConfig` (`ring`, `delay_by_one`,
+    `seed`) and
+
+    - `node_size`: processes per node that act as one learner (H-ADPSGD); 1: AD-PSGD.
+    - `spread_every_n_steps`: also measure the replicas' spread every N steps (0: only
+      before each validation).
+    """
+
+    ring: str = "fixed"
+    delay_by_one: bool = False
+    seed: int = 0
+    node_size: int = 1
+    spread_every_n_steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.gossip()  # checks the ring
+        if self.node_size < 1:
+            raise ConfigError(f"distributed.gossip.node_size must be >= 1, got {self.node_size}")
+        if self.spread_every_n_steps < 0:
+            raise ConfigError(
+                "distributed.gossip.spread_every_n_steps must be >= 0, got "
+                f"{self.spread_every_n_steps}"
+            )
+
+    def gossip(self) -> GossipConfig:
+        return GossipConfig(ring=self.ring, delay_by_one=self.delay_by_one, seed=self.seed)
+
+
+class DecentralizedStrategy(DDPStrategy):
+    """AD-PSGD (`node_size` 1) or H-ADPSGD over Lightning's DDP process setup."""
+
+    def __init__(self, config: DecentralizedConfig, timeout: timedelta, **kwargs: Any) -> None:
+        super().__init__(timeout=timeout, **kwargs)
+        self.config = config
+        self.gossip: Gossip | None = None  # on the ranks that gossip (node leaders)
+        self.exchange_group: dist.ProcessGroup | None = None  # gloo, every rank
+        self.node_group: dist.ProcessGroup | None = None  # the node's ranks (H-ADPSGD)
+        self.node_leader = 0
+        self.last_spread: float | None = None
+
+    @property
+    def step_group(self) -> Any:
+        """The ranks that share an optimizer step: the node's (H-ADPSGD), or this one."""
+        return self.node_group if self.node_group is not None else LOCAL
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # no DistributedDataParallel: no gradient all-reduce
+
+    def _register_ddp_hooks(self) -> None:
+        pass
+
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._start()
+
+    def _params(self) -> list[torch.Tensor]:
+        assert self.lightning_module is not None
+        return list(self.lightning_module.parameters())
+
+    def _start(self) -> None:
+        world, rank, size = self.world_size, self.global_rank, self.config.node_size
+        if world % size:
+            raise ConfigError(
+                f"distributed.gossip.node_size={size} does not divide the {world} processes"
+            )
+        # every rank creates every group, in the same order (torch.distributed requires it)
+        self.exchange_group = dist.new_group(backend="gloo", timeout=self._timeout)
+        if size > 1:
+            for first in range(0, world, size):
+                group = dist.new_group(list(range(first, first + size)), timeout=self._timeout)
+                if first <= rank < first + size:
+                    self.node_group, self.node_leader = group, first
+        leaders = list(range(0, world, size))
+        if rank in leaders:
+            self.gossip = Gossip(self._params(), self.config.gossip(), leaders, self.exchange_group)
+        log.info(
+            "decentralized training: %d learner(s) of %d process(es), %s ring%s",
+            len(leaders),
+            size,
+            self.config.ring,
+            ", delay-by-one" if self.config.delay_by_one else "",
+        )
+
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        """H-ADPSGD: the node's ranks average their gradients (one learner)."""
+        if self.node_group is None:
+            return
+        grads = [p.grad for p in self._params() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.node_group)
+        flat /= self.config.node_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        gossip = self.gossip
+        if gossip is None:
+            out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        else:
+            # the optimizer's update (after the closure's forward and backward) holds the
+            # lock, so the passive's service thread never reads half-updated weights
+            held = []
+
+            def locked_closure() -> Any:
+                result = closure()
+                if not held:  # an optimizer may call its closure more than once
+                    gossip.lock.acquire()
+                    held.append(True)
+                return result
+
+            try:
+                out = super().optimizer_step(optimizer, locked_closure, model, **kwargs)
+            finally:
+                if held:
+                    gossip.lock.release()
+            gossip.after_step()
+        if self.node_group is not None:  # the leader's weights to its node
+            params = self._params()
+            lock = gossip.lock if gossip is not None else nullcontext()
+            with lock:
+                if gossip is not None:
+                    gossip.fold()
+                flat = flatten(params, self.root_device)
+            dist.broadcast(flat, self.node_leader, group=self.node_group)
+            if self.gossip is None:
+                assign(params, flat)
+        return out
+
+    def consensus(self) -> float:
+        """Average every rank's weights; the spread before it."""
+        if self.exchange_group is None:
+            return 0.0
+        if self.gossip is not None:
+            self.last_spread = self.gossip.consensus()
+        else:
+            dist.barrier(group=self.exchange_group)
+            self.last_spread = average_replicas(self._params(), self.exchange_group)
+        return self.last_spread
+
+    def spread(self) -> float:
+        """The replicas' spread (every rank calls this at the same step)."""
+        if self.exchange_group is None:
+            return 0.0
+        if self.gossip is not None:
+            return self.gossip.spread()
+        dist.barrier(group=self.exchange_group)
+        return average_replicas(self._params(), self.exchange_group, write=False)
+
+    def on_train_end(self) -> None:
+        """Stop the exchanges and leave every replica at the consensus."""
+        if self.gossip is not None:
+            self.gossip.close()
+        self.consensus()
+        if self.gossip is not None:
+            log.info(
+                "rank %d took part in %d weight averages", self.global_rank, self.gossip.exchanges
+            )
+        self.gossip = None
+        super().on_train_end()
+
+
+class GossipMonitor(Callback):
+    """Averages the replicas before each validation and logs `gossip/spread` (also every
+    `spread_every_n_steps` steps)."""
+
+    def __init__(self, strategy: DecentralizedStrategy) -> None:
+        self.strategy = strategy
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.strategy.consensus()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        spread = self.strategy.last_spread
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        if fitting and spread is not None:
+            pl_module.log("gossip/spread", spread, rank_zero_only=True)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
+        every = self.strategy.config.spread_every_n_steps
+        step = trainer.global_step
+        if every and step % every == 0 and step != getattr(self, "_last", -1):
+            self._last = step
+            pl_module.log("gossip/spread", self.strategy.spread(), rank_zero_only=True)

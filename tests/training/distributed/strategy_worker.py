@@ -1,0 +1,90 @@
+"""One rank of the decentralized-strategy tests: a toy linear regression trained by
+Lightning with `DecentralizedStrategy`, each rank on its own data (started like torchrun
+would: RANK, LOCAL_RANK, WORLD_SIZE in the environment). Records the weights after every
+optimizer step to `out_dir/rank{R}.pt`.
+
+    strategy_worker.py RANK WORLD PORT OUT_DIR NODE_SIZE STEPS [RING] [DELAY]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from asr.training.distributed.adpsgd import DecentralizedConfig, DecentralizedStrategy
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Record(L.Callback):
+    def __init__(self) -> None:
+        self.weights: list[torch.Tensor] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
+        self.weights.append(torch.cat([p.detach().reshape(-1) for p in pl_module.parameters()]))
+
+
+def main(
+    rank: int,
+    world: int,
+    port: int,
+    out_dir: str,
+    node_size: int,
+    steps: int,
+    ring: str,
+    delay: bool,
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        NODE_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    L.seed_everything(0)  # the same initial weights everywhere
+    generator = torch.Generator().manual_seed(10 + rank)  # each rank its own data
+    x = torch.randn(steps * 4, 8, generator=generator)
+    y = x.sum(dim=1, keepdim=True) + rank + 0.1 * torch.randn(steps * 4, 1, generator=generator)
+    config = DecentralizedConfig(ring=ring, delay_by_one=delay, node_size=node_size)
+    record = Record()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=DecentralizedStrategy(config, timeout=timedelta(seconds=60)),
+        max_steps=steps,
+        callbacks=[record],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(Regression(), DataLoader(TensorDataset(x, y), batch_size=4))
+    final = torch.cat([p.detach().reshape(-1) for p in trainer.lightning_module.parameters()])
+    torch.save({"weights": record.weights, "final": final}, Path(out_dir) / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    rank, world, port, out_dir, node_size, steps = sys.argv[1:7]
+    ring = sys.argv[7] if len(sys.argv) > 7 else "fixed"
+    delay = len(sys.argv) > 8 and sys.argv[8] == "delay"
+    main(int(rank), int(world), int(port), out_dir, int(node_size), int(steps), ring, delay)
