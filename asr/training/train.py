@@ -47,6 +47,7 @@ from asr.training.optimizer import optim_config
 from asr.training.precision import enlarge_onednn_cache, resolve_precision
 from asr.training.schedules import schedule_function
 from asr.training.step_guard import FaultConfig
+from asr.training.step_times import StepTimes
 
 log = logging.getLogger("asr.train")
 
@@ -139,6 +140,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     debug = cfg.get("debug") or {}
     if debug.get("straggler_rank") is not None:
         callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))
+    if debug.get("step_times_dir"):
+        callbacks.append(StepTimes(debug.step_times_dir))
     trainer = L.Trainer(
         **trainer_cfg,
         strategy=strategy,
