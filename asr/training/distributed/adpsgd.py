@@ -89,7 +89,8 @@ class DecentralizedStrategy(DDPStrategy):
         super().__init__(timeout=timeout, **kwargs)
         self.config = config
         self.gossip: Gossip | None = None  # on the ranks that gossip (node leaders)
-        self.exchange_group: dist.ProcessGroup | None = None  # gloo, every rank
+        self.exchange_group: dist.ProcessGroup | None = None  # gloo, every rank: exchanges
+        self.average_group: dist.ProcessGroup | None = None  # gloo, every rank: consensus
         self.node_group: dist.ProcessGroup | None = None  # the node's ranks (H-ADPSGD)
         self.node_leader = 0
         self.last_spread: float | None = None
@@ -122,6 +123,7 @@ class DecentralizedStrategy(DDPStrategy):
             )
         # every rank creates every group, in the same order (torch.distributed requires it)
         self.exchange_group = dist.new_group(backend="gloo", timeout=self._timeout)
+        self.average_group = dist.new_group(backend="gloo", timeout=self._timeout)
         if size > 1:
             for first in range(0, world, size):
                 group = dist.new_group(list(range(first, first + size)), timeout=self._timeout)
@@ -129,7 +131,13 @@ class DecentralizedStrategy(DDPStrategy):
                     self.node_group, self.node_leader = group, first
         leaders = list(range(0, world, size))
         if rank in leaders:
-            self.gossip = Gossip(self._params(), self.config.gossip(), leaders, self.exchange_group)
+            self.gossip = Gossip(
+                self._params(),
+                self.config.gossip(),
+                leaders,
+                self.exchange_group,
+                self.average_group,
+            )
         log.info(
             "decentralized training: %d learner(s) of %d process(es), %s ring%s",
             len(leaders),
@@ -189,23 +197,23 @@ class DecentralizedStrategy(DDPStrategy):
 
     def consensus(self) -> float:
         """Average every rank's weights; the spread before it."""
-        if self.exchange_group is None:
+        if self.average_group is None:
             return 0.0
         if self.gossip is not None:
             self.last_spread = self.gossip.consensus()
         else:
-            dist.barrier(group=self.exchange_group)
-            self.last_spread = average_replicas(self._params(), self.exchange_group)
+            dist.barrier(group=self.average_group)
+            self.last_spread = average_replicas(self._params(), self.average_group)
         return self.last_spread
 
     def spread(self) -> float:
         """The replicas' spread (every rank calls this at the same step)."""
-        if self.exchange_group is None:
+        if self.average_group is None:
             return 0.0
         if self.gossip is not None:
             return self.gossip.spread()
-        dist.barrier(group=self.exchange_group)
-        return average_replicas(self._params(), self.exchange_group, write=False)
+        dist.barrier(group=self.average_group)
+        return average_replicas(self._params(), self.average_group, write=False)
 
     def on_train_end(self) -> None:
         """Stop the exchanges and leave every replica at the consensus."""

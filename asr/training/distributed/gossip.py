@@ -30,8 +30,8 @@ Weights are exchanged and averaged in fp32 (optimizer state stays local). `conse
 averages every rank's weights (a collective) so that validation, checkpoints and export
 hold one model; `spread()` measures how far the replicas are apart. Both first wait for
 every rank (a barrier, taken without the lock, so a passive still answers the last
-requests of the others). The exchanges run on their own gloo process group, over CPU
-copies of the weights (on GPUs a device-to-host copy per exchange).
+requests of the others). The exchanges and the averages run on their own gloo process
+groups, over CPU copies of the weights (on GPUs a device-to-host copy per exchange).
 """
 
 from __future__ import annotations
@@ -124,8 +124,9 @@ class Gossip:
     step, `consensus()` before validation and at the end, `close()` when training ends.
 
     `members`: the global ranks that gossip, in ring order (every rank, or the node
-    leaders of H-ADPSGD); `group`: a process group over at least `members` used for the
-    exchanges only (not the one of the training's collectives).
+    leaders of H-ADPSGD); `group`: a gloo process group over every rank used for the
+    exchanges only; `average_group`: another one for `consensus` and `spread` (a
+    passive's service thread waits on `group` meanwhile).
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class Gossip:
         config: GossipConfig,
         members: Sequence[int],
         group: dist.ProcessGroup,
+        average_group: dist.ProcessGroup,
     ) -> None:
         self.params = list(params)
         self.config = config
@@ -142,6 +144,7 @@ class Gossip:
         if self.me not in self.members:
             raise ConfigError(f"rank {self.me} is not among the gossip members {self.members}")
         self.group = group
+        self.average_group = average_group
         self.lock = threading.Lock()  # the service thread vs the optimizer's update
         self.pending: Tensor | None = None  # passive: corrections to add after the step
         self.position = self.members.index(self.me)
@@ -260,19 +263,19 @@ class Gossip:
         """Set every replica of the exchange group (every rank) to the mean of all, and
         return the spread before it. Every rank of the group must call this (ranks that do
         not gossip call `average_replicas`)."""
-        self._quiesce(self.group)
+        self._quiesce(self.average_group)
         self._check_server()
         with self.lock:
             self.fold()
-        return average_replicas(self.params, self.group, self.lock, write=True)
+        return average_replicas(self.params, self.average_group, self.lock, write=True)
 
     def spread(self) -> float:
         """The max over the ranks of the exchange group of the L2 distance of a replica to
         the mean of all (every rank of the group calls this)."""
-        self._quiesce(self.group)
+        self._quiesce(self.average_group)
         with self.lock:
             self.fold()
-        return average_replicas(self.params, self.group, self.lock, write=False)
+        return average_replicas(self.params, self.average_group, self.lock, write=False)
 
     def close(self) -> None:
         """End the exchanges: actives tell every passive to stop; passives wait for that."""

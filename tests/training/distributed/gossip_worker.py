@@ -20,13 +20,13 @@ from asr.training.distributed.gossip import Gossip, GossipConfig
 def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: int, lr: float):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    group = dist.new_group(backend="gloo")
+    group, average_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
     weights = torch.randn(16, generator=torch.Generator().manual_seed(rank))
     target = torch.randn(16, generator=torch.Generator().manual_seed(100 + rank))
     config = GossipConfig(
         ring="random" if mode == "random" else "fixed", delay_by_one=mode == "delay"
     )
-    gossip = Gossip([weights], config, list(range(world)), group)
+    gossip = Gossip([weights], config, list(range(world)), group, average_group)
     trains = lr > 0 and not (mode == "delay" and not gossip.active)
     record: dict[str, list] = {"start": [weights.clone()], "after_step": [], "spread": []}
     for step in range(steps):
