@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmark_ddp import BIN, ROOT, ensure_corpus
+from benchmark_ddp import BIN, ROOT, ensure_corpus, run_asr_train
 
 RUNS = {  # name: extra asr-train overrides
     "ddp": [],
@@ -68,12 +65,7 @@ def train(name: str, straggler: bool, args: argparse.Namespace, exp_dir: Path) -
     ]
     if straggler:
         command += ["debug.straggler_rank=1", f"debug.straggler_slowdown={args.slowdown}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return run_asr_train(name, command, threads=1)
 
 
 def node_size(name: str) -> int:

@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmark_ddp import BIN, ROOT, ensure_corpus
+from benchmark_ddp import BIN, ROOT, ensure_corpus, run_asr_train
 
 RUNS = {  # name: (processes, audio seconds per rank and step, extra overrides)
     "ddp": (2, 15.0, []),
@@ -57,12 +54,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         f"distributed.gossip.spread_every_n_steps={args.spread_every}",
         *extra,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return run_asr_train(name, command, threads=1)
 
 
 def figures(exp_dir: Path, spread_every: int) -> dict[str, object]:

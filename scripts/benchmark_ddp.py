@@ -58,6 +58,17 @@ def ensure_corpus(data_dir: Path, train_hours: float) -> None:
     )
 
 
+def run_asr_train(name: str, command: list[str], threads: int = 1) -> float:
+    """Run an `asr-train` command line (`threads` torch threads per process, W&B off) to its
+    end; its wall time in seconds. Raises with the end of its stderr if it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
 def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
     """Run one configuration to `args.steps` steps; its wall time in seconds."""
     processes, threads, straggler = CONFIGS[name]
@@ -80,12 +91,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         command += ["trainer.accelerator=cpu", "trainer.devices=1"]
     if straggler:
         command += ["debug.straggler_rank=1", f"debug.straggler_slowdown={args.slowdown}"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return run_asr_train(name, command, threads=threads)
 
 
 def speed(exp_dir: Path, warmup: int) -> dict[str, float]:

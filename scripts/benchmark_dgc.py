@@ -31,15 +31,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmark_ddp import BIN, ROOT, ensure_corpus
+from benchmark_ddp import BIN, ROOT, ensure_corpus, run_asr_train
 
 RUNS = {  # name: extra asr-train overrides
     "dense_adamw": [],
@@ -71,12 +68,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         *RUNS[name],
         *args.override,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run([c for c in command if c], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return run_asr_train(name, [c for c in command if c], threads=1)
 
 
 def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:

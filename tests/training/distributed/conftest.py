@@ -15,6 +15,24 @@ GOSSIP_WORKER = Path(__file__).with_name("gossip_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def _run_workers(commands: list[list[str]], timeout: float) -> None:
+    """Start every command at once (one per rank, one thread each) and wait for all: a
+    failure or a hang (`timeout` seconds) fails the test with the failing rank's stderr."""
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
+        for command in commands
+    ]
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, err[-3000:]
+
+
 def _run_ranks(
     tmp_path: Path,
     mode: str,
@@ -27,34 +45,14 @@ def _run_ranks(
     out = tmp_path / name
     out.mkdir()
     init = tmp_path / f"{name}.init"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(worker),
-                str(r),
-                str(world),
-                str(init),
-                str(out),
-                mode,
-                str(steps),
-                *extra,
-            ],
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-        )
-        for r in range(world)
-    ]
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        assert proc.returncode == 0, err[-3000:]
+    command = [sys.executable, str(worker)]
+    _run_workers(
+        [
+            [*command, str(r), str(world), str(init), str(out), mode, str(steps), *extra]
+            for r in range(world)
+        ],
+        timeout=120,
+    )
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
 
@@ -74,3 +72,9 @@ def run_gossip() -> Callable[..., list[dict]]:
         return _run_ranks(tmp_path, mode, steps, world, GOSSIP_WORKER, (str(lr),))
 
     return run
+
+
+@pytest.fixture
+def run_workers() -> Callable[[list[list[str]], float], None]:
+    """`run_workers(commands, timeout)`: run one process per command at once, as ranks."""
+    return _run_workers

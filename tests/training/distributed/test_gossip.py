@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -86,34 +85,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_strategy(tmp_path: Path, world: int, node_size: int, steps: int, *extra: str) -> list:
+def _run_strategy(run_workers, tmp_path: Path, world: int, node_size: int, steps: int, *extra):
     out = tmp_path / f"strategy-{world}-{node_size}-{'-'.join(extra)}"
     out.mkdir()
     port = str(_free_port())
     command = [sys.executable, str(STRATEGY_WORKER)]
-    procs = [
-        subprocess.Popen(
-            [*command, str(r), str(world), port, str(out), str(node_size), str(steps), *extra],
-            stderr=subprocess.PIPE,
-            text=True,
-            env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-        )
-        for r in range(world)
-    ]
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        assert proc.returncode == 0, err[-3000:]
+    run_workers(
+        [
+            [*command, str(r), str(world), port, str(out), str(node_size), str(steps), *extra]
+            for r in range(world)
+        ],
+        timeout=180,
+    )
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
 
-def test_h_adpsgd_keeps_the_replicas_of_a_node_identical(tmp_path: Path) -> None:
+def test_h_adpsgd_keeps_the_replicas_of_a_node_identical(run_workers, tmp_path: Path) -> None:
     steps = 6
-    ranks = _run_strategy(tmp_path, 4, 2, steps)  # 2 nodes x 2 processes
+    ranks = _run_strategy(run_workers, tmp_path, 4, 2, steps)  # 2 nodes x 2 processes
     for step in range(steps):
         assert torch.equal(ranks[0]["weights"][step], ranks[1]["weights"][step])
         assert torch.equal(ranks[2]["weights"][step], ranks[3]["weights"][step])
@@ -125,8 +114,10 @@ def test_h_adpsgd_keeps_the_replicas_of_a_node_identical(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("extra", [("random",), ("fixed", "delay")])
-def test_adpsgd_strategy_trains_and_ends_at_the_consensus(tmp_path: Path, extra) -> None:
-    ranks = _run_strategy(tmp_path, 3, 1, 5, *extra)
+def test_adpsgd_strategy_trains_and_ends_at_the_consensus(
+    run_workers, tmp_path: Path, extra
+) -> None:
+    ranks = _run_strategy(run_workers, tmp_path, 3, 1, 5, *extra)
     for rank in ranks:
         assert len(rank["weights"]) == 5
         assert torch.allclose(rank["final"], ranks[0]["final"], atol=1e-6)
