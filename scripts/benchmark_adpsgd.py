@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmark_ddp import BIN, ROOT, ensure_corpus, run_asr_train
+from benchmark_ddp import ROOT, demo_command, ensure_corpus, run_asr_train
 
 RUNS = {  # name: extra asr-train overrides
     "ddp": [],
@@ -46,14 +46,9 @@ RUNS = {  # name: extra asr-train overrides
 def train(name: str, straggler: bool, args: argparse.Namespace, exp_dir: Path) -> float:
     """Run one configuration for `args.steps` steps; its wall time in seconds."""
     command = [
-        str(BIN / "asr-train"),
-        "experiment=demo",
+        *demo_command(args.data_dir, exp_dir),
         "trainer=cpu_ddp",
         f"trainer.devices={args.processes}",
-        f"data_dir={args.data_dir}",
-        f"exp_dir={exp_dir}",
-        "logger=csv",
-        "resume=false",
         "run_test=false",
         f"trainer.max_steps={args.steps}",
         "trainer.check_val_every_n_epoch=1000",

@@ -26,7 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmark_ddp import BIN, ROOT, ensure_corpus, run_asr_train
+from benchmark_ddp import ROOT, demo_command, ensure_corpus, run_asr_train
 
 RUNS = {  # name: (processes, audio seconds per rank and step, extra overrides)
     "ddp": (2, 15.0, []),
@@ -39,14 +39,9 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
     """Train one run to the end and test it; its wall time in seconds."""
     processes, seconds, extra = RUNS[name]
     command = [
-        str(BIN / "asr-train"),
-        "experiment=demo",
+        *demo_command(args.data_dir, exp_dir),
         "trainer=cpu_ddp",
         f"trainer.devices={processes}",
-        f"data_dir={args.data_dir}",
-        f"exp_dir={exp_dir}",
-        "logger=csv",
-        "resume=false",
         f"trainer.max_epochs={args.epochs}",
         "trainer.log_every_n_steps=10",
         f"data.sampler.max_duration={seconds}",

@@ -58,6 +58,19 @@ def ensure_corpus(data_dir: Path, train_hours: float) -> None:
     )
 
 
+def demo_command(data_dir: Path, exp_dir: Path) -> list[str]:
+    """The start of every benchmark's `asr-train` command line: the demo preset on
+    `data_dir`, a fresh run into `exp_dir`, metrics to its metrics.csv."""
+    return [
+        str(BIN / "asr-train"),
+        "experiment=demo",
+        f"data_dir={data_dir}",
+        f"exp_dir={exp_dir}",
+        "logger=csv",
+        "resume=false",
+    ]
+
+
 def run_asr_train(name: str, command: list[str], threads: int = 1) -> float:
     """Run an `asr-train` command line (`threads` torch threads per process, W&B off) to its
     end; its wall time in seconds. Raises with the end of its stderr if it fails."""
@@ -73,12 +86,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
     """Run one configuration to `args.steps` steps; its wall time in seconds."""
     processes, threads, straggler = CONFIGS[name]
     command = [
-        str(BIN / "asr-train"),
-        "experiment=demo",
-        f"data_dir={args.data_dir}",
-        f"exp_dir={exp_dir}",
-        "logger=csv",
-        "resume=false",
+        *demo_command(args.data_dir, exp_dir),
         "run_test=false",
         f"trainer.max_steps={args.steps}",
         "trainer.log_every_n_steps=1",

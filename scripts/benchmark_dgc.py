@@ -36,7 +36,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmark_ddp import BIN, ROOT, ensure_corpus, run_asr_train
+from benchmark_ddp import ROOT, demo_command, ensure_corpus, run_asr_train
 
 RUNS = {  # name: extra asr-train overrides
     "dense_adamw": [],
@@ -51,13 +51,8 @@ RUNS = {  # name: extra asr-train overrides
 def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
     """Train one run to the end and test it; its wall time in seconds."""
     command = [
-        str(BIN / "asr-train"),
-        "experiment=demo",
+        *demo_command(args.data_dir, exp_dir),
         "trainer=cpu_ddp",
-        f"data_dir={args.data_dir}",
-        f"exp_dir={exp_dir}",
-        "logger=csv",
-        "resume=false",
         f"trainer.max_epochs={args.epochs}",
         "trainer.log_every_n_steps=1",
         "data.sampler.max_duration=15",

@@ -24,12 +24,14 @@ class StepTimes(L.Callback):
         self.directory = Path(directory)
         self._last_step = -1
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
         step = trainer.global_step
         if step == self._last_step:  # inside gradient accumulation
             return
         self._last_step = step
-        self.directory.mkdir(parents=True, exist_ok=True)
         record = {
             "step": step,
             "time": time.time(),

@@ -16,10 +16,10 @@ What the rest of the training sees:
   replica's own ranks only (`step_group`): a global all-reduce per step would make every
   process wait for the slowest again;
 - before each validation and at the end of training every rank's weights are averaged
-  (`consensus`), so that validation, `best.ckpt`, `last.ckpt` at epoch ends and export hold
-  one consensus model, and the replicas restart from it. A checkpoint written mid-epoch
-  (`checkpoint.every_n_train_steps`) holds rank 0's replica; a resumed run starts every
-  replica from the checkpoint's weights;
+  (the consensus, `average(write=True)`), so that validation, `best.ckpt`, `last.ckpt` at
+  epoch ends and export hold one consensus model, and the replicas restart from it. A
+  checkpoint written mid-epoch (`checkpoint.every_n_train_steps`) holds rank 0's replica;
+  a resumed run starts every replica from the checkpoint's weights;
 - `gossip/spread` logs the largest distance of a replica to the mean (before each
   consensus, and every `spread_every_n_steps` steps if set: a global barrier each time).
 """
@@ -153,13 +153,9 @@ class DecentralizedStrategy(DDPStrategy):
         grads = [p.grad for p in self._params() if p.grad is not None]
         if not grads:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = flatten(grads, self.root_device)
         dist.all_reduce(flat, group=self.node_group)
-        flat /= self.config.node_size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        assign(grads, flat / self.config.node_size)
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         gossip = self.gossip
@@ -191,35 +187,29 @@ class DecentralizedStrategy(DDPStrategy):
                     gossip.fold()
                 flat = flatten(params, self.root_device)
             dist.broadcast(flat, self.node_leader, group=self.node_group)
-            if self.gossip is None:
+            if gossip is None:
                 assign(params, flat)
         return out
 
-    def consensus(self) -> float:
-        """Average every rank's weights; the spread before it."""
+    def average(self, write: bool) -> float:
+        """The replicas' spread; with `write` (the consensus) every rank's weights are then
+        set to their mean. Every rank calls this at the same point."""
         if self.average_group is None:
             return 0.0
         if self.gossip is not None:
-            self.last_spread = self.gossip.consensus()
+            spread = self.gossip.average(write)
         else:
             dist.barrier(group=self.average_group)
-            self.last_spread = average_replicas(self._params(), self.average_group)
-        return self.last_spread
-
-    def spread(self) -> float:
-        """The replicas' spread (every rank calls this at the same step)."""
-        if self.average_group is None:
-            return 0.0
-        if self.gossip is not None:
-            return self.gossip.spread()
-        dist.barrier(group=self.average_group)
-        return average_replicas(self._params(), self.average_group, write=False)
+            spread = average_replicas(self._params(), self.average_group, write=write)
+        if write:
+            self.last_spread = spread
+        return spread
 
     def on_train_end(self) -> None:
         """Stop the exchanges and leave every replica at the consensus."""
         if self.gossip is not None:
             self.gossip.close()
-        self.consensus()
+        self.average(write=True)
         if self.gossip is not None:
             log.info(
                 "rank %d took part in %d weight averages", self.global_rank, self.gossip.exchanges
@@ -234,10 +224,11 @@ class GossipMonitor(Callback):
 
     def __init__(self, strategy: DecentralizedStrategy) -> None:
         self.strategy = strategy
+        self._last_measured = -1  # the step of the last periodic measurement
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
-            self.strategy.consensus()
+            self.strategy.average(write=True)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         spread = self.strategy.last_spread
@@ -248,6 +239,7 @@ class GossipMonitor(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
         every = self.strategy.config.spread_every_n_steps
         step = trainer.global_step
-        if every and step % every == 0 and step != getattr(self, "_last", -1):
-            self._last = step
-            pl_module.log("gossip/spread", self.strategy.spread(), rank_zero_only=True)
+        if every and step % every == 0 and step != self._last_measured:
+            self._last_measured = step
+            spread = self.strategy.average(write=False)
+            pl_module.log("gossip/spread", spread, rank_zero_only=True)

@@ -71,10 +71,11 @@ INDEX_DTYPE = torch.int32
 class DGCConfig:
     """Keys of `distributed.compression` with `kind: dgc`.
 
-    - `sparsity`: fraction of each tensor's entries not sent per step, after warm-up.
+    - `sparsity`: fraction of the entries not sent per step after warm-up (of each
+      bucket's or each tensor's, as `selection` says; besides the `dense_vectors`).
     - `warmup_sparsities`, `warmup_steps`: the sparsities of the warm-up stages and the
       optimizer steps each lasts (0: no warm-up).
-    - `sample_fraction`: share of a tensor sampled to estimate its top-k threshold.
+    - `sample_fraction`: share of the entries sampled to estimate the top-k threshold.
     - `clip_norm`: local gradient clipping threshold before accumulation (null: the
       trainer's `gradient_clip_val`, which then no longer clips after the exchange).
     - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook) or

@@ -26,10 +26,10 @@ and only by one exchange.
   (peer_t - w_t) / 2: the average of step t applied one step late, its communication
   hidden behind a step of computation.
 
-Weights are exchanged and averaged in fp32 (optimizer state stays local). `consensus()`
-averages every rank's weights (a collective) so that validation, checkpoints and export
-hold one model; `spread()` measures how far the replicas are apart. Both first wait for
-every rank (a barrier, taken without the lock, so a passive still answers the last
+Weights are exchanged and averaged in fp32 (optimizer state stays local). `average()`
+measures how far the replicas are apart and, as the consensus, sets every rank's weights to
+their mean (a collective) so that validation, checkpoints and export hold one model. It
+first waits for every rank (a barrier, taken without the lock, so a passive still answers the last
 requests of the others). The exchanges and the averages run on their own gloo process
 groups, over CPU copies of the weights (on GPUs a device-to-host copy per exchange).
 """
@@ -121,7 +121,8 @@ def assign(params: Sequence[Tensor], flat: Tensor) -> None:
 
 class Gossip:
     """One member's side of the averaging: call `after_step()` after each local optimizer
-    step, `consensus()` before validation and at the end, `close()` when training ends.
+    step, `average(write=True)` (the consensus) before validation and at the end, `close()`
+    when training ends.
 
     `members`: the global ranks that gossip, in ring order (every rank, or the node
     leaders of H-ADPSGD); `group`: a gloo process group over every rank used for the
@@ -152,7 +153,7 @@ class Gossip:
         self.active = is_active(self.position)
         self.step = 0
         self.exchanges = 0  # averages this member took part in
-        self._pending: tuple[threading.Thread, Tensor, dict[str, Tensor]] | None = None
+        self._in_flight: tuple[threading.Thread, Tensor, dict[str, Tensor]] | None = None
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         actives = sum(is_active(i) for i in range(len(self.members)))
@@ -165,15 +166,16 @@ class Gossip:
     # -- the active side ---------------------------------------------------------------
 
     def after_step(self) -> None:
-        """Average with this step's peer (actives), or apply the previous step's average
-        (`delay_by_one`); passives only count the step."""
+        """Actives: average with this step's peer (with `delay_by_one`: apply the previous
+        step's average and start this one). Passives: add the corrections of the averages
+        answered during the step."""
         self._check_server()
         step, self.step = self.step, self.step + 1
         if not self.active:
             with self.lock:
                 self.fold()
             return
-        self._apply_pending()
+        self._apply_in_flight()
         peer = peer_of(self.members, self.me, step, self.config)
         if peer is None:
             return
@@ -185,7 +187,7 @@ class Gossip:
                 target=self._ask, args=(peer, step, mine, box), name="gossip-active", daemon=True
             )
             thread.start()
-            self._pending = (thread, mine, box)
+            self._in_flight = (thread, mine, box)
             return
         box = {}
         self._ask(peer, step, mine, box)
@@ -200,13 +202,13 @@ class Gossip:
         dist.recv(theirs, peer, group=self.group)
         box["peer"] = theirs
 
-    def _apply_pending(self) -> None:
+    def _apply_in_flight(self) -> None:
         """`delay_by_one`: add the correction of the previous step's average."""
-        if self._pending is None:
+        if self._in_flight is None:
             return
-        thread, sent, box = self._pending
+        thread, sent, box = self._in_flight
         thread.join()
-        self._pending = None
+        self._in_flight = None
         if "peer" not in box:
             raise RuntimeError(f"rank {self.me}: the delayed weight exchange failed")
         with self.lock:
@@ -256,30 +258,23 @@ class Gossip:
     def _quiesce(self, group: dist.ProcessGroup | None) -> None:
         """Finish this member's own exchanges, then wait for every member of `group`: once
         all are here no request is in flight."""
-        self._apply_pending()
+        self._apply_in_flight()
         dist.barrier(group=group)
 
-    def consensus(self) -> float:
-        """Set every replica of the exchange group (every rank) to the mean of all, and
-        return the spread before it. Every rank of the group must call this (ranks that do
-        not gossip call `average_replicas`)."""
+    def average(self, write: bool) -> float:
+        """The spread of the replicas of every rank (max over ranks of the L2 distance of a
+        replica to their mean); with `write` (the consensus) every replica is then set to
+        the mean. Every rank calls this at the same point (ranks that do not gossip call
+        `average_replicas` after the same barrier)."""
         self._quiesce(self.average_group)
         self._check_server()
         with self.lock:
             self.fold()
-        return average_replicas(self.params, self.average_group, self.lock, write=True)
-
-    def spread(self) -> float:
-        """The max over the ranks of the exchange group of the L2 distance of a replica to
-        the mean of all (every rank of the group calls this)."""
-        self._quiesce(self.average_group)
-        with self.lock:
-            self.fold()
-        return average_replicas(self.params, self.average_group, self.lock, write=False)
+        return average_replicas(self.params, self.average_group, self.lock, write=write)
 
     def close(self) -> None:
         """End the exchanges: actives tell every passive to stop; passives wait for that."""
-        self._apply_pending()
+        self._apply_in_flight()
         if self.active:
             stop = torch.tensor([STOP, self.step], dtype=torch.int64)
             for position, member in enumerate(self.members):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -78,3 +80,33 @@ def run_gossip() -> Callable[..., list[dict]]:
 def run_workers() -> Callable[[list[list[str]], float], None]:
     """`run_workers(commands, timeout)`: run one process per command at once, as ranks."""
     return _run_workers
+
+
+@pytest.fixture
+def train_two_ranks(train_overrides) -> Callable[..., list[dict[str, str]]]:
+    """`train_two_ranks(exp_dir, *overrides)`: `asr-train` on the tiny corpus with the demo
+    preset, 2 CPU processes over gloo (one thread each), the transducer loss from the first
+    step, no test (5 minutes at most); returns the rows of its metrics.csv files, every
+    version in order."""
+
+    def train(exp_dir: Path, *extra: str) -> list[dict[str, str]]:
+        command = [
+            str(Path(sys.executable).parent / "asr-train"),
+            *train_overrides(exp_dir),
+            "experiment=demo",
+            "trainer=cpu_ddp",
+            "trainer.devices=2",
+            "model.loss.transducer_start_step=0",
+            "run_test=false",
+            *extra,
+        ]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows: list[dict[str, str]] = []
+        for path in sorted((exp_dir / "csv").glob("version_*/metrics.csv")):
+            with open(path) as f:
+                rows += list(csv.DictReader(f))
+        return rows
+
+    return train

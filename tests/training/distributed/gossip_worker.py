@@ -36,12 +36,12 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         gossip.after_step()
         record["after_step"].append(weights.clone())
         if step % 10 == 9 and mode != "delay":
-            record["spread"].append(gossip.spread())
+            record["spread"].append(gossip.average(write=False))
     gossip.close()
     record["exchanges"] = gossip.exchanges
     record["active"] = gossip.active
     record["target"] = target
-    record["spread_before_consensus"] = gossip.consensus()
+    record["spread_before_consensus"] = gossip.average(write=True)
     record["consensus"] = weights.clone()
     torch.save(record, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()

@@ -3,42 +3,17 @@ Gradient Compression and AdaScale register, train, and log what they did."""
 
 from __future__ import annotations
 
-import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BIN = Path(sys.executable).parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-
-
-def train(train_overrides, exp_dir: Path, *extra: str) -> list[dict[str, str]]:
-    command = [
-        str(BIN / "asr-train"),
-        *train_overrides(exp_dir),
-        "experiment=demo",
-        "trainer=cpu_ddp",
-        "trainer.devices=2",
-        "trainer.max_epochs=1",
-        "model.loss.transducer_start_step=0",
-        "run_test=false",
-        *extra,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with open(exp_dir / "csv" / "version_0" / "metrics.csv") as f:
-        return [row for row in csv.DictReader(f)]
-
 
 @pytest.mark.slow
-def test_dgc_trains_and_logs_its_traffic(train_overrides, tmp_path: Path) -> None:
-    rows = train(
-        train_overrides,
+def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> None:
+    rows = train_two_ranks(
         tmp_path / "exp",
+        "trainer.max_epochs=1",
         "distributed/compression=dgc",
         "distributed.compression.warmup_steps=1",
     )
@@ -72,10 +47,10 @@ def _parameter_sizes(checkpoint: Path) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.slow
-def test_adascale_sets_the_rate_from_its_gain(train_overrides, tmp_path: Path) -> None:
-    rows = train(
-        train_overrides,
+def test_adascale_sets_the_rate_from_its_gain(train_two_ranks, tmp_path: Path) -> None:
+    rows = train_two_ranks(
         tmp_path / "exp",
+        "trainer.max_epochs=1",
         "optim=sgd_cosine",
         "optim.lr=0.05",
         "optim.scheduler.warmup_steps=5",
