@@ -60,7 +60,7 @@ def train(name: str, straggler: bool, args: argparse.Namespace, exp_dir: Path) -
     ]
     if straggler:
         command += ["debug.straggler_rank=1", f"debug.straggler_slowdown={args.slowdown}"]
-    return run_asr_train(name, command, threads=1)
+    return run_asr_train(name, command, exp_dir, threads=1)
 
 
 def node_size(name: str) -> int:

@@ -2,7 +2,7 @@
 of samples; prints one JSON line per run and a summary line.
 
     python scripts/benchmark_adpsgd_wer.py [--runs ddp,adpsgd,hier] [--epochs 8]
-        [--out exp/benchmark_adpsgd_wer]
+        [--out exp/benchmark_adpsgd_wer] [--tag T] [--override optim=sgd_cosine ...]
 
 Each run trains the demo preset (`experiment=demo`) to the end and tests the best
 checkpoint on test-clean, with the same global batch of 30 s of audio per step:
@@ -11,10 +11,12 @@ checkpoint on test-clean, with the same global batch of 30 s of audio per step:
 - `adpsgd`: 2 processes, 15 s per rank, `trainer.strategy=adpsgd` (fixed ring);
 - `hier`: H-ADPSGD, 4 processes as 2 nodes x 2, 7.5 s per rank.
 
-One torch thread per process; the replicas' spread (`gossip/spread`) is measured every
-`--spread-every` steps. Figures from the run's metrics.csv: test WER, dev WER per epoch, the
-spread over time, wall time. Run from the checkout (the demo's feature manifests hold
-relative paths); runs go one at a time.
+`--override` adds asr-train overrides to every run (for example the momentum-SGD pair:
+`--override optim=sgd_cosine --override optim.lr=0.05 --tag _sgd`); a run is compared with
+the `ddp` run of the same tag. One torch thread per process; the replicas' spread
+(`gossip/spread`) is measured every `--spread-every` steps. Figures from the run's
+metrics.csv: test WER, dev WER per epoch, the spread over time, wall time. Run from the
+checkout (the demo's feature manifests hold relative paths); runs go one at a time.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         f"data.sampler.max_cut_duration={min(seconds, 15.0)}",
         f"distributed.gossip.spread_every_n_steps={args.spread_every}",
         *extra,
+        *args.override,
     ]
-    return run_asr_train(name, command, threads=1)
+    return run_asr_train(name, command, exp_dir, threads=1)
 
 
 def figures(exp_dir: Path, spread_every: int) -> dict[str, object]:
@@ -82,6 +85,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--spread-every", type=int, default=50)
     parser.add_argument("--out", type=Path, default=ROOT / "exp" / "benchmark_adpsgd_wer")
+    parser.add_argument("--tag", default="", help="appended to the run names (and directories)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="an extra asr-train override for every run (repeatable)",
+    )
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)
@@ -92,26 +102,29 @@ def main() -> None:
     for name in args.runs.split(","):
         if name not in RUNS:
             sys.exit(f"unknown run {name!r}; valid: {', '.join(RUNS)}")
-        exp_dir = args.out / name
+        run = f"{name}{args.tag}"
+        exp_dir = args.out / run
         if exp_dir.exists():
             shutil.rmtree(exp_dir)
         wall = train(name, args, exp_dir)
         processes, seconds, _ = RUNS[name]
-        results[name] = {
-            "run": name,
+        results[run] = {
+            "run": run,
+            "overrides": args.override,
             "processes": processes,
             "audio_seconds_per_rank_and_step": seconds,
             "epochs": args.epochs,
             **figures(exp_dir, args.spread_every),
             "wall_seconds": round(wall, 1),
         }
-        print(json.dumps(results[name]), flush=True)
-        (exp_dir / "result.json").write_text(json.dumps(results[name]) + "\n")
+        print(json.dumps(results[run]), flush=True)
+        (exp_dir / "result.json").write_text(json.dumps(results[run]) + "\n")
     summary: dict[str, object] = {"summary": True}
-    ddp = results.get("ddp", {}).get("test_wer")
-    for name, result in results.items():
+    for run, result in results.items():
+        name, _, tag = run.partition("_")
+        ddp = results.get("ddp" + (f"_{tag}" if tag else ""), {}).get("test_wer")
         if name != "ddp" and ddp is not None and result.get("test_wer") is not None:
-            summary[f"{name}_wer_minus_ddp"] = round(result["test_wer"] - ddp, 2)
+            summary[f"{run}_wer_minus_ddp"] = round(result["test_wer"] - ddp, 2)
     print(json.dumps(summary))
 
 

@@ -71,14 +71,19 @@ def demo_command(data_dir: Path, exp_dir: Path) -> list[str]:
     ]
 
 
-def run_asr_train(name: str, command: list[str], threads: int = 1) -> float:
-    """Run an `asr-train` command line (`threads` torch threads per process, W&B off) to its
-    end; its wall time in seconds. Raises with the end of its stderr if it fails."""
+def run_asr_train(name: str, command: list[str], exp_dir: Path, threads: int = 1) -> float:
+    """Run an `asr-train` command line writing to `exp_dir` (`threads` torch threads per
+    process, W&B off) to its end; its wall time in seconds. All ranks' stderr goes to
+    `exp_dir/asr_train.stderr`; a failure raises with that file's name and its end."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    stderr_path = exp_dir / "asr_train.stderr"
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    with open(stderr_path, "w") as stderr:
+        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+        tail = stderr_path.read_text()[-3000:]
+        raise RuntimeError(f"{name} failed (all of its stderr: {stderr_path}):\n{tail}")
     return time.perf_counter() - start
 
 
@@ -99,7 +104,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         command += ["trainer.accelerator=cpu", "trainer.devices=1"]
     if straggler:
         command += ["debug.straggler_rank=1", f"debug.straggler_slowdown={args.slowdown}"]
-    return run_asr_train(name, command, threads=threads)
+    return run_asr_train(name, command, exp_dir, threads=threads)
 
 
 def speed(exp_dir: Path, warmup: int) -> dict[str, float]:

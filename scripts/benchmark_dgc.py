@@ -63,7 +63,7 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         *RUNS[name],
         *args.override,
     ]
-    return run_asr_train(name, [c for c in command if c], threads=1)
+    return run_asr_train(name, [c for c in command if c], exp_dir, threads=1)
 
 
 def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
