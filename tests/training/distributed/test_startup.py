@@ -4,6 +4,7 @@ straggler debug option. The tests with real processes are in test_ddp.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -57,6 +58,23 @@ def test_turning_unused_parameter_search_off_when_needed_fails_at_start_up() -> 
         build_strategy(
             "ddp", world_size=2, config=off, parts_without_gradient=["predictor", "joiner"]
         )
+
+
+def test_adpsgd_warns_against_momentum_sgd(caplog: pytest.LogCaptureFixture) -> None:
+    config = DistributedConfig()
+    with caplog.at_level(logging.WARNING, logger="asr.training.distributed.ddp"):
+        build_strategy("adpsgd", world_size=2, config=config, parts_without_gradient=[])
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="asr.training.distributed.ddp"):
+        strategy = build_strategy(
+            "adpsgd",
+            world_size=2,
+            config=config,
+            parts_without_gradient=[],
+            optimizer_momentum=0.9,
+        )
+    assert "momentum SGD did not train" in caplog.text
+    assert type(strategy).__name__ == "DecentralizedStrategy"
 
 
 def test_fsdp_with_the_samplewise_loss_is_refused() -> None:
