@@ -29,10 +29,13 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     gossip = Gossip([weights], config, list(range(world)), group, average_group)
     trains = lr > 0 and not (mode == "delay" and not gossip.active)
     record: dict[str, list] = {"start": [weights.clone()], "after_step": [], "spread": []}
+    applied = torch.zeros_like(weights)  # the sum of this rank's own updates
     for step in range(steps):
         if trains:
             with gossip.lock:
-                weights -= lr * (weights - target)
+                update = -lr * (weights - target)
+                weights += update
+                applied += update
         gossip.after_step()
         record["after_step"].append(weights.clone())
         if step % 10 == 9 and mode != "delay":
@@ -41,6 +44,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     record["exchanges"] = gossip.exchanges
     record["active"] = gossip.active
     record["target"] = target
+    record["applied"] = applied
     record["spread_before_consensus"] = gossip.average(write=True)
     record["consensus"] = weights.clone()
     torch.save(record, Path(out_dir) / f"rank{rank}.pt")

@@ -30,6 +30,19 @@ def test_rings_never_deadlock_and_every_average_has_two_sides(
         assert all(bool(torch.isfinite(w).all()) for w in rank["after_step"])
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_training_replicas_lose_no_update(run_gossip, tmp_path: Path, world: int) -> None:
+    # every rank trains while it gossips (passives answer from their service thread in
+    # the middle of their own steps): each average moves weight from one replica to the
+    # other, so at the end the replicas hold their starts plus every update any of them
+    # made, whatever the timing
+    ranks = run_gossip(tmp_path, "fixed", steps=40, world=world, lr=0.05)
+    made = sum(r["start"][0] + r["applied"] for r in ranks)
+    assert all(float(r["applied"].abs().sum()) > 0 for r in ranks)
+    for rank in ranks:
+        assert torch.allclose(rank["consensus"] * world, made, atol=1e-4)
+
+
 @pytest.mark.parametrize("world", [2, 4, 5])
 def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: int) -> None:
     ranks = run_gossip(tmp_path, "random", steps=60, world=world, lr=0.0)
