@@ -28,7 +28,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmark_ddp import ROOT, demo_command, ensure_corpus, run_asr_train
+from benchmark_ddp import (
+    ROOT,
+    add_variant_arguments,
+    demo_command,
+    ensure_corpus,
+    run_asr_train,
+)
 
 RUNS = {  # name: (processes, audio seconds per rank and step, extra overrides)
     "ddp": (2, 15.0, []),
@@ -85,13 +91,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--spread-every", type=int, default=50)
     parser.add_argument("--out", type=Path, default=ROOT / "exp" / "benchmark_adpsgd_wer")
-    parser.add_argument("--tag", default="", help="appended to the run names (and directories)")
-    parser.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        help="an extra asr-train override for every run (repeatable)",
-    )
+    add_variant_arguments(parser, "optim.lr=3e-3")
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)
@@ -121,8 +121,9 @@ def main() -> None:
         (exp_dir / "result.json").write_text(json.dumps(results[run]) + "\n")
     summary: dict[str, object] = {"summary": True}
     for run, result in results.items():
-        name, _, tag = run.partition("_")
-        ddp = results.get("ddp" + (f"_{tag}" if tag else ""), {}).get("test_wer")
+        # the run of the same tag with DDP: the run's name after its RUNS key
+        name = max((n for n in RUNS if run.startswith(n)), key=len, default=run)
+        ddp = results.get("ddp" + run[len(name) :], {}).get("test_wer")
         if name != "ddp" and ddp is not None and result.get("test_wer") is not None:
             summary[f"{run}_wer_minus_ddp"] = round(result["test_wer"] - ddp, 2)
     print(json.dumps(summary))

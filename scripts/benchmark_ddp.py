@@ -71,6 +71,18 @@ def demo_command(data_dir: Path, exp_dir: Path) -> list[str]:
     ]
 
 
+def add_variant_arguments(parser: argparse.ArgumentParser, example: str) -> None:
+    """`--tag` and the repeatable `--override` of the benchmarks that train the demo to the
+    end: extra asr-train overrides for every run, and a suffix for the run names."""
+    parser.add_argument("--tag", default="", help="appended to the run names (and directories)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help=f"an extra asr-train override for every run (repeatable), e.g. {example}",
+    )
+
+
 def run_asr_train(name: str, command: list[str], exp_dir: Path, threads: int = 1) -> float:
     """Run an `asr-train` command line writing to `exp_dir` (`threads` torch threads per
     process, W&B off) to its end; its wall time in seconds. All ranks' stderr goes to

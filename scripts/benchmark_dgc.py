@@ -36,7 +36,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmark_ddp import ROOT, demo_command, ensure_corpus, run_asr_train
+from benchmark_ddp import (
+    ROOT,
+    add_variant_arguments,
+    demo_command,
+    ensure_corpus,
+    run_asr_train,
+)
 
 RUNS = {  # name: extra asr-train overrides
     "dense_adamw": [],
@@ -117,14 +123,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "exp" / "benchmark_dgc")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=75, help="per DGC warm-up stage")
-    parser.add_argument("--tag", default="", help="appended to the run names (and directories)")
-    parser.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        help="an extra asr-train override for every run (repeatable), e.g. "
-        "distributed.compression.selection=tensor",
-    )
+    add_variant_arguments(parser, "distributed.compression.selection=tensor")
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)

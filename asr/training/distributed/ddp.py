@@ -172,9 +172,9 @@ def build_strategy(
             raise ValueError("trainer.strategy=adpsgd needs at least 2 processes (trainer.devices)")
         if optimizer_momentum > 0:
             log.warning(
-                "trainer.strategy=adpsgd with momentum SGD did not train on the demo (test WER "
-                "89.5 %% against DDP's 10.75 %%; recipes/demo/RESULTS.md): use optim=adamw_cosine "
-                "with about sqrt(learners) times DDP's learning rate"
+                "trainer.strategy=adpsgd with momentum SGD did not train on the demo "
+                "(recipes/demo/RESULTS.md): use optim=adamw_cosine with about sqrt(learners) "
+                "times DDP's learning rate"
             )
         return DecentralizedStrategy(config.gossip, timeout=timedelta(seconds=config.timeout))
     if strategy != "ddp" and not (strategy == "auto" and world_size > 1):
