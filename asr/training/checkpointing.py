@@ -10,6 +10,25 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+# The checkpoint a run resumes from (`resume=auto`); only it carries per-rank state.
+RESUME_CHECKPOINT = "last.ckpt"
+
+
+def save_atomically(obj: Any, path: str | Path) -> None:
+    """`torch.save(obj)` to a temporary file beside `path`, fsync, then rename: a crash or a
+    full disk mid-write leaves the previous file intact, never a truncated one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary file beside its target, fsync it, then rename.
@@ -22,17 +41,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        save_atomically(checkpoint, path)
 
 
 def checkpoint_callbacks(

@@ -27,7 +27,11 @@ from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.models.build import build_model, count_parameters, model_config
 from asr.training.callbacks import EmaConfig, EmaWeights
-from asr.training.checkpointing import AtomicCheckpointIO, checkpoint_callbacks
+from asr.training.checkpointing import (
+    RESUME_CHECKPOINT,
+    AtomicCheckpointIO,
+    checkpoint_callbacks,
+)
 from asr.training.distributed.adascale import AdaScaleLearningRate
 from asr.training.distributed.adpsgd import DecentralizedStrategy, GossipMonitor
 from asr.training.distributed.ddp import (
@@ -62,7 +66,7 @@ def resume_path(cfg: DictConfig, ckpt_dir: Path) -> str | None:
     if resume in (None, False, "false", "none"):
         return None
     if resume == "auto":
-        last = ckpt_dir / "last.ckpt"
+        last = ckpt_dir / RESUME_CHECKPOINT
         return str(last) if last.is_file() else None
     if not Path(resume).is_file():
         raise FileNotFoundError(f"resume={resume}: no such checkpoint")
@@ -192,7 +196,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 f"processes ({type(err).__name__}): one of them died or hung (its own log says "
                 f"why; a hung one is given up after distributed.timeout="
                 f"{cfg.distributed.timeout} s). Run the same command again to resume from "
-                f"{ckpt_dir / 'last.ckpt'}."
+                f"{ckpt_dir / RESUME_CHECKPOINT}."
             ) from err
         raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}

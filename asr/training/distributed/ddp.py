@@ -11,7 +11,9 @@ What this module adds to Lightning's defaults, each decided once at start-up:
 - one torch thread per process on CPU, where N processes on N cores only contend.
 - a communication hook (`distributed.compression`: Deep Gradient Compression, see
   `asr.training.distributed.dgc`) registered on every device: Lightning's `DDPStrategy`
-  registers hooks only on CUDA, so `HookedDDPStrategy` does it for CPU/gloo too.
+  registers hooks only on CUDA, so `HookedDDPStrategy` does it for CPU/gloo too; with
+  DGC every rank also writes its hook state beside `last.ckpt` and a resumed run reads it
+  back (`asr.training.distributed.dgc_resume`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +33,12 @@ from asr.config_keys import dataclass_from_keys
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
 from asr.training.distributed.adpsgd import DecentralizedConfig, DecentralizedStrategy
 from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
+from asr.training.distributed.dgc_resume import (
+    carries_rank_state,
+    load_rank_state,
+    rank_state_path,
+    save_rank_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +136,41 @@ class HookedDDPStrategy(DDPStrategy):
                 p.numel() for p in self.model.parameters() if p.requires_grad
             )
         self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None
+    ) -> None:
+        """Rank 0 writes the checkpoint; with DGC, beside the resume checkpoint every rank
+        also writes its hook state (called on every rank)."""
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        state = self.compression
+        if state is not None and carries_rank_state(filepath):
+            assert self.lightning_module is not None
+            names = {p.data_ptr(): n for n, p in self.lightning_module.named_parameters()}
+            step = int(checkpoint.get("global_step", 0))
+            save_rank_state(state, names, filepath, step, self.global_rank, self.world_size)
+
+    def remove_checkpoint(self, filepath: str | Path) -> None:
+        super().remove_checkpoint(filepath)
+        rank_state_path(filepath, self.global_rank).unlink(missing_ok=True)
+
+    def on_train_start(self) -> None:
+        """With DGC, a resumed run reads this rank's hook state back."""
+        super().on_train_start()
+        state = self.compression
+        module = self.lightning_module
+        if state is None or module is None or not module.trainer.ckpt_path:
+            return
+        addresses = {n: p.data_ptr() for n, p in module.named_parameters()}
+        trainer = module.trainer
+        load_rank_state(
+            state,
+            addresses,
+            trainer.ckpt_path,
+            trainer.global_step,
+            self.global_rank,
+            self.world_size,
+        )
 
 
 def build_strategy(

@@ -42,9 +42,10 @@ so no gradient is lost, only delayed. Following the paper and its code:
 At sparsity 0 the hook all-reduces, giving exactly DDP's averaged gradient. Each step's
 bytes are counted: `sent_bytes` what this rank contributes (indices as int32 plus values),
 `dense_bytes` the bucket bytes a dense all-reduce exchanges; their ratio is the
-compression ratio. Residual, velocity and the hook's Adam moments are per-rank state that
-is not checkpointed: a resumed run starts them at zero, dropping what still waited in the
-residual.
+compression ratio. Residual, velocity and the hook's Adam moments are per-rank state: the
+state is kept per bucket, moved to the new buckets when DDP rebuilds them, and written
+beside `last.ckpt` by every rank (`asr.training.distributed.dgc_resume`), so a resumed run
+continues with what still waited in the residual.
 """
 
 from __future__ import annotations
@@ -194,14 +195,8 @@ def bucket_layout(params: list[Tensor], dense_vectors: bool, device: torch.devic
     )
 
 
-def reorder(flat: Tensor, old: BucketLayout, new: BucketLayout) -> Tensor:
-    """`flat`, laid out as `old`, laid out as `new` (the same parameters in another order:
-    DDP rebuilds its buckets in gradient-ready order after the first step)."""
-    out = torch.empty_like(flat)
-    where = dict(zip(old.params, old.offsets, strict=True))
-    for param, offset, size in zip(new.params, new.offsets, new.sizes, strict=True):
-        out[offset : offset + size] = flat[where[param] : where[param] + size]
-    return out
+# The per-bucket state tensors of `DGCState`, by attribute name.
+STATE_KINDS = ("residual", "velocity", "second_moment")
 
 
 @dataclass
@@ -226,6 +221,11 @@ class DGCState:
     generator: torch.Generator | None = None
     learning_rate: Callable[[], float] | None = None  # the optimizer's current rate
     layouts: dict[int, BucketLayout] = field(default_factory=dict)
+    # per-parameter state (by storage address) waiting for the bucket that will hold it:
+    # after DDP rebuilt its buckets, or restored from a checkpoint
+    stash: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    stash_steps: dict[int, int] = field(default_factory=dict)  # Adam's t per parameter
+    generator_state: Tensor | None = None  # restored, for the next generator made
 
     def world_size(self) -> int:
         return dist.get_world_size(self.process_group)
@@ -246,6 +246,9 @@ class DGCState:
             rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(self.config.seed + rank)
+            if self.generator_state is not None:
+                self.generator.set_state(self.generator_state)
+                self.generator_state = None
         return self.generator
 
     def end_step(self) -> None:
@@ -302,22 +305,23 @@ def adam_direction(state: DGCState, index: int, grad: Tensor) -> Tensor:
     fresh = known is None or known.shape != grad.shape
     first = _buffer(state.velocity, index, grad)
     second = _buffer(state.second_moment, index, grad)
-    step = state.bucket_steps[index] = 1 if fresh else state.bucket_steps[index] + 1
+    step = state.bucket_steps[index] = 1 if fresh else state.bucket_steps.get(index, 0) + 1
     first.mul_(adam.beta1).add_(grad, alpha=1 - adam.beta1)
     second.mul_(adam.beta2).addcmul_(grad, grad, value=1 - adam.beta2)
     denominator = (second / (1 - adam.beta2**step)).sqrt_().add_(adam.eps)
     return (first / (1 - adam.beta1**step)).div_(denominator)
 
 
-def accumulate(state: DGCState, index: int, grad: Tensor) -> Tensor:
+def accumulate(state: DGCState, index: int, grad: Tensor, rate: float = 1.0) -> Tensor:
     """Fold this step's local gradient `grad` (a flat bucket) into the residual of bucket
-    `index` and return that residual."""
+    `index` and return that residual (`rate`: the step's learning rate, for AdamW's
+    directions)."""
     grad = clip_locally(state, grad.float() if grad.dtype != torch.float64 else grad)
     residual = _buffer(state.residual, index, grad)
     if state.adam is not None:
         # The update itself (rate x direction): a coordinate sent later, at another rate,
         # still moves by what each step asked (decode divides by the rate of the send).
-        residual.add_(adam_direction(state, index, grad), alpha=state.rate())
+        residual.add_(adam_direction(state, index, grad), alpha=rate)
     elif state.momentum > 0:
         velocity = _buffer(state.velocity, index, grad)
         velocity.mul_(state.momentum).add_(grad)
@@ -327,22 +331,71 @@ def accumulate(state: DGCState, index: int, grad: Tensor) -> Tensor:
     return residual
 
 
+def per_parameter(state: DGCState) -> tuple[dict[int, dict[str, Tensor]], dict[int, int]]:
+    """This rank's state per parameter (keyed by storage address): each bucket's tensors cut
+    at its parameters' offsets (views), with what still waits in the stash; and Adam's step
+    count per parameter."""
+    tensors = {ptr: dict(kinds) for ptr, kinds in state.stash.items()}
+    steps = dict(state.stash_steps)
+    for index, layout in state.layouts.items():
+        places = list(zip(layout.params, layout.offsets, layout.sizes, strict=True))
+        for kind in STATE_KINDS:
+            flat = getattr(state, kind).get(index)
+            if flat is None or flat.numel() != sum(layout.sizes):
+                continue
+            for ptr, offset, size in places:
+                tensors.setdefault(ptr, {})[kind] = flat[offset : offset + size]
+        if index in state.bucket_steps:
+            steps.update(dict.fromkeys(layout.params, state.bucket_steps[index]))
+    return tensors, steps
+
+
+def _stash_all(state: DGCState) -> None:
+    """Move every bucket's state to the per-parameter stash (DDP rebuilt its buckets)."""
+    state.stash, state.stash_steps = per_parameter(state)
+    for kind in STATE_KINDS:
+        getattr(state, kind).clear()
+    state.bucket_steps.clear()
+    state.layouts.clear()
+
+
+def _unstash(state: DGCState, index: int, layout: BucketLayout, like: Tensor) -> None:
+    """Give bucket `index` (laid out as `layout`) the stashed state of its parameters;
+    zeros where a parameter has none."""
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    for kind in STATE_KINDS:
+        places = [
+            (ptr, offset, size)
+            for ptr, offset, size in zip(layout.params, layout.offsets, layout.sizes, strict=True)
+            if kind in state.stash.get(ptr, {})
+        ]
+        if not places:
+            continue
+        flat = torch.zeros(sum(layout.sizes), dtype=dtype, device=like.device)
+        for ptr, offset, size in places:
+            flat[offset : offset + size] = state.stash[ptr].pop(kind).reshape(-1).to(flat)
+        getattr(state, kind)[index] = flat
+    steps = [state.stash_steps.pop(ptr) for ptr in layout.params if ptr in state.stash_steps]
+    if steps:
+        state.bucket_steps[index] = max(steps)
+    for ptr in layout.params:
+        if not state.stash.get(ptr, True):
+            del state.stash[ptr]
+
+
 def current_layout(state: DGCState, bucket: dist.GradBucket) -> BucketLayout:
-    """The layout of `bucket`, cached; when DDP rebuilt the bucket with the same parameters
-    in another order, this rank's state of the bucket is reordered to match (with other
-    parameters, it starts again at zero)."""
+    """The layout of `bucket`, cached. When DDP rebuilt its buckets (after the first step,
+    in gradient-ready order), every bucket's state moves to the buckets that now hold its
+    parameters, through the stash: nothing waiting in a residual is lost."""
     index, params = bucket.index(), bucket.parameters()
     known = state.layouts.get(index)
     if known is not None and known.params == tuple(p.data_ptr() for p in params):
         return known
+    if known is not None:
+        _stash_all(state)
     layout = bucket_layout(params, state.config.dense_vectors, bucket.buffer().device)
     state.layouts[index] = layout
-    for buffers in (state.residual, state.velocity, state.second_moment):
-        if index in buffers:
-            if known is not None and sorted(known.params) == sorted(layout.params):
-                buffers[index] = reorder(buffers[index], known, layout)
-            else:
-                del buffers[index]
+    _unstash(state, index, layout, bucket.buffer())
     return layout
 
 
@@ -401,7 +454,8 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
             "lower DDP's bucket_cap_mb"
         )
     layout = current_layout(state, bucket)
-    residual = accumulate(state, index, buffer)
+    rate = state.rate()  # read once: a bucket decoded after the step's last one sees this rate
+    residual = accumulate(state, index, buffer, rate)
     indices = select(state, layout, residual, sparsity)
     dense_values = residual[layout.dense]
     values = residual[indices]
@@ -431,7 +485,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
             where = part[dense_bytes:index_end].view(INDEX_DTYPE).long()
             total.index_add_(0, where, part[index_end:].view(residual.dtype))
         if state.adam is not None:
-            total.div_(state.rate())  # the optimizer multiplies by the rate again
+            total.div_(rate)  # the optimizer multiplies by the rate again
         return total.div_(world).to(buffer.dtype)
 
     return _finish(work.get_future(), state, is_last, decode)

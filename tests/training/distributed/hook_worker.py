@@ -3,6 +3,9 @@ parameters whose gradient is a known random vector per rank and step
 (`loss = sum(p * c)`), with a hook or DDP's own all-reduce. Writes what each rank saw to
 `out_dir/rank{R}.pt`.
 
+`resume-adam`, `resume-momentum`: the DGC state written to a file mid-run and read back
+by a new model and hook, against the same run uninterrupted (records both).
+
 AdaScale modes: `adascale-same` (both ranks get the same gradient: no noise),
 `adascale-noise` (independent zero-mean gradients: pure noise), `adascale-mixed` (a
 shared mean plus independent noise of the same squared norm)."""
@@ -21,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
 from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
+from asr.training.distributed.dgc_resume import load_rank_state, save_rank_state
 
 
 class Vectors(nn.Module):
@@ -42,9 +46,64 @@ def finish() -> None:
     os._exit(0)
 
 
+def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict[str, list]:
+    """Exchanged gradients of `steps` steps of a DGC run on three buckets (DDP rebuilds
+    them after the first step), uninterrupted and with the hook state saved after half the
+    steps and restored into a new model and hook."""
+    sizes = [700, 300, 1500]
+
+    def hooked() -> tuple[DistributedDataParallel, DGCState]:
+        model = DistributedDataParallel(Vectors([(n,) for n in sizes]), bucket_cap_mb=0.005)
+        state = DGCState(
+            DGCConfig(sparsity=0.9, sample_fraction=0.1),
+            momentum=0.9 if mode == "resume-momentum" else 0.0,
+            adam=AdamMoments() if mode == "resume-adam" else None,
+            total_entries=sum(sizes),
+        )
+        state.learning_rate = lambda: 0.1 * (state.step + 1)
+        model.register_comm_hook(state, dgc_hook)
+        return model, state
+
+    def run(model: DistributedDataParallel, first: int, last: int) -> list[torch.Tensor]:
+        out = []
+        for step in range(first, last):
+            generator = torch.Generator().manual_seed(1000 * step + rank)
+            coefficients = [torch.randn(n, dtype=torch.float64, generator=generator) for n in sizes]
+            model.zero_grad(set_to_none=True)
+            model(coefficients).backward()
+            out.append(torch.cat([p.grad.flatten() for p in model.module.parts]))
+        return out
+
+    half = steps // 2
+    uninterrupted = run(hooked()[0], 0, steps)
+    model, state = hooked()
+    before = run(model, 0, half)
+    names = {p.data_ptr(): n for n, p in model.module.named_parameters()}
+    checkpoint = Path(out_dir) / "last.ckpt"
+    save_rank_state(state, names, checkpoint, half, rank, world)
+    model, state = hooked()
+    addresses = {n: p.data_ptr() for n, p in model.module.named_parameters()}
+    restored = load_rank_state(state, addresses, checkpoint, half, rank, world)
+    after = run(model, half, steps)
+    refused = [  # another step, another number of processes, no file: start at zero
+        load_rank_state(hooked()[1], addresses, checkpoint, half + 1, rank, world),
+        load_rank_state(hooked()[1], addresses, checkpoint, half, rank, world + 1),
+        load_rank_state(hooked()[1], addresses, Path(out_dir) / "best.ckpt", half, rank, world),
+    ]
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": before + after,
+        "restored": [restored],
+        "refused": refused,
+    }
+
+
 def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    if mode.startswith("resume"):
+        torch.save(_resumed(rank, world, out_dir, mode, steps), Path(out_dir) / f"rank{rank}.pt")
+        return finish()
     multi = mode in ("dense", "dgc0-multi") or mode.startswith("adascale")
     sizes = [700, 300, 1500] if multi else [3000]
     shapes: list[tuple[int, ...]] = [(n,) for n in sizes]

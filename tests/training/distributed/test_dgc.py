@@ -118,6 +118,22 @@ def test_adamw_directions_are_exchanged_and_nothing_is_lost(run_ranks, tmp_path:
     assert torch.allclose(applied + residual, updates, atol=1e-9)
 
 
+@pytest.mark.parametrize("mode", ["resume-adam", "resume-momentum"])
+def test_a_resumed_hook_exchanges_what_the_uninterrupted_one_does(
+    run_ranks, tmp_path: Path, mode: str
+) -> None:
+    # the residual, the velocity or Adam's moments and step, the hook's step and its
+    # sampling generator, saved per parameter after 3 of 8 steps and read back into a new
+    # model whose buckets DDP rebuilds again
+    ranks = run_ranks(tmp_path, mode, steps=8)
+    for rank in ranks:
+        assert rank["restored"] == [True] and rank["refused"] == [False, False, False]
+        for resumed, uninterrupted in zip(rank["resumed"], rank["uninterrupted"], strict=True):
+            assert torch.equal(resumed, uninterrupted)
+    # the exchange is not trivially the same: the sparse steps differ from the dense mean
+    assert not torch.equal(ranks[0]["uninterrupted"][5], ranks[0]["uninterrupted"][6])
+
+
 def test_top_k_through_a_sampled_threshold_is_the_exact_top_k() -> None:
     generator = torch.Generator().manual_seed(0)
     values = torch.randn(100_000, generator=generator).abs()

@@ -36,6 +36,25 @@ def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> Non
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert losses and all(loss == loss for loss in losses)  # no NaN
     assert {"lr-SGD/pg1", "lr-SGD/pg2"} <= rows[0].keys()  # AdamW's moments are in the hook
+    # every rank wrote its hook state beside last.ckpt (only), and a resumed run reads it
+    checkpoints = tmp_path / "exp" / "checkpoints"
+    assert sorted(p.name for p in (checkpoints / "last.dgc").iterdir()) == ["rank0.pt", "rank1.pt"]
+    assert not list(checkpoints.glob("epoch=*.dgc")) and not (checkpoints / "best.dgc").exists()
+    saved = torch.load(checkpoints / "last.dgc" / "rank1.pt", weights_only=True)
+    assert saved["global_step"] == len(steps) and saved["rank"] == 1
+    residual = sum(float(t["residual"].abs().sum()) for t in saved["parameters"].values())
+    assert residual > 0  # what waits to be sent
+    more = train_two_ranks(
+        tmp_path / "exp",
+        "trainer.max_epochs=2",
+        "distributed/compression=dgc",
+        "distributed.compression.warmup_steps=1",
+        "resume=auto",
+    )
+    logs = "".join(p.read_text() for p in (tmp_path / "exp" / "hydra").glob("*.log"))
+    for rank in (0, 1):
+        assert f"rank {rank}: restored the DGC state of" in logs
+    assert len([r for r in more if r.get("comm/sent_bytes")]) > len(steps)
 
 
 def _parameter_sizes(checkpoint: Path) -> tuple[list[int], list[int]]:
