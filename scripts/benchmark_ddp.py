@@ -58,16 +58,17 @@ def ensure_corpus(data_dir: Path, train_hours: float) -> None:
     )
 
 
-def demo_command(data_dir: Path, exp_dir: Path) -> list[str]:
+def demo_command(data_dir: Path, exp_dir: Path, resume: bool = False) -> list[str]:
     """The start of every benchmark's `asr-train` command line: the demo preset on
-    `data_dir`, a fresh run into `exp_dir`, metrics to its metrics.csv."""
+    `data_dir`, a fresh run into `exp_dir` (with `resume`, continued from its last.ckpt),
+    metrics to its metrics.csv."""
     return [
         str(BIN / "asr-train"),
         "experiment=demo",
         f"data_dir={data_dir}",
         f"exp_dir={exp_dir}",
         "logger=csv",
-        "resume=false",
+        f"resume={'auto' if resume else 'false'}",
     ]
 
 

@@ -3,7 +3,7 @@ a summary line.
 
     python scripts/benchmark_dgc.py [--data-dir data/demo] [--runs dense_adamw,dgc_adamw]
         [--out exp/benchmark_dgc] [--epochs 8] [--warmup-steps 75] [--tag T]
-        [--override distributed.compression.selection=tensor ...]
+        [--override distributed.compression.selection=tensor ...] [--resume]
 
 Each run trains the demo preset (`experiment=demo`) to the end with 2 processes over gloo,
 one thread each (`trainer=cpu_ddp`), 15 s of audio per rank and step (the global batch of
@@ -24,6 +24,11 @@ sent per step and the compression ratio (dense bytes / sent bytes), as means ove
 after the warm-up and over the whole run. A dense run sends every gradient byte (ratio 1).
 Runs go one at a time: on a 2-core machine they would contend. The demo corpus is built
 (recipes/demo/run.sh, stages corpus to features) if `--data-dir` lacks it.
+
+`--resume` continues runs that were stopped (from their `last.ckpt`, with DGC's per-rank
+state) instead of starting them afresh: long runs can be split over several sittings. The
+wall time is then the sum of the sittings' (each in `wall_seconds.txt`), and the steps
+logged twice (those after `last.ckpt` before the stop, run again) count once.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ RUNS = {  # name: extra asr-train overrides
 def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
     """Train one run to the end and test it; its wall time in seconds."""
     command = [
-        *demo_command(args.data_dir, exp_dir),
+        *demo_command(args.data_dir, exp_dir, resume=args.resume),
         "trainer=cpu_ddp",
         f"trainer.max_epochs={args.epochs}",
         "trainer.log_every_n_steps=1",
@@ -69,15 +74,27 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         *RUNS[name],
         *args.override,
     ]
-    return run_asr_train(name, [c for c in command if c], exp_dir, threads=1)
+    wall = run_asr_train(name, [c for c in command if c], exp_dir, threads=1)
+    with open(exp_dir / "wall_seconds.txt", "a") as f:  # one line per sitting
+        f.write(f"{wall:.1f}\n")
+    return sum(float(line) for line in (exp_dir / "wall_seconds.txt").read_text().split())
 
 
 def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
     """Traffic and WERs from the run's metrics.csv."""
     rows = []
-    for path in sorted((exp_dir / "csv").glob("version_*/metrics.csv")):
+    for path in sorted(
+        (exp_dir / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
+    ):
         with open(path) as f:
             rows += list(csv.DictReader(f))
+    # a resumed run repeats the steps logged after its last.ckpt: the later version counts
+    last_version_of_step = {r["step"]: i for i, r in enumerate(rows) if r.get("train/grad_norm")}
+    rows = [
+        r
+        for i, r in enumerate(rows)
+        if not r.get("train/grad_norm") or last_version_of_step[r["step"]] == i
+    ]
     steps = [r for r in rows if r.get("train/grad_norm")]
     sent = [float(r["comm/sent_bytes"]) for r in steps if r.get("comm/sent_bytes")]
     dense = [float(r["comm/dense_bytes"]) for r in steps if r.get("comm/dense_bytes")]
@@ -124,6 +141,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--warmup-steps", type=int, default=75, help="per DGC warm-up stage")
     add_variant_arguments(parser, "distributed.compression.selection=tensor")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue stopped runs from their last.ckpt"
+    )
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)
@@ -133,7 +153,7 @@ def main() -> None:
         if name not in RUNS:
             sys.exit(f"unknown run {name!r}; valid: {', '.join(RUNS)}")
         exp_dir = args.out / f"{name}{args.tag}"
-        if exp_dir.exists():  # an earlier measurement of this run: start clean
+        if exp_dir.exists() and not args.resume:  # an earlier measurement: start clean
             shutil.rmtree(exp_dir)
         wall = train(name, args, exp_dir)
         after = 4 * args.warmup_steps if name.startswith("dgc") else 0
