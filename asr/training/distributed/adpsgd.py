@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DecentralizedConfig:
     """Keys of `distributed.gossip`: those of `GossipConfig` (`ring`, `delay_by_one`,
-    `seed`) and
+    `seed`, `synchronous`) and
 
     - `node_size`: processes per node that act as one learner (H-ADPSGD); 1: AD-PSGD.
     - `spread_every_n_steps`: also measure the replicas' spread every N steps (0: only
@@ -65,6 +65,7 @@ class DecentralizedConfig:
     ring: str = "fixed"
     delay_by_one: bool = False
     seed: int = 0
+    synchronous: bool = False
     node_size: int = 1
     spread_every_n_steps: int = 0
 
@@ -79,7 +80,12 @@ class DecentralizedConfig:
             )
 
     def gossip(self) -> GossipConfig:
-        return GossipConfig(ring=self.ring, delay_by_one=self.delay_by_one, seed=self.seed)
+        return GossipConfig(
+            ring=self.ring,
+            delay_by_one=self.delay_by_one,
+            seed=self.seed,
+            synchronous=self.synchronous,
+        )
 
 
 class DecentralizedStrategy(DDPStrategy):
@@ -139,11 +145,12 @@ class DecentralizedStrategy(DDPStrategy):
                 self.average_group,
             )
         log.info(
-            "decentralized training: %d learner(s) of %d process(es), %s ring%s",
+            "decentralized training: %d learner(s) of %d process(es), %s ring%s%s",
             len(leaders),
             size,
             self.config.ring,
             ", delay-by-one" if self.config.delay_by_one else "",
+            ", synchronous" if self.config.synchronous else "",
         )
 
     def post_backward(self, closure_loss: torch.Tensor) -> None:

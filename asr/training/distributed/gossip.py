@@ -25,6 +25,11 @@ and only by one exchange.
   thread while step t+1 computes, and after step t+1 adds the correction
   (peer_t - w_t) / 2: the average of step t applied one step late, its communication
   hidden behind a step of computation.
+- `synchronous`: no service thread; after its own step t a passive waits for the actives
+  that average with it at step t (known from the ring) and answers them in rank order, so
+  every average is of the weights after the same step on both sides (no staleness, no
+  race: the run is deterministic). Two replicas then follow DDP's trajectory; it gives up
+  the tolerance of stragglers, and is there to tell what asynchrony costs.
 
 Weights are exchanged and averaged in fp32 (optimizer state stays local). `average()`
 measures how far the replicas are apart and, as the consensus, sets every rank's weights to
@@ -57,14 +62,21 @@ class GossipConfig:
     - `ring`: `fixed` or `random` (a fresh bipartite ring per step from `seed`).
     - `delay_by_one`: overlap each average with the next step's computation.
     - `seed`: of the random rings (the same on every rank).
+    - `synchronous`: passives wait for their averages after each step (no staleness).
     """
 
     ring: str = "fixed"
     delay_by_one: bool = False
     seed: int = 0
+    synchronous: bool = False
 
     def __post_init__(self) -> None:
         check_choice("distributed.gossip.ring", self.ring, ["fixed", "random"])
+        if self.synchronous and self.delay_by_one:
+            raise ConfigError(
+                "distributed.gossip.synchronous and delay_by_one exclude each other: one "
+                "waits for each average, the other applies it a step late"
+            )
 
 
 def is_active(position: int) -> bool:
@@ -101,6 +113,13 @@ def peer_of(members: Sequence[int], me: int, step: int, config: GossipConfig) ->
     if not candidates:
         return None
     return candidates[step % len(candidates)]
+
+
+def askers_of(members: Sequence[int], me: int, step: int, config: GossipConfig) -> list[int]:
+    """The active members that average with the passive `me` after their step `step`, in
+    rank order."""
+    actives = [m for i, m in enumerate(members) if is_active(i)]
+    return sorted(a for a in actives if peer_of(members, a, step, config) == me)
 
 
 def flatten(params: Sequence[Tensor], device: torch.device | str = "cpu") -> Tensor:
@@ -157,7 +176,7 @@ class Gossip:
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         actives = sum(is_active(i) for i in range(len(self.members)))
-        if not self.active and len(self.members) > 1:
+        if not self.active and len(self.members) > 1 and not config.synchronous:
             self._server = threading.Thread(
                 target=self._serve, args=(actives,), name=f"gossip-passive-{self.me}", daemon=True
             )
@@ -172,6 +191,8 @@ class Gossip:
         self._check_server()
         step, self.step = self.step, self.step + 1
         if not self.active:
+            if self.config.synchronous:
+                self._answer(step)
             with self.lock:
                 self.fold()
             return
@@ -240,6 +261,26 @@ class Gossip:
         except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
             self._server_error = err
 
+    def _answer(self, step: int) -> None:
+        """`synchronous`: receive and answer this step's requests, in rank order."""
+        header = torch.empty(2, dtype=torch.int64)
+        for active in askers_of(self.members, self.me, step, self.config):
+            dist.recv(header, active, group=self.group)
+            if header.tolist() != [AVERAGE, step]:
+                raise RuntimeError(
+                    f"rank {self.me}: expected rank {active}'s average of step {step}, got "
+                    f"the request {header.tolist()} (the ranks' step counts differ)"
+                )
+            theirs = torch.empty(self.numel, dtype=torch.float32)
+            dist.recv(theirs, active, group=self.group)
+            mine = flatten(self.params)
+            if self.pending is not None:
+                mine += self.pending
+            dist.send(mine, active, group=self.group)
+            correction = (theirs - mine) / 2
+            self.pending = correction if self.pending is None else self.pending + correction
+            self.exchanges += 1
+
     def fold(self) -> None:
         """Add the corrections of the averages answered so far to the weights (the caller
         holds the lock, between steps)."""
@@ -275,7 +316,7 @@ class Gossip:
     def close(self) -> None:
         """End the exchanges: actives tell every passive to stop; passives wait for that."""
         self._apply_in_flight()
-        if self.active:
+        if self.active and not self.config.synchronous:  # stop the passives' service threads
             stop = torch.tensor([STOP, self.step], dtype=torch.int64)
             for position, member in enumerate(self.members):
                 if not is_active(position):

@@ -3,7 +3,8 @@ from its own random weights and pulled towards its own target by `lr` x (w - tar
 step, averaged with peers by `Gossip`. Writes what it saw to `out_dir/rank{R}.pt`.
 
 Modes: `fixed`, `random` (the rings), `delay` (fixed ring, delay-by-one; the passive ranks
-do not train, so the run is deterministic whatever the timing)."""
+do not train, so the run is deterministic whatever the timing), `sync` (fixed ring,
+synchronous: deterministic)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     weights = torch.randn(16, generator=torch.Generator().manual_seed(rank))
     target = torch.randn(16, generator=torch.Generator().manual_seed(100 + rank))
     config = GossipConfig(
-        ring="random" if mode == "random" else "fixed", delay_by_one=mode == "delay"
+        ring="random" if mode == "random" else "fixed",
+        delay_by_one=mode == "delay",
+        synchronous=mode == "sync",
     )
     gossip = Gossip([weights], config, list(range(world)), group, average_group)
     trains = lr > 0 and not (mode == "delay" and not gossip.active)

@@ -3,7 +3,10 @@ Lightning with `DecentralizedStrategy`, each rank on its own data (started like 
 would: RANK, LOCAL_RANK, WORLD_SIZE in the environment). Records the weights after every
 optimizer step to `out_dir/rank{R}.pt`.
 
-    strategy_worker.py RANK WORLD PORT OUT_DIR NODE_SIZE STEPS [RING] [DELAY]
+    strategy_worker.py RANK WORLD PORT OUT_DIR NODE_SIZE STEPS [RING] [delay|sync|ddp]
+
+`sync`: synchronous gossip; `ddp`: Lightning's DDPStrategy instead (both with momentum SGD,
+to compare the two step by step).
 """
 
 from __future__ import annotations
@@ -15,22 +18,24 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from asr.training.distributed.adpsgd import DecentralizedConfig, DecentralizedStrategy
 
 
 class Regression(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, momentum: float = 0.0) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
+        self.momentum = momentum
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
         x, y = batch
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=self.momentum)
 
 
 class Record(L.Callback):
@@ -49,7 +54,7 @@ def main(
     node_size: int,
     steps: int,
     ring: str,
-    delay: bool,
+    mode: str,
 ) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -64,12 +69,19 @@ def main(
     generator = torch.Generator().manual_seed(10 + rank)  # each rank its own data
     x = torch.randn(steps * 4, 8, generator=generator)
     y = x.sum(dim=1, keepdim=True) + rank + 0.1 * torch.randn(steps * 4, 1, generator=generator)
-    config = DecentralizedConfig(ring=ring, delay_by_one=delay, node_size=node_size)
+    config = DecentralizedConfig(
+        ring=ring, delay_by_one=mode == "delay", synchronous=mode == "sync", node_size=node_size
+    )
+    strategy = (
+        DDPStrategy(timeout=timedelta(seconds=60))
+        if mode == "ddp"
+        else DecentralizedStrategy(config, timeout=timedelta(seconds=60))
+    )
     record = Record()
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
-        strategy=DecentralizedStrategy(config, timeout=timedelta(seconds=60)),
+        strategy=strategy,
         max_steps=steps,
         callbacks=[record],
         logger=False,
@@ -78,7 +90,8 @@ def main(
         enable_model_summary=False,
         use_distributed_sampler=False,
     )
-    trainer.fit(Regression(), DataLoader(TensorDataset(x, y), batch_size=4))
+    momentum = 0.9 if mode in ("sync", "ddp") else 0.0
+    trainer.fit(Regression(momentum), DataLoader(TensorDataset(x, y), batch_size=4))
     final = torch.cat([p.detach().reshape(-1) for p in trainer.lightning_module.parameters()])
     torch.save({"weights": record.weights, "final": final}, Path(out_dir) / f"rank{rank}.pt")
 
@@ -86,5 +99,5 @@ def main(
 if __name__ == "__main__":
     rank, world, port, out_dir, node_size, steps = sys.argv[1:7]
     ring = sys.argv[7] if len(sys.argv) > 7 else "fixed"
-    delay = len(sys.argv) > 8 and sys.argv[8] == "delay"
-    main(int(rank), int(world), int(port), out_dir, int(node_size), int(steps), ring, delay)
+    mode = sys.argv[8] if len(sys.argv) > 8 else ""
+    main(int(rank), int(world), int(port), out_dir, int(node_size), int(steps), ring, mode)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.training.distributed.gossip import GossipConfig, peer_of, random_ring
+from asr.training.distributed.gossip import GossipConfig, askers_of, peer_of, random_ring
 
 STRATEGY_WORKER = Path(__file__).with_name("strategy_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,6 +54,34 @@ def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: in
         assert torch.allclose(rank["consensus"], start_mean, atol=1e-5)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_synchronous_gossip_averages_the_weights_after_the_same_step(
+    run_gossip, tmp_path: Path, world: int
+) -> None:
+    # every rank trains; each average is of both sides' weights after the same step, the
+    # passives answering their actives in rank order: a replay is exact whatever the timing
+    lr, steps = 0.1, 12
+    ranks = run_gossip(tmp_path, "sync", steps=steps, world=world, lr=lr)
+    config = GossipConfig(ring="fixed", synchronous=True)
+    w = [r["start"][0].clone() for r in ranks]
+    for t in range(steps):
+        w = [x - lr * (x - r["target"]) for x, r in zip(w, ranks, strict=True)]
+        pending = [torch.zeros_like(x) for x in w]
+        for active in range(0, world, 2):
+            peer = peer_of(list(range(world)), active, t, config)
+            if peer is None:
+                continue
+            answer = w[peer] + pending[peer]
+            pending[peer] += (w[active] - answer) / 2
+            w[active] = (w[active] + answer) / 2
+        w = [x + d for x, d in zip(w, pending, strict=True)]
+        for rank, expected in zip(ranks, w, strict=True):
+            assert torch.allclose(rank["after_step"][t], expected, atol=1e-6), (t, world)
+    if world == 2:  # two replicas are one model after every step, as under DDP
+        for t in range(steps):
+            assert torch.allclose(ranks[0]["after_step"][t], ranks[1]["after_step"][t], atol=1e-6)
+
+
 def test_delay_by_one_applies_each_average_one_step_late(run_gossip, tmp_path: Path) -> None:
     lr, steps = 0.1, 8
     active, passive = run_gossip(tmp_path, "delay", steps=steps, world=2, lr=lr)
@@ -90,6 +118,11 @@ def test_peer_choice() -> None:
     assert len({tuple(random_ring(list(range(6)), s, 3)) for s in range(10)}) > 1
     with pytest.raises(ValueError, match="ring"):
         GossipConfig(ring="star")
+    # a synchronous passive is asked by the actives whose peer it is at that step
+    assert askers_of([0, 1, 2], 1, 0, fixed) == [0, 2]
+    assert [askers_of([0, 1, 2, 3], 3, t, fixed) for t in range(2)] == [[0], [2]]
+    with pytest.raises(ValueError, match="exclude each other"):
+        GossipConfig(synchronous=True, delay_by_one=True)
 
 
 def _free_port() -> int:
@@ -135,3 +168,17 @@ def test_adpsgd_strategy_trains_and_ends_at_the_consensus(
         assert len(rank["weights"]) == 5
         assert torch.allclose(rank["final"], ranks[0]["final"], atol=1e-6)
     assert not torch.equal(ranks[0]["weights"][0], ranks[2]["weights"][0])  # own replicas
+
+
+def test_two_synchronous_replicas_train_as_ddp_does(run_workers, tmp_path: Path) -> None:
+    # momentum SGD through the strategy's whole path (Lightning's optimizer step, the lock,
+    # the exchange): two replicas averaged after every step, each without staleness, follow
+    # DDP's trajectory, since the average of the two updates is the update of the average
+    # gradient (momentum is linear)
+    steps = 8
+    sync = _run_strategy(run_workers, tmp_path, 2, 1, steps, "fixed", "sync")
+    ddp = _run_strategy(run_workers, tmp_path, 2, 1, steps, "fixed", "ddp")
+    for step in range(steps):
+        for rank in (0, 1):
+            assert torch.allclose(sync[rank]["weights"][step], ddp[0]["weights"][step], atol=1e-5)
+    assert not torch.allclose(ddp[0]["weights"][0], ddp[0]["weights"][-1], atol=1e-2)  # trained
