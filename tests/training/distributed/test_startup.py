@@ -13,6 +13,7 @@ import torch
 
 from asr.models.build import build_model
 from asr.training.distributed.adascale import AdaScaleConfig
+from asr.training.distributed.adpsgd import DecentralizedConfig
 from asr.training.distributed.ddp import (
     DistributedConfig,
     HookedDDPStrategy,
@@ -75,6 +76,17 @@ def test_adpsgd_warns_against_momentum_sgd(caplog: pytest.LogCaptureFixture) -> 
         )
     assert "momentum SGD did not train" in caplog.text
     assert type(strategy).__name__ == "DecentralizedStrategy"
+    caplog.clear()
+    synchronous = DistributedConfig(gossip=DecentralizedConfig(synchronous=True))
+    with caplog.at_level(logging.WARNING, logger="asr.training.distributed.ddp"):
+        build_strategy(
+            "adpsgd",
+            world_size=2,
+            config=synchronous,
+            parts_without_gradient=[],
+            optimizer_momentum=0.9,
+        )
+    assert not caplog.records  # without staleness momentum SGD trains
 
 
 def test_fsdp_with_the_samplewise_loss_is_refused() -> None:
