@@ -105,7 +105,7 @@ def load_recognizer(
     path: str | Path, device: str | torch.device = "cpu", beam_size: int = 1
 ) -> Recognizer:
     """A `Recognizer` from a bundle (`asr-export`) or a training checkpoint; `beam_size`
-    above 1 decodes attention-decoder models with beam search."""
+    above 1 decodes with beam search (transducers: modified beam search)."""
     model, tokenizer, features = load_bundle(path)
     options = default_options(model, beam_size)
     return Recognizer(model, tokenizer, FeatureConfig(**features), device, options)
@@ -117,7 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")
     parser.add_argument("audio", type=Path, nargs="+", help="audio files (flac, wav, ...)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--beam-size", type=int, default=1, help="attention decoders: beam search")
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="1: greedy search; more: beam search (transducers: modified beam search)",
+    )
     args = parser.parse_args(argv)
     recognizer = load_recognizer(args.bundle, args.device, args.beam_size)
     for path, text in zip(args.audio, recognizer.transcribe(args.audio), strict=True):

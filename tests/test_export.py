@@ -14,6 +14,7 @@ import torch
 
 import asr
 from asr.data.corpus import load_cuts
+from asr.decoding.transducer import BeamOptions
 from asr.export import BUNDLE_FORMAT, checkpoints_to_average, export_bundle, load_bundle
 from asr.models.aed import EncoderDecoder
 from asr.transcribe import read_audio
@@ -143,6 +144,15 @@ def test_transcribe_cli_prints_one_line_per_file(bundle: Path, test_flacs) -> No
     lines = _cli("asr-transcribe", bundle, *files, "--device", "cpu").splitlines()
     expected = asr.load_model(bundle).transcribe(files)
     assert lines == [f"{path}\t{text}" for path, text in zip(files, expected, strict=True)]
+
+
+def test_beam_search_through_the_cli_and_load_model(bundle: Path, test_flacs) -> None:
+    files = test_flacs[:3]
+    recognizer = asr.load_model(bundle, beam_size=4)
+    assert recognizer.options == BeamOptions(beam_size=4)  # a transducer: modified beam search
+    expected = recognizer.transcribe(files)
+    lines = _cli("asr-transcribe", bundle, *files, "--device", "cpu", "--beam-size", "4")
+    assert lines.splitlines() == [f"{p}\t{t}" for p, t in zip(files, expected, strict=True)]
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-duration", type=float, default=200.0, help="seconds per batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--beam-size", type=int, default=1, help="attention decoders: beam search")
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="1: greedy search; more: beam search (transducers: modified beam search)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     output_dir = args.output_dir or args.model.parent / f"decode-{args.manifest.name.split('.')[0]}"

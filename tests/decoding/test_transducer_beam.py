@@ -1,0 +1,92 @@
+"""Modified beam search of transducers: beam 1 is greedy search with one symbol per frame,
+batching changes nothing, and without pruning it finds what an exhaustive search over all
+alignments finds, each token sequence scored by the log-sum of its alignments."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from asr.decoding.transducer import BeamOptions, GreedyOptions, beam_search, greedy_search
+from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
+
+
+def _random_model(vocab: int, kind: str = "lstm", seed: int = 0) -> Transducer:
+    torch.manual_seed(seed)
+    config = PredictorConfig(embed_dim=8, hidden_dim=10, kind=kind, context_size=2)
+    predictor = Predictor(config, vocab_size=vocab)
+    joiner = Joiner(encoder_dim=6, predictor_dim=10, joint_dim=12, vocab_size=vocab)
+    return Transducer(nn.Identity(), predictor, joiner).double().eval()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "stateless"])
+def test_beam_one_is_greedy_search_with_one_symbol_per_frame(kind: str) -> None:
+    model = _random_model(9, kind)
+    enc = 3 * torch.randn(5, 14, 6, dtype=torch.float64)
+    lens = torch.tensor([14, 7, 1, 10, 0])
+    greedy = greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=1))
+    beam = beam_search(model, enc, lens, BeamOptions(beam_size=1))
+    assert [list(hyps[0].tokens) for hyps in beam] == greedy
+    assert sum(map(len, greedy)) > 10  # the random model does emit tokens
+
+
+@pytest.mark.parametrize("kind", ["lstm", "stateless"])
+def test_batched_equals_one_by_one(kind: str) -> None:
+    model = _random_model(9, kind, seed=1)
+    enc = 3 * torch.randn(4, 12, 6, dtype=torch.float64)
+    lens = torch.tensor([12, 5, 9, 1])
+    options = BeamOptions(beam_size=4, nbest=4)
+    batched = beam_search(model, enc, lens, options)
+    for i, n in enumerate(lens.tolist()):
+        alone = beam_search(model, enc[i : i + 1, :n], lens[i : i + 1], options)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-9)
+    assert all(len(hyps) == 4 for hyps in batched[:3])  # enough distinct sequences
+    assert all(h.score <= 0 for hyps in batched for h in hyps)
+    scores = [h.score for h in batched[0]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def _exhaustive(model: Transducer, enc: torch.Tensor) -> dict[tuple[int, ...], float]:
+    """Every token sequence reachable with one symbol (blank or token) per frame, with the
+    log-sum of the probabilities of its alignments."""
+    frames, vocab, blank = enc.size(0), model.vocab_size, model.blank_id
+    totals: dict[tuple[int, ...], float] = {}
+    for path in itertools.product(range(vocab), repeat=frames):
+        state = model.predictor.init_state(1, "cpu")
+        out, state = model.predictor.step(torch.tensor([blank]), state)
+        score, seq = 0.0, ()
+        for t, symbol in enumerate(path):
+            logits = model.joiner(enc[t : t + 1], out)
+            score += float(logits.log_softmax(-1)[0, symbol])
+            if symbol != blank:
+                seq = (*seq, symbol)
+                out, state = model.predictor.step(torch.tensor([symbol]), state)
+        totals[seq] = math.log(math.exp(totals.get(seq, -math.inf)) + math.exp(score))
+    return totals
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_unpruned_beam_finds_the_exhaustive_search_s_best(seed: int) -> None:
+    vocab, frames = 3, 4  # blank and two tokens: 81 alignments, 31 token sequences
+    model = _random_model(vocab, seed=seed)
+    enc = 2 * torch.randn(1, frames, 6, dtype=torch.float64)
+    with torch.inference_mode():
+        exhaustive = _exhaustive(model, enc[0])
+    assert len(exhaustive) == 31
+    wide = BeamOptions(beam_size=81, nbest=31)  # wider than every frame's candidates
+    hyps = beam_search(model, enc, torch.tensor([frames]), wide)[0]
+    best = max(exhaustive, key=exhaustive.__getitem__)
+    assert hyps[0].tokens == best
+    # every sequence, scored by the log-sum of its alignments (merged hypotheses)
+    assert {h.tokens: pytest.approx(h.score, abs=1e-9) for h in hyps} == exhaustive
+    assert math.isclose(sum(math.exp(h.score) for h in hyps), 1.0, rel_tol=1e-9)
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="beam_size"):
+        BeamOptions(beam_size=0)
+    with pytest.raises(ValueError, match="nbest"):
+        BeamOptions(beam_size=2, nbest=3)
