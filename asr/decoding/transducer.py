@@ -76,15 +76,21 @@ def greedy_search(
 
 @dataclass(frozen=True)
 class BeamOptions:
-    """beam_size: hypotheses kept per utterance; nbest: how many of them `beam_search`
-    returns (best first)."""
+    """beam_size: hypotheses kept per utterance; max_symbols_per_frame: at most this many
+    tokens per frame (1: icefall's modified beam search; the default matches greedy
+    search's); nbest: how many hypotheses `beam_search` returns (best first)."""
 
     beam_size: int = 4
+    max_symbols_per_frame: int = 3
     nbest: int = 1
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.max_symbols_per_frame < 1:
+            raise ValueError(
+                f"max_symbols_per_frame must be >= 1, got {self.max_symbols_per_frame}"
+            )
         if not 1 <= self.nbest <= self.beam_size:
             raise ValueError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
 
@@ -99,7 +105,7 @@ class Hypothesis:
 
 
 def _log_add(a: float, b: float) -> float:
-    """log(exp(a) + exp(b)) of two finite log-probabilities."""
+    """log(exp(a) + exp(b)) of two log-probabilities (not both -inf)."""
     high, low = max(a, b), min(a, b)
     return high + math.log1p(math.exp(low - high))
 
@@ -118,6 +124,23 @@ def _put(state: PredictorState, index: Tensor, rows: PredictorState) -> Predicto
     return tuple(_put(s, index, r) for s, r in zip(state, rows, strict=True))
 
 
+# A candidate hypothesis of one round: [score, the row it continues, the token it appends
+# (-1: none, its predictor state is that row's)], keyed by its tokens.
+Candidates = dict[tuple[int, ...], list]
+
+
+def _add(candidates: Candidates, seq: tuple[int, ...], score: float, row: int, token: int):
+    """Add a candidate; one with the same tokens is merged (scores log-added), keeping the
+    row of one that needs no predictor step."""
+    kept = candidates.get(seq)
+    if kept is None:
+        candidates[seq] = [score, row, token]
+        return
+    kept[0] = _log_add(kept[0], score)
+    if token < 0:
+        kept[1:] = [row, token]
+
+
 @torch.inference_mode()
 def beam_search(
     model: Transducer,
@@ -125,17 +148,20 @@ def beam_search(
     encoder_lens: Tensor,
     options: BeamOptions = BeamOptions(),
 ) -> list[list[Hypothesis]]:
-    """Modified beam search (at most one non-blank token per frame), batched over the
-    utterances: encoder_out (B, T, D_enc), encoder_lens (B,) -> per utterance its
-    `options.nbest` best hypotheses, best first.
+    """Frame-synchronous beam search, batched over the utterances: encoder_out
+    (B, T, D_enc), encoder_lens (B,) -> per utterance its `options.nbest` best hypotheses,
+    best first. With `max_symbols_per_frame` 1 it is icefall's modified beam search.
 
     Each utterance keeps K hypotheses in K rows of one (B x K) batch; empty rows score
-    -inf. At each frame one joiner call scores every row's V extensions (blank keeps the
-    tokens, any other token appends itself); each utterance keeps the K best of its K x V
-    candidates, and candidates with the same tokens are merged into one whose score is the
-    log-sum of theirs. The predictor runs once per frame for the rows that appended a
-    token; the others keep their cached state and output. An utterance stops at its own
-    length.
+    -inf. A frame takes up to S = `max_symbols_per_frame` rounds. In each, one joiner call
+    scores the V extensions of every hypothesis still in the frame: blank ends the frame
+    with the tokens unchanged; a token is appended, and the hypothesis stays in the frame
+    for another round, except in round S, where the token ends it (as greedy search moves
+    on after S tokens). Each utterance keeps the K best of the hypotheses that ended the
+    frame and those still in it; candidates with the same tokens and the same place are
+    merged into one whose score is the log-sum of theirs. The predictor runs once per
+    appended token; the other hypotheses keep their cached state and output. With K = 1
+    this is greedy search. An utterance stops at its own length.
     """
     check_encoder_output(encoder_out, encoder_lens)
     predictor, joiner, blank = model.predictor, model.joiner, model.blank_id
@@ -151,48 +177,66 @@ def beam_search(
     tokens: list[list[tuple[int, ...]]] = [[()] * k for _ in range(batch)]
     lens = encoder_lens.tolist()
     for t in range(max(lens)):
-        active = [t < n for n in lens]
-        logits = joiner.joint(enc[:, t].repeat_interleave(k, dim=0), pred)  # (B*K, V)
-        log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
-        vocab = log_probs.size(-1)
-        totals = torch.tensor(scores, device=device, dtype=log_probs.dtype).view(rows, 1)
-        totals = totals + log_probs
-        best, where = totals.view(batch, k * vocab).topk(min(k, k * vocab), dim=-1)
-        best, where = best.tolist(), where.tolist()
-        source = list(range(rows))  # the row each new row continues
-        appended = [-1] * rows  # the token it appends (-1: none)
-        for b in range(batch):
-            if not active[b]:
-                continue
-            merged: dict[tuple[int, ...], list] = {}  # tokens -> [score, row, token]
-            for score, flat in zip(best[b], where[b], strict=True):
-                if score == -math.inf:
+        enc_t = enc[:, t].repeat_interleave(k, dim=0)
+        # the rows of each utterance still in frame t, and those that ended it
+        in_frame = [
+            [j for j in range(k) if scores[b][j] > -math.inf] if t < lens[b] else []
+            for b in range(batch)
+        ]
+        ended = [[False] * k for _ in range(batch)]
+        for round_ in range(1, options.max_symbols_per_frame + 1):
+            if not any(in_frame):
+                break
+            last_round = round_ == options.max_symbols_per_frame
+            logits = joiner.joint(enc_t, pred)  # (B*K, V)
+            log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            log_probs = log_probs.log_softmax(dim=-1)
+            vocab = log_probs.size(-1)
+            live = torch.zeros(rows, dtype=torch.bool, device=device)
+            live[[b * k + j for b in range(batch) for j in in_frame[b]]] = True
+            base = torch.tensor(scores, device=device, dtype=log_probs.dtype).view(rows, 1)
+            totals = torch.where(live[:, None], base + log_probs, -math.inf)
+            with_blank = totals[:, blank].tolist()
+            totals[:, blank] = -math.inf
+            best, where = totals.view(batch, k * vocab).topk(k, dim=-1)
+            best, where = best.tolist(), where.tolist()
+            source = list(range(rows))  # the row each new row continues
+            appended = [-1] * rows  # the token it appends (-1: none)
+            for b in range(batch):
+                if not in_frame[b]:
                     continue
-                row, token = b * k + flat // vocab, flat % vocab
-                seq = tokens[b][row - b * k]
-                seq = seq if token == blank else (*seq, token)
-                if seq in merged:
-                    kept = merged[seq]
-                    kept[0] = _log_add(kept[0], score)
-                    if token == blank:  # a blank's state is cached: no predictor step
-                        kept[1:] = [row, blank]
-                else:
-                    merged[seq] = [score, row, token]
-            ranked = sorted(merged.items(), key=lambda item: -item[1][0])
-            scores[b] = [entry[0] for _, entry in ranked] + [-math.inf] * (k - len(ranked))
-            tokens[b] = [seq for seq, _ in ranked] + [()] * (k - len(ranked))
-            for j, (_, (_, row, token)) in enumerate(ranked):
-                source[b * k + j] = row
-                appended[b * k + j] = -1 if token == blank else token
-        index = torch.tensor(source, device=device)
-        state, pred = _take(state, index), pred.index_select(0, index)
-        emitting = [i for i, token in enumerate(appended) if token >= 0]
-        if emitting:
-            at = torch.tensor(emitting, device=device)
-            last = torch.tensor([appended[i] for i in emitting], device=device)
-            out, new_state = predictor.step(last, _take(state, at))
-            state = _put(state, at, new_state)
-            pred = pred.index_copy(0, at, joiner.project_predictor(out).to(pred.dtype))
+                done: Candidates = {}
+                going: Candidates = {}
+                for j in range(k):
+                    if ended[b][j] and scores[b][j] > -math.inf:
+                        _add(done, tokens[b][j], scores[b][j], b * k + j, -1)
+                for j in in_frame[b]:
+                    _add(done, tokens[b][j], with_blank[b * k + j], b * k + j, -1)
+                for score, flat in zip(best[b], where[b], strict=True):
+                    if score == -math.inf:
+                        continue
+                    row, token = b * k + flat // vocab, flat % vocab
+                    seq = (*tokens[b][row - b * k], token)
+                    _add(done if last_round else going, seq, score, row, token)
+                ranked = [(entry, seq, True) for seq, entry in done.items()]
+                ranked += [(entry, seq, False) for seq, entry in going.items()]
+                ranked = sorted(ranked, key=lambda item: -item[0][0])[:k]
+                empty = k - len(ranked)
+                scores[b] = [entry[0] for entry, _, _ in ranked] + [-math.inf] * empty
+                tokens[b] = [seq for _, seq, _ in ranked] + [()] * empty
+                ended[b] = [is_done for _, _, is_done in ranked] + [True] * empty
+                in_frame[b] = [j for j, (_, _, is_done) in enumerate(ranked) if not is_done]
+                for j, (entry, _, _) in enumerate(ranked):
+                    source[b * k + j], appended[b * k + j] = entry[1], entry[2]
+            index = torch.tensor(source, device=device)
+            state, pred = _take(state, index), pred.index_select(0, index)
+            emitting = [i for i, token in enumerate(appended) if token >= 0]
+            if emitting:
+                at = torch.tensor(emitting, device=device)
+                last = torch.tensor([appended[i] for i in emitting], device=device)
+                out, new_state = predictor.step(last, _take(state, at))
+                state = _put(state, at, new_state)
+                pred = pred.index_copy(0, at, joiner.project_predictor(out).to(pred.dtype))
     return [
         [
             Hypothesis(seq, score)

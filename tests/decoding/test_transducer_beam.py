@@ -1,6 +1,7 @@
-"""Modified beam search of transducers: beam 1 is greedy search with one symbol per frame,
-batching changes nothing, and without pruning it finds what an exhaustive search over all
-alignments finds, each token sequence scored by the log-sum of its alignments."""
+"""Beam search of transducers: beam 1 is greedy search, batching changes nothing, and
+without pruning it finds what an exhaustive search over all alignments finds (with one
+token per frame: modified beam search), each token sequence scored by the log-sum of its
+alignments."""
 
 import itertools
 import math
@@ -22,12 +23,13 @@ def _random_model(vocab: int, kind: str = "lstm", seed: int = 0) -> Transducer:
 
 
 @pytest.mark.parametrize("kind", ["lstm", "stateless"])
-def test_beam_one_is_greedy_search_with_one_symbol_per_frame(kind: str) -> None:
+@pytest.mark.parametrize("symbols", [1, 2, 3])
+def test_beam_one_is_greedy_search(kind: str, symbols: int) -> None:
     model = _random_model(9, kind)
     enc = 3 * torch.randn(5, 14, 6, dtype=torch.float64)
     lens = torch.tensor([14, 7, 1, 10, 0])
-    greedy = greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=1))
-    beam = beam_search(model, enc, lens, BeamOptions(beam_size=1))
+    greedy = greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=symbols))
+    beam = beam_search(model, enc, lens, BeamOptions(beam_size=1, max_symbols_per_frame=symbols))
     assert [list(hyps[0].tokens) for hyps in beam] == greedy
     assert sum(map(len, greedy)) > 10  # the random model does emit tokens
 
@@ -49,34 +51,50 @@ def test_batched_equals_one_by_one(kind: str) -> None:
     assert scores == sorted(scores, reverse=True)
 
 
-def _exhaustive(model: Transducer, enc: torch.Tensor) -> dict[tuple[int, ...], float]:
-    """Every token sequence reachable with one symbol (blank or token) per frame, with the
+def _frame_choices(vocab: int, blank: int, symbols: int) -> list[tuple[int, ...]]:
+    """What one frame may emit: up to `symbols` - 1 tokens then blank, or `symbols` tokens
+    (the frame then ends without a blank)."""
+    tokens = [v for v in range(vocab) if v != blank]
+    choices = []
+    for n in range(symbols):
+        choices += [(*seq, blank) for seq in itertools.product(tokens, repeat=n)]
+    return choices + list(itertools.product(tokens, repeat=symbols))
+
+
+def _exhaustive(model: Transducer, enc: torch.Tensor, symbols: int) -> dict[tuple, float]:
+    """Every token sequence reachable with at most `symbols` tokens per frame, with the
     log-sum of the probabilities of its alignments."""
-    frames, vocab, blank = enc.size(0), model.vocab_size, model.blank_id
+    frames, blank = enc.size(0), model.blank_id
+    choices = _frame_choices(model.vocab_size, blank, symbols)
     totals: dict[tuple[int, ...], float] = {}
-    for path in itertools.product(range(vocab), repeat=frames):
+    for path in itertools.product(choices, repeat=frames):
         state = model.predictor.init_state(1, "cpu")
         out, state = model.predictor.step(torch.tensor([blank]), state)
         score, seq = 0.0, ()
-        for t, symbol in enumerate(path):
-            logits = model.joiner(enc[t : t + 1], out)
-            score += float(logits.log_softmax(-1)[0, symbol])
-            if symbol != blank:
-                seq = (*seq, symbol)
-                out, state = model.predictor.step(torch.tensor([symbol]), state)
+        for t, emitted in enumerate(path):
+            for symbol in emitted:
+                logits = model.joiner(enc[t : t + 1], out)
+                score += float(logits.log_softmax(-1)[0, symbol])
+                if symbol != blank:
+                    seq = (*seq, symbol)
+                    out, state = model.predictor.step(torch.tensor([symbol]), state)
         totals[seq] = math.log(math.exp(totals.get(seq, -math.inf)) + math.exp(score))
     return totals
 
 
+@pytest.mark.parametrize(("symbols", "frames", "sequences"), [(1, 4, 31), (2, 2, 31)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_an_unpruned_beam_finds_the_exhaustive_search_s_best(seed: int) -> None:
-    vocab, frames = 3, 4  # blank and two tokens: 81 alignments, 31 token sequences
-    model = _random_model(vocab, seed=seed)
+def test_an_unpruned_beam_finds_the_exhaustive_search_s_best(
+    seed: int, symbols: int, frames: int, sequences: int
+) -> None:
+    # blank and two tokens; one token per frame over 4 frames (81 alignments), or two per
+    # frame over 2 frames (49): 31 token sequences either way
+    model = _random_model(3, seed=seed)
     enc = 2 * torch.randn(1, frames, 6, dtype=torch.float64)
     with torch.inference_mode():
-        exhaustive = _exhaustive(model, enc[0])
-    assert len(exhaustive) == 31
-    wide = BeamOptions(beam_size=81, nbest=31)  # wider than every frame's candidates
+        exhaustive = _exhaustive(model, enc[0], symbols)
+    assert len(exhaustive) == sequences
+    wide = BeamOptions(beam_size=100, max_symbols_per_frame=symbols, nbest=sequences)
     hyps = beam_search(model, enc, torch.tensor([frames]), wide)[0]
     best = max(exhaustive, key=exhaustive.__getitem__)
     assert hyps[0].tokens == best
@@ -90,3 +108,5 @@ def test_options_are_checked() -> None:
         BeamOptions(beam_size=0)
     with pytest.raises(ValueError, match="nbest"):
         BeamOptions(beam_size=2, nbest=3)
+    with pytest.raises(ValueError, match="max_symbols_per_frame"):
+        BeamOptions(max_symbols_per_frame=0)
