@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.ctc import ctc_greedy_search
-from asr.decoding.search import decode
+from asr.decoding.search import SearchOptions, decode
 from asr.export import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import Model
@@ -80,9 +80,11 @@ class AsrLitModule(L.LightningModule):
         bundle_meta: Mapping[str, Any],
         total_steps: int | None = None,
         faults: FaultConfig | None = None,
+        search: SearchOptions | None = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.search = search  # of validation and test; None: greedy
         self.objective = objective
         self.tokenizer = tokenizer
         self.optim_cfg = optim_config(optim)
@@ -208,11 +210,11 @@ class AsrLitModule(L.LightningModule):
 
     @torch.inference_mode()
     def transcribe_batch(self, batch: Batch) -> dict[str, list[str]]:
-        """Greedy hypotheses of a batch: `main` (transducer or attention decoder), and `ctc`
-        when the model has a CTC head."""
+        """Hypotheses of a batch: `main` (transducer or attention decoder; greedy, or the
+        module's `search`), and `ctc` (greedy) when the model has a CTC head."""
         enc, enc_lens = self.model.encode(batch.features, batch.feature_lens)
         text = self.tokenizer.decode
-        hyps = {"main": [text(ids) for ids in decode(self.model, enc, enc_lens)]}
+        hyps = {"main": [text(ids) for ids in decode(self.model, enc, enc_lens, self.search)]}
         if self.model.ctc_head is not None:
             best = ctc_greedy_search(self.model.ctc_log_probs(enc), enc_lens, self.model.blank_id)
             hyps["ctc"] = [text(ids) for ids in best]

@@ -25,6 +25,7 @@ from asr.cli import command
 from asr.config_keys import dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
+from asr.decoding.search import default_options
 from asr.models.build import build_model, count_parameters, model_config
 from asr.training.callbacks import EmaConfig, EmaWeights
 from asr.training.checkpointing import (
@@ -176,6 +177,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
         total_steps=total_steps,
         faults=faults,
+        search=default_options(model, int(cfg.get("validation_beam_size", 1))),
     )
     return trainer, module, datamodule
 

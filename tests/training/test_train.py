@@ -13,6 +13,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 import asr
+from asr.decoding.transducer import BeamOptions, GreedyOptions
 from asr.training.train import CONFIG_DIR, build, resume_path, run
 
 ASR_TRAIN = Path(sys.executable).with_name("asr-train")
@@ -64,6 +65,12 @@ def test_misspelt_added_sampler_key_fails_before_training(compose_train, tmp_pat
     with pytest.raises(ValueError, match=r"unknown config key data\.sampler\.max_durations;"):
         run(cfg)
     assert not (tmp_path / "exp").exists()
+
+
+def test_validation_beam_size_chooses_the_validation_search(compose_train, tmp_path: Path) -> None:
+    greedy = build(compose_train(tmp_path / "greedy"))[1]
+    beam = build(compose_train(tmp_path / "beam", "validation_beam_size=4"))[1]
+    assert greedy.search == GreedyOptions() and beam.search == BeamOptions(beam_size=4)
 
 
 @pytest.mark.slow
