@@ -70,6 +70,33 @@ def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
     return [found[e] for e in wanted]
 
 
+def select_checkpoints(
+    source: str | Path, epoch: int | None = None, avg: int = 1, best: bool = False
+) -> list[Path]:
+    """The checkpoints whose weights a model is made of, icefall-style: `source` is a
+    checkpoint file (with `avg` > 1, it and the epochs before it), or a run's
+    `checkpoints/` directory (or its exp_dir) with `epoch` E (`epoch=EE.ckpt`, 0-based as
+    the files are named: the average of epochs E-avg+1..E) or `best` (`best.ckpt`)."""
+    source = Path(source)
+    if epoch is None and not best:
+        if source.is_dir():
+            raise ValueError(f"{source} is a directory: say which checkpoint (--epoch E or --best)")
+        return checkpoints_to_average(source, avg)
+    if epoch is not None and best:
+        raise ValueError("--epoch and --best exclude each other")
+    directory = source if source.name == "checkpoints" else source / "checkpoints"
+    if not directory.is_dir():
+        directory = source
+    if best:
+        if avg > 1:
+            raise ValueError("--best is one checkpoint: it cannot be averaged (--avg 1)")
+        return [directory / "best.ckpt"]
+    assert epoch is not None
+    if epoch < 0:
+        raise ValueError(f"--epoch must be >= 0 (the NN of epoch=NN.ckpt), got {epoch}")
+    return checkpoints_to_average(directory / f"epoch={epoch:02d}.ckpt", avg)
+
+
 def _model_state(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, torch.Tensor]:
     """The model's weights in `checkpoint`; with `ema`, its parameters replaced by the EMA
     that `asr.training.callbacks.EmaWeights` kept (buffers stay the model's own)."""
@@ -118,11 +145,12 @@ def bundle_from_checkpoints(paths: list[Path], ema: bool = False) -> dict[str, A
 
 
 def export_bundle(
-    ckpt: str | Path, output: str | Path, average: int = 1, ema: bool = False
+    ckpt: str | Path | list[Path], output: str | Path, average: int = 1, ema: bool = False
 ) -> Path:
-    """Write a bundle from `ckpt` (weights averaged over `average` epochs; with `ema`, the
-    EMA weights). Returns its path."""
-    bundle = bundle_from_checkpoints(checkpoints_to_average(ckpt, average), ema)
+    """Write a bundle from `ckpt` (weights averaged over `average` epochs, or over the list
+    of checkpoints given; with `ema`, the EMA weights). Returns its path."""
+    paths = ckpt if isinstance(ckpt, list) else checkpoints_to_average(ckpt, average)
+    bundle = bundle_from_checkpoints(paths, ema)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
@@ -131,15 +159,22 @@ def export_bundle(
     return output
 
 
-def load_bundle(path: str | Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
-    """(model in eval mode, tokenizer, feature config) from a bundle or a training checkpoint."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path} (made by asr-export or asr-train)")
-    if path.suffix == ".ckpt":
-        bundle = bundle_from_checkpoints([path])
+def load_bundle(path: str | Path | list[Path]) -> tuple[Model, Tokenizer, dict[str, Any]]:
+    """(model in eval mode, tokenizer, feature config) from a bundle, a training checkpoint,
+    or a list of checkpoints (their averaged weights)."""
+    if isinstance(path, list):
+        bundle = bundle_from_checkpoints(path)
+        path = path[-1]
     else:
-        bundle = _torch_load(path, weights_only=True)
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"model file not found: {path} (made by asr-export or asr-train)"
+            )
+        if path.suffix == ".ckpt":
+            bundle = bundle_from_checkpoints([path])
+        else:
+            bundle = _torch_load(path, weights_only=True)
     if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
         raise ValueError(f"{path} is neither an asr bundle nor an asr-train checkpoint")
     tokenizer = Tokenizer.from_bytes(bundle["tokenizer"])
@@ -151,20 +186,35 @@ def load_bundle(path: str | Path) -> tuple[Model, Tokenizer, dict[str, Any]]:
 @command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--average", type=int, default=1, help="average the last N epochs")
+    parser.add_argument(
+        "checkpoint", type=Path, help="a .ckpt, or a run's checkpoints/ (or exp) directory"
+    )
+    add_checkpoint_arguments(parser)
     parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
     parser.add_argument(
         "-o", "--output", type=Path, default=None, help="default: beside the exp dir"
     )
     args = parser.parse_args(argv)
-    output = args.output or args.checkpoint.parent.parent / "model.bundle.pt"
-    path = export_bundle(args.checkpoint, output, args.average, args.ema)
+    paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
+    output = args.output or paths[-1].parent.parent / "model.bundle.pt"
+    path = export_bundle(paths, output, ema=args.ema)
     weights = "EMA weights" if args.ema else "weights"
     print(
         f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {weights} averaged over "
-        f"{args.average} checkpoint(s))"
+        f"{len(paths)} checkpoint(s))"
     )
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--epoch E --avg N` / `--best` (and `--average`, `--avg`'s old name) of asr-export
+    and asr-decode, so that a recipe decodes exactly the model it exports."""
+    parser.add_argument(
+        "--epoch", type=int, default=None, help="end at epoch=EE.ckpt (0-based, as the files)"
+    )
+    parser.add_argument(
+        "--avg", "--average", type=int, default=1, help="average N epochs ending there"
+    )
+    parser.add_argument("--best", action="store_true", help="best.ckpt (lowest dev WER)")
 
 
 if __name__ == "__main__":

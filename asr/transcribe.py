@@ -102,9 +102,10 @@ class Recognizer:
 
 
 def load_recognizer(
-    path: str | Path, device: str | torch.device = "cpu", beam_size: int = 1
+    path: str | Path | list[Path], device: str | torch.device = "cpu", beam_size: int = 1
 ) -> Recognizer:
-    """A `Recognizer` from a bundle (`asr-export`) or a training checkpoint; `beam_size`
+    """A `Recognizer` from a bundle (`asr-export`), a training checkpoint, or a list of
+    checkpoints (their averaged weights, as `asr-export` would make them); `beam_size`
     above 1 decodes with beam search (transducers: modified beam search)."""
     model, tokenizer, features = load_bundle(path)
     options = default_options(model, beam_size)

@@ -15,7 +15,13 @@ import torch
 import asr
 from asr.data.corpus import load_cuts
 from asr.decoding.transducer import BeamOptions
-from asr.export import BUNDLE_FORMAT, checkpoints_to_average, export_bundle, load_bundle
+from asr.export import (
+    BUNDLE_FORMAT,
+    checkpoints_to_average,
+    export_bundle,
+    load_bundle,
+    select_checkpoints,
+)
 from asr.models.aed import EncoderDecoder
 from asr.transcribe import read_audio
 
@@ -167,6 +173,30 @@ def decoded(bundle: Path, tiny_corpus, tmp_path_factory: pytest.TempPathFactory)
 
 def _hyps(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "hyps.jsonl").read_text().splitlines()]
+
+
+def test_decode_and_export_pick_the_same_averaged_model(
+    trained_run, bundle: Path, decoded: Path, tiny_corpus, tmp_path: Path
+) -> None:
+    # `--epoch E --avg N` on the run's checkpoints/ makes the bundle fixture's model (the
+    # last two epochs) in asr-export and in asr-decode alike
+    last = str(trained_run.epochs - 1)
+    exported = tmp_path / "e.bundle.pt"
+    _cli("asr-export", trained_run.checkpoints, "--epoch", last, "--avg", "2", "-o", exported)
+    again, first = torch.load(exported), torch.load(bundle)
+    assert again["averaged"] == first["averaged"]
+    assert all(torch.equal(again["state_dict"][k], v) for k, v in first["state_dict"].items())
+    out = tmp_path / "decode"
+    args = ("--epoch", last, "--avg", "2", "-o", out, "--device", "cpu")
+    _cli("asr-decode", trained_run.checkpoints.parent, tiny_corpus.cuts(TEST), *args)
+    assert _hyps(out) == _hyps(decoded)
+    assert select_checkpoints(trained_run.checkpoints, best=True) == [
+        trained_run.checkpoints / "best.ckpt"
+    ]
+    with pytest.raises(ValueError, match="is a directory: say which checkpoint"):
+        select_checkpoints(trained_run.checkpoints)
+    with pytest.raises(ValueError, match="cannot be averaged"):
+        select_checkpoints(trained_run.checkpoints, best=True, avg=2)
 
 
 def test_decode_totals_are_the_sums_of_the_lines(decoded: Path, tiny_corpus) -> None:

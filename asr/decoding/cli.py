@@ -25,6 +25,7 @@ from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS
 from asr.data.features import check_sample_rate
 from asr.errors import first_line
+from asr.export import add_checkpoint_arguments, select_checkpoints
 from asr.metrics import ErrorCounts, word_errors
 from asr.transcribe import Recognizer, load_recognizer
 
@@ -96,7 +97,9 @@ def decode_manifest(
 @command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Decode a cut manifest and report WER.")
-    parser.add_argument("model", type=Path, help="bundle (asr-export) or .ckpt")
+    parser.add_argument(
+        "model", type=Path, help="bundle (asr-export), .ckpt, or a run's checkpoints/ directory"
+    )
     parser.add_argument("manifest", type=Path, help="lhotse cut manifest (.jsonl.gz)")
     parser.add_argument(
         "-o", "--output-dir", type=Path, default=None, help="default: beside the model"
@@ -109,11 +112,20 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="1: greedy search; more: beam search (transducers: modified beam search)",
     )
+    add_checkpoint_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    output_dir = args.output_dir or args.model.parent / f"decode-{args.manifest.name.split('.')[0]}"
+    source: Path | list[Path] = args.model
+    name = f"decode-{args.manifest.name.split('.')[0]}"
+    if args.epoch is not None or args.best or args.avg > 1:  # checkpoints, averaged
+        source = select_checkpoints(args.model, args.epoch, args.avg, args.best)
+        name += "-best" if args.best else f"-epoch{source[-1].stem[6:]}-avg{len(source)}"
+    if args.beam_size > 1:
+        name += f"-beam{args.beam_size}"
+    model_dir = args.model if args.model.is_dir() else args.model.parent
+    output_dir = args.output_dir or model_dir / name
     summary = decode_manifest(
-        load_recognizer(args.model, args.device, args.beam_size),
+        load_recognizer(source, args.device, args.beam_size),
         args.manifest,
         output_dir,
         args.max_duration,
