@@ -44,6 +44,9 @@ from asr.demo import lexicon as lex
 from asr.frames import SAMPLE_RATE
 
 PARTS = ("train-clean-100", "dev-clean", "test-clean")
+# The rest of LibriSpeech's part names (`librispeech_parts`): a stand-in with its layout.
+EXTRA_PARTS = ("train-clean-360", "train-other-500", "dev-other", "test-other")
+ALL_PARTS = PARTS + EXTRA_PARTS  # in this order: a part's position seeds its audio and ids
 PEAK_DBFS = -3.0
 SILENCE_PAD = 0.15  # seconds of (noise-filled) silence kept before and after speech
 MARKER = "demo_corpus.json"
@@ -96,7 +99,7 @@ class Utterance:
 
     @property
     def chapter(self) -> int:
-        return 10_000 * (PARTS.index(self.part) + 1) + self.speaker.id
+        return 10_000 * (ALL_PARTS.index(self.part) + 1) + self.speaker.id
 
     @property
     def id(self) -> str:
@@ -167,9 +170,16 @@ def plan_part(
 
 
 def plan_corpus(
-    *, train_hours: float, dev_minutes: float, test_minutes: float, seed: int
+    *,
+    train_hours: float,
+    dev_minutes: float,
+    test_minutes: float,
+    seed: int,
+    librispeech_parts: bool = False,
 ) -> dict[str, list[Utterance]]:
-    """All three parts. Dev and test use training words only and no training sentence."""
+    """All three parts (with `librispeech_parts`, all seven: train-clean-360 and
+    train-other-500 of `train_hours` / 2 each, dev-other and test-other as large as dev and
+    test). Dev and test use training words only and no training sentence."""
     train = plan_part(PARTS[0], train_hours * 3600, seed=seed, speakers=TRAIN_SPEAKERS)
     known = {word for utt in train for word in utt.text.split()}
     taken = {utt.text for utt in train}
@@ -181,7 +191,30 @@ def plan_corpus(
     test = plan_part(
         PARTS[2], test_minutes * 60, seed=seed, speakers=test_speakers, known=known, exclude=taken
     )
-    return dict(zip(PARTS, (train, dev, test), strict=True))
+    plan = dict(zip(PARTS, (train, dev, test), strict=True))
+    if not librispeech_parts:
+        return plan
+    taken |= {utt.text for utt in test}
+    sizes = dict(
+        zip(
+            EXTRA_PARTS,
+            (1800 * train_hours, 1800 * train_hours, 60 * dev_minutes, 60 * test_minutes),
+            strict=True,
+        )
+    )
+    for part in EXTRA_PARTS:
+        speakers = test_speakers if part.startswith("test") else TRAIN_SPEAKERS
+        training = part.startswith("train")
+        plan[part] = plan_part(
+            part,
+            sizes[part],
+            seed=seed,
+            speakers=speakers,
+            known=None if training else known,
+            exclude=taken,
+        )
+        taken |= {utt.text for utt in plan[part]}
+    return plan
 
 
 # ---------------------------------------------------------------------------------------
@@ -290,7 +323,7 @@ def _synthesize_chunk(
     engine = _Espeak()
     done = []
     for path, utt in chunk:
-        rng = np.random.default_rng([seed, PARTS.index(utt.part), utt.index])
+        rng = np.random.default_rng([seed, ALL_PARTS.index(utt.part), utt.index])
         kwargs = {"rate": utt.rate, "pitch": utt.pitch, "pitch_range": utt.speaker.range}
         raw = engine.synthesize(
             utt.text, utt.speaker.voice, **kwargs, seed=int(rng.integers(2**31))
@@ -346,7 +379,7 @@ def _prepare_output(root: Path, params: dict) -> dict | None:
         previous = {}
     if previous.get("params") == params and "summary" in previous:
         return previous["summary"]
-    existing = [root / part for part in PARTS if (root / part).exists()]
+    existing = [root / part for part in ALL_PARTS if (root / part).exists()]
     if existing and not previous:
         raise FileExistsError(
             f"{existing[0]} exists but was not written by make_demo_corpus (no {MARKER}); "
@@ -408,9 +441,13 @@ def make_demo_corpus(
     seed: int = 0,
     num_jobs: int | None = None,
     noise_dbfs: float = -65.0,
+    librispeech_parts: bool = False,
 ) -> dict:
     """Write OUT/LibriSpeech/{train-clean-100,dev-clean,test-clean} and return a summary:
-    utterances and hours per part, voices, vocabulary size, mean utterance seconds.
+    utterances and hours per part, voices, vocabulary size, mean utterance seconds. With
+    `librispeech_parts`, also train-clean-360, train-other-500, dev-other and test-other
+    (the same voices and noise: LibriSpeech's names and layout, not its acoustics), for
+    testing the LibriSpeech recipe.
 
     Skips the work if OUT already holds a complete corpus made with the same parameters
     (the summary then has "reused": True). Same seed, same texts and samples, whatever
@@ -422,6 +459,8 @@ def make_demo_corpus(
     root = Path(out_dir) / "LibriSpeech"
     sizes = {"train_hours": train_hours, "dev_minutes": dev_minutes, "test_minutes": test_minutes}
     params = {"version": _VERSION, **sizes, "seed": seed, "noise_dbfs": noise_dbfs}
+    if librispeech_parts:  # only then: the demo's own corpora keep their marker
+        params["librispeech_parts"] = True
     summary = _prepare_output(root, params)
     if summary is not None:
         Console(stderr=True).print(
@@ -429,7 +468,7 @@ def make_demo_corpus(
         )
         return {**summary, "reused": True}
     check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER))
-    plan = plan_corpus(**sizes, seed=seed)
+    plan = plan_corpus(**sizes, seed=seed, librispeech_parts=librispeech_parts)
     durations = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
     for utterances in plan.values():
         _write_transcripts(root, utterances)
@@ -437,7 +476,7 @@ def make_demo_corpus(
     hours = {part: sum(durations[utt.id] for utt in utts) / 3600 for part, utts in plan.items()}
     summary = {
         "parts": {
-            part: {"utterances": len(plan[part]), "hours": round(hours[part], 4)} for part in PARTS
+            part: {"utterances": len(plan[part]), "hours": round(hours[part], 4)} for part in plan
         },
         "voices": len(speakers),
         "voice_names": sorted(s.voice for s in speakers),
@@ -458,6 +497,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--test-minutes", type=float, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-jobs", type=int, default=None, help="processes (default: all cores)")
+    parser.add_argument(
+        "--librispeech-parts",
+        action="store_true",
+        help="all seven LibriSpeech part names (a stand-in for testing its recipe)",
+    )
     args = vars(parser.parse_args(argv))
     summary = make_demo_corpus(args.pop("out"), **args)
     for part, figures in summary["parts"].items():

@@ -8,6 +8,7 @@ import soundfile as sf
 
 from asr.demo.lexicon import CATEGORIES
 from asr.demo.synth import (
+    EXTRA_PARTS,
     MARKER,
     PARTS,
     PEAK_DBFS,
@@ -220,3 +221,22 @@ def test_default_size_corpus(tmp_path: Path) -> None:
     assert abs(summary["parts"]["dev-clean"]["hours"] * 60 - 6) < 0.6
     assert abs(summary["parts"]["test-clean"]["hours"] * 60 - 10) < 1.0
     assert summary["vocabulary"] >= 1000 and summary["voices"] == 11
+
+
+def test_librispeech_parts_extend_the_demo_corpus_plan() -> None:
+    sizes = {"train_hours": 0.05, "dev_minutes": 1.0, "test_minutes": 1.0, "seed": 3}
+    demo = plan_corpus(**sizes)
+    full = plan_corpus(**sizes, librispeech_parts=True)
+    assert list(full) == [*PARTS, *EXTRA_PARTS]
+    for part in PARTS:  # the demo's own parts are unchanged
+        assert [u.id for u in full[part]] == [u.id for u in demo[part]]
+    ids = [u.id for utts in full.values() for u in utts]
+    texts = [u.text for utts in full.values() for u in utts]
+    assert len(set(ids)) == len(ids) and len(set(texts)) == len(texts)
+    train_words = {
+        w for part in PARTS[:1] + EXTRA_PARTS[:2] for u in full[part] for w in u.text.split()
+    }
+    known = {w for u in full["train-clean-100"] for w in u.text.split()}
+    for part in ("dev-other", "test-other"):
+        assert full[part] and all(set(u.text.split()) <= known for u in full[part])
+    assert len(train_words) > len(known)  # the other training parts bring words of their own
