@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# LibriSpeech 960 h Conformer-Transducer (~100M parameters) on GPUs.
+# LibriSpeech Conformer-Transducer (~100M parameters, experiment=librispeech_transducer) on GPUs.
 #
-#   recipes/librispeech/run.sh                    # every stage
+#   recipes/librispeech/run.sh                           # every stage, 960 h
+#   PARTS=mini recipes/librispeech/run.sh                # mini LibriSpeech (train-clean-5, dev-clean-2)
 #   recipes/librispeech/run.sh --stage train -- trainer.devices=4
 #
-# Stages: 0 download, 1 manifests, 2 tokenizer, 3 train, 4 decode, 5 export.
-# Needs internet for stage 0 (about 60 GB from openslr.org) and ~120 GB of disk.
+# Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features, 5 bins, 6 batch-sizes,
+# 7 train, 8 decode, 9 export, 10 results. Each stage skips work already done; arguments after
+# "--" go to asr-train and asr-oomptimizer (Hydra overrides). Stage 0 needs internet (about
+# 60 GB from openslr.org; PARTS=mini: 0.4 GB) and the whole recipe ~120 GB of disk (more with
+# FEATURES=precomputed).
+#
+# Environment (defaults in brackets):
+#   DATA [data/librispeech], EXP [exp/librispeech_transducer]
+#   PARTS [all]: all (960 h, dev and test clean/other) or mini (train-clean-5, dev-clean-2;
+#     decoded on dev-clean-2: a quick check on real speech)
+#   SPEED_PERTURB [1]: train on each part plus 0.9x and 1.1x speed copies (3x the audio)
+#   FEATURES [on_the_fly]: fbank computed by the data loader workers (GPU machines have the
+#     CPU to spare), or precomputed (stored once by stage 4, ~3x the disk with SPEED_PERTURB)
+#   BATCH_MEMORY: the memory a training step may use for stage 6's batch-size search; default
+#     85 % of the first GPU's memory (a safety margin: memory fragments over a long run, and
+#     the search's worst case is not every batch's); DEVICE [cuda] where it searches
+#   EPOCH [the last], AVG [5]: the average of epochs EPOCH-AVG+1..EPOCH is decoded and exported
+#   BEAM [4]: the beam of the decoding stage (greedy is always decoded too)
+#   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer]
 set -euo pipefail
 
 stage=0
-stop_stage=5
+stop_stage=10
 data=${DATA:-data/librispeech}
-exp=${EXP:-exp/librispeech_transducer}
-vocab_size=1024
+experiment=${EXPERIMENT:-librispeech_transducer}
+exp=${EXP:-exp/$experiment}
+parts=${PARTS:-all}
+speed_perturb=${SPEED_PERTURB:-1}
+features=${FEATURES:-on_the_fly}
+batch_memory=${BATCH_MEMORY:-}
+device=${DEVICE:-cuda}
+avg=${AVG:-5}
+beam=${BEAM:-4}
+vocab_size=${VOCAB_SIZE:-1024}
+num_buckets=${NUM_BUCKETS:-30}
 train_args=()
 
-names=(download manifests tokenizer train decode export)
+names=(download manifests perturb tokenizer features bins batch-sizes train decode export results)
 to_number() {
   for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && { echo "$i"; return; }; done
   [[ "$1" =~ ^[0-9]+$ ]] && { echo "$1"; return; }
@@ -30,31 +57,125 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 run() { [[ $stage -le $1 && $stop_stage -ge $1 ]]; }
-say() { printf '\n=== stage %s: %s ===\n' "$1" "${names[$1]}"; }
+say() { printf '\n=== stage %s: %s (%d s elapsed) ===\n' "$1" "${names[$1]}" "$SECONDS"; }
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
+join() { local IFS=,; echo "$*"; }
+
+case $parts in
+  all) download=librispeech; train_parts=(train-clean-100 train-clean-360 train-other-500)
+       dev_parts=(dev-clean dev-other); test_parts=(test-clean test-other) ;;
+  mini) download=mini_librispeech; train_parts=(train-clean-5); dev_parts=(dev-clean-2)
+        test_parts=(dev-clean-2) ;;
+  *) echo "PARTS must be all or mini, not '$parts'" >&2; exit 2 ;;
+esac
+# the training manifests: with speed perturbation the -sp ones; with stored features -feats
+train_name() { local n=$1; [[ $speed_perturb == 1 ]] && n=$n-sp; [[ $features == precomputed ]] && n=$n-feats; echo "$n"; }
+dev_name() { local n=$1; [[ $features == precomputed ]] && n=$n-feats; echo "$n"; }
+train_cuts=(); for p in "${train_parts[@]}"; do train_cuts+=("$(cuts "$(train_name "$p")")"); done
+dev_cuts=(); for p in "${dev_parts[@]}"; do dev_cuts+=("$(cuts "$(dev_name "$p")")"); done
+tokenizer=$data/tokenizer/bpe$vocab_size.model
+data_args=(
+  experiment="$experiment" data_dir="$data" "data.tokenizer=$tokenizer"
+  "data.train_cuts=[$(join "${train_cuts[@]}")]" "data.valid_cuts=[$(join "${dev_cuts[@]}")]"
+  "data.test_cuts=[$(cuts "${test_parts[0]}")]" "data.features.source=$features"
+)
 
 if run 0; then say 0
-  asr-prepare-manifests --download-only --corpus-dir "$data/LibriSpeech"
+  asr-prepare-manifests --download-only --corpus-dir "$data/LibriSpeech" --parts "$download"
 fi
 if run 1; then say 1
-  asr-prepare-manifests --corpus-dir "$data/LibriSpeech" --output-dir "$manifests"
+  asr-prepare-manifests --corpus-dir "$data/LibriSpeech" --output-dir "$manifests" \
+    --parts "${train_parts[@]}" "${dev_parts[@]}" "${test_parts[@]}"
 fi
 if run 2; then say 2
-  model=$data/tokenizer/bpe$vocab_size.model
-  if [[ -f $model ]]; then echo "$model exists"; else
-    asr-train-tokenizer --vocab-size $vocab_size --output "$model" --cuts \
-      "$(cuts train-clean-100)" "$(cuts train-clean-360)" "$(cuts train-other-500)"
-  fi
-fi
-if run 3; then say 3
-  asr-train experiment=librispeech_transducer data_dir="$data" exp_dir="$exp" "${train_args[@]}"
-fi
-if run 4; then say 4
-  for part in test-clean test-other; do
-    asr-decode "$exp/checkpoints/last.ckpt" "$(cuts $part)" -o "$exp/decode-$part"
+  if [[ $speed_perturb != 1 ]]; then echo "SPEED_PERTURB=$speed_perturb: skipped"; fi
+  for p in "${train_parts[@]}"; do
+    [[ $speed_perturb == 1 ]] || break
+    if [[ -f $(cuts "$p-sp") ]]; then echo "$(cuts "$p-sp") exists"; else
+      asr-perturb-speed --cuts "$(cuts "$p")" --output "$(cuts "$p-sp")"
+    fi
   done
 fi
+if run 3; then say 3
+  if [[ -f $tokenizer ]]; then echo "$tokenizer exists"; else
+    originals=(); for p in "${train_parts[@]}"; do originals+=("$(cuts "$p")"); done
+    asr-train-tokenizer --vocab-size "$vocab_size" --output "$tokenizer" --cuts "${originals[@]}"
+  fi
+fi
+if run 4; then say 4
+  if [[ $features != precomputed ]]; then echo "FEATURES=$features: computed while training"; fi
+  for p in "${train_parts[@]}" "${dev_parts[@]}"; do
+    [[ $features == precomputed ]] || break
+    name=$(dev_name "$p"); [[ " ${train_parts[*]} " == *" $p "* ]] && name=$(train_name "$p")
+    if [[ -f $(cuts "$name") ]]; then echo "$(cuts "$name") exists"; else
+      asr-compute-features --cuts "$(cuts "${name%-feats}")" --output "$(cuts "$name")"
+    fi
+  done
+fi
+bins=$data/bins-$(join "${train_parts[@]}")$([[ $speed_perturb == 1 ]] && echo -sp).yaml
+batch_sizes=$exp/batch_sizes.yaml
 if run 5; then say 5
-  asr-export "$exp/checkpoints/last.ckpt" --average 5 -o "$exp/model.bundle.pt"
+  if [[ -f $bins ]]; then echo "$bins exists"; else
+    # duration bins x 2 token bins of equal totals, per-bucket tokens-per-second limits
+    asr-estimate-bins "${train_cuts[@]}" --tokenizer "$tokenizer" \
+      --num-buckets "$num_buckets" --num-token-buckets 2 -o "$bins"
+  fi
+fi
+if run 6; then say 6
+  if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
+    if [[ -z $batch_memory ]]; then
+      batch_memory=$(python -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{int(0.85 * p.total_memory)}B')" 2>/dev/null) || {
+        echo "no GPU to size the batches on: set BATCH_MEMORY (e.g. 20GiB) and DEVICE" >&2; exit 1; }
+    fi
+    asr-oomptimizer "${data_args[@]}" "${train_args[@]}" --bins-file "$bins" \
+      --memory-budget "$batch_memory" --device "$device" -o "$batch_sizes"
+  fi
+fi
+if run 7; then say 7
+  asr-train "${data_args[@]}" exp_dir="$exp" data.sampler.bins_file="$batch_sizes" "${train_args[@]}"
+fi
+# the model decoded and exported: the average of epochs EPOCH-AVG+1..EPOCH (as many as exist)
+last_epoch() {
+  find "$exp/checkpoints" -name 'epoch=*.ckpt' | sed 's/.*epoch=\([0-9]*\)\.ckpt/\1/' | sort -n | tail -n 1
+}
+model_args() {
+  local epoch=${EPOCH:-$(last_epoch)}
+  epoch=$((10#$epoch))
+  local n=$(( avg < epoch + 1 ? avg : epoch + 1 ))
+  echo "--epoch $epoch --avg $n"
+}
+if run 8; then say 8
+  read -ra pick <<< "$(model_args)"
+  for p in "${test_parts[@]}"; do
+    for b in 1 "$beam"; do
+      asr-decode "$exp/checkpoints" "$(cuts "$p")" "${pick[@]}" --beam-size "$b" \
+        -o "$exp/decode-$p-beam$b"
+    done
+  done
+fi
+if run 9; then say 9
+  read -ra pick <<< "$(model_args)"
+  asr-export "$exp/checkpoints" "${pick[@]}" -o "$exp/model.bundle.pt"
+fi
+if run 10; then say 10
+  read -ra pick <<< "$(model_args)"
+  python - "$exp" "${pick[*]}" "$beam" "${test_parts[@]}" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+exp, picked, beam, parts = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+rows = [f"Model: `{picked}` of {exp}/checkpoints (the same as {exp}/model.bundle.pt).", "",
+        "| test set | search | WER % | RTFx |", "| --- | --- | --- | --- |"]
+for part in dict.fromkeys(parts):
+    for b in ("1", beam):
+        result = exp / f"decode-{part}-beam{b}" / "wer.json"
+        if result.is_file():
+            wer = json.loads(result.read_text())
+            search = "greedy" if b == "1" else f"beam {b}"
+            rows.append(f"| {part} | {search} | {wer['wer']:.2f} | {wer['rtfx']} |")
+(exp / "results.md").write_text("\n".join(rows) + "\n")
+print("\n".join(rows))
+EOF
 fi

@@ -1,0 +1,97 @@
+"""recipes/librispeech/run.sh end to end, but for the download, on a synthetic stand-in with
+LibriSpeech's seven part names and a tiny model on the CPU: every stage runs, and the model
+decoded is the model exported."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.data.corpus import load_cuts
+from asr.demo.synth import make_demo_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = [
+    "trainer=default",
+    "trainer.accelerator=cpu",
+    "trainer.devices=1",
+    "logger=csv",
+    "model.encoder.d_model=64",
+    "model.encoder.num_layers=2",
+    "model.encoder.num_heads=2",
+    "model.predictor.embed_dim=64",
+    "model.predictor.hidden_dim=64",
+    "model.joiner.joint_dim=64",
+    "data.num_workers=0",
+    "optim.scheduler.warmup_steps=5",
+]
+
+
+def _recipe(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "librispeech" / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env},
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None:
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    sizes = {"train_hours": 0.02, "dev_minutes": 0.3, "test_minutes": 0.3, "seed": 1}
+    make_demo_corpus(data, **sizes, num_jobs=2, librispeech_parts=True)
+    env = {
+        "DATA": str(data),
+        "EXP": str(exp),
+        "VOCAB_SIZE": "64",
+        "NUM_BUCKETS": "2",
+        "BATCH_MEMORY": "300MiB",
+        "DEVICE": "cpu",
+        "AVG": "2",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    printed = _recipe(env, "--stage", "manifests", "--", *TINY_MODEL, "trainer.max_epochs=2")
+    for stage in ("manifests", "perturb", "tokenizer", "features", "bins", "batch-sizes"):
+        assert f": {stage} (" in printed
+    manifests = data / "manifests"
+    for part in ("train-clean-100", "train-clean-360", "train-other-500"):
+        original = load_cuts(manifests / f"librispeech_cuts_{part}.jsonl.gz")
+        perturbed = load_cuts(manifests / f"librispeech_cuts_{part}-sp.jsonl.gz")
+        assert len(perturbed) == 3 * len(original)
+    assert (exp / "batch_sizes.yaml").is_file()
+    # decoded and exported: the average of the last two epochs, greedy and beam 4
+    bundle = torch.load(exp / "model.bundle.pt", weights_only=True)
+    checkpoints = exp / "checkpoints"
+    assert bundle["averaged"] == [str(checkpoints / f"epoch={e:02d}.ckpt") for e in (0, 1)]
+    results = (exp / "results.md").read_text()
+    assert "`--epoch 1 --avg 2`" in results
+    for part in ("test-clean", "test-other"):
+        for beam in (1, 4):
+            wer = json.loads((exp / f"decode-{part}-beam{beam}" / "wer.json").read_text())
+            search = "greedy" if beam == 1 else "beam 4"
+            assert f"| {part} | {search} | {wer['wer']:.2f} |" in results
+    # stored features instead of on-the-fly ones
+    env |= {"FEATURES": "precomputed", "EXP": str(tmp_path / "exp_feats")}
+    _recipe(
+        env,
+        "--stage",
+        "features",
+        "--stop-stage",
+        "train",
+        "--",
+        *TINY_MODEL,
+        "trainer.max_epochs=1",
+    )
+    assert (manifests / "librispeech_cuts_train-other-500-sp-feats.jsonl.gz").is_file()
+    assert (manifests / "librispeech_cuts_dev-other-feats.jsonl.gz").is_file()
+    assert (tmp_path / "exp_feats" / "checkpoints" / "epoch=00.ckpt").is_file()
