@@ -80,6 +80,8 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
             wer = json.loads((exp / f"decode-{part}-beam{beam}" / "wer.json").read_text())
             search = "greedy" if beam == 1 else "beam 4"
             assert f"| {part} | {search} | {wer['wer']:.2f} |" in results
+    assert "![training curves](training.png)" in results
+    assert (exp / "training.png").stat().st_size > 10_000 and (exp / "bins.png").is_file()
     # stored features instead of on-the-fly ones
     env |= {"FEATURES": "precomputed", "EXP": str(tmp_path / "exp_feats")}
     _recipe(

@@ -6,7 +6,7 @@
 #   recipes/demo/run.sh --stage 4 --stop-stage 4
 #
 # Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 bins, 5 batch-sizes, 6 train,
-# 7 decode, 8 export, 9 transcribe. Each stage skips work already done, so re-running is
+# 7 decode, 8 export, 9 transcribe, 10 plots. Each stage skips work already done, so re-running is
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
 # finds each bucket's batch size under it for the experiment's model, in the precision it
@@ -20,7 +20,7 @@
 set -euo pipefail
 
 stage=0
-stop_stage=9
+stop_stage=10
 data=${DATA:-data/demo}
 experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
@@ -29,7 +29,7 @@ batch_memory=${BATCH_MEMORY:-}
 vocab_size=128
 train_args=()
 
-names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe)
+names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe plots)
 to_number() {
   for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && { echo "$i"; return; }; done
   [[ "$1" =~ ^[0-9]+$ ]] && { echo "$1"; return; }
@@ -99,6 +99,10 @@ if run 9; then say 9
   wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | head -n 1)
   echo "reference: $(grep "$(basename "$wav" .flac)" "$(dirname "$wav")"/*.trans.txt | cut -d' ' -f2-)"
   asr-transcribe "$exp/model.bundle.pt" "$wav"
+fi
+if run 10; then say 10
+  asr-plot training "$exp" -o "$exp/training.png"
+  asr-plot bins "$batch_sizes" --cuts "$(cuts train-clean-100)" -o "$exp/bins.png"
 fi
 if [[ -f $exp/decode-test-clean/wer.json ]]; then
   printf '\nTest WER (test-clean of the demo corpus): %s%%\n' \

@@ -6,10 +6,10 @@
 #   recipes/librispeech/run.sh --stage train -- trainer.devices=4
 #
 # Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features, 5 bins, 6 batch-sizes,
-# 7 train, 8 decode, 9 export, 10 results. Each stage skips work already done; arguments after
-# "--" go to asr-train and asr-oomptimizer (Hydra overrides). Stage 0 needs internet (about
-# 60 GB from openslr.org; PARTS=mini: 0.4 GB) and the whole recipe ~120 GB of disk (more with
-# FEATURES=precomputed).
+# 7 train, 8 decode, 9 export, 10 results (a table, training curves, buckets). Each stage
+# skips work already done; arguments after "--" go to asr-train and asr-oomptimizer (Hydra
+# overrides). Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB) and
+# the whole recipe ~120 GB of disk (more with FEATURES=precomputed).
 #
 # Environment (defaults in brackets):
 #   DATA [data/librispeech], EXP [exp/librispeech_transducer]
@@ -175,7 +175,10 @@ for part in dict.fromkeys(parts):
             wer = json.loads(result.read_text())
             search = "greedy" if b == "1" else f"beam {b}"
             rows.append(f"| {part} | {search} | {wer['wer']:.2f} | {wer['rtfx']} |")
+rows += ["", "![training curves](training.png)", "", "![buckets and batch sizes](bins.png)"]
 (exp / "results.md").write_text("\n".join(rows) + "\n")
 print("\n".join(rows))
 EOF
+  asr-plot training "$exp" -o "$exp/training.png"
+  asr-plot bins "$batch_sizes" --cuts "${train_cuts[@]}" -o "$exp/bins.png"
 fi
