@@ -17,35 +17,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 from rich.progress import track
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmark_rtfx import batches, utterance_features  # noqa: E402
+from benchmark_rtfx import (  # noqa: E402
+    add_decoding_arguments,
+    batches,
+    decode_batch,
+    utterance_features,
+)
 
-from asr.decoding.search import SearchOptions, decode  # noqa: E402
+from asr.decoding.search import SearchOptions  # noqa: E402
 from asr.decoding.transducer import BeamOptions, GreedyOptions  # noqa: E402
 from asr.metrics import ErrorCounts, word_errors  # noqa: E402
 from asr.models.transducer import Transducer  # noqa: E402
 from asr.transcribe import Recognizer, load_recognizer  # noqa: E402
-
-
-@torch.inference_mode()
-def decode_batch(
-    recognizer: Recognizer, batch: list[dict], options: SearchOptions
-) -> tuple[float, float, list[list[int]]]:
-    """(encoder seconds, search seconds, token ids) of one batch."""
-    model = recognizer.model
-    lens = torch.tensor([u["feats"].shape[0] for u in batch])
-    padded = torch.nn.utils.rnn.pad_sequence([u["feats"] for u in batch], batch_first=True)
-    start = time.perf_counter()
-    enc, enc_lens = model.encode(padded, lens)
-    encoded = time.perf_counter()
-    ids = decode(model, enc, enc_lens, options)
-    return encoded - start, time.perf_counter() - encoded, ids
 
 
 def measure(recognizer: Recognizer, utterances: list[dict], batch_size: int, beam: int) -> dict:
@@ -93,10 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", type=Path, help="bundle or checkpoint of a transducer")
     parser.add_argument("manifest", type=Path, help="cut manifest with audio and transcripts")
-    parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--max-utterances", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    add_decoding_arguments(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -29,7 +29,8 @@ from rich.progress import track
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asr.data.corpus import load_cuts  # noqa: E402
 from asr.data.features import normalize_features  # noqa: E402
-from asr.decoding.aed import AedSearchOptions, decode  # noqa: E402
+from asr.decoding.aed import AedSearchOptions  # noqa: E402
+from asr.decoding.search import SearchOptions, decode  # noqa: E402
 from asr.metrics import ErrorCounts, word_errors  # noqa: E402
 from asr.models.aed import EncoderDecoder  # noqa: E402
 from asr.models.build import count_parameters  # noqa: E402
@@ -55,7 +56,7 @@ def batches(utterances: list[dict], size: int) -> list[list[dict]]:
 
 @torch.inference_mode()
 def decode_batch(
-    recognizer: Recognizer, batch: list[dict], options: AedSearchOptions
+    recognizer: Recognizer, batch: list[dict], options: SearchOptions
 ) -> tuple[float, float, list[list[int]]]:
     """(encoder seconds, search seconds, token ids) of one batch."""
     model = recognizer.model
@@ -118,15 +119,20 @@ def measure(
     return line
 
 
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options the decoding-speed benchmarks share."""
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--max-utterances", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("deep", type=Path, help="bundle or checkpoint of the deep-decoder model")
     parser.add_argument("flash", type=Path, help="bundle or checkpoint of the flash model")
     parser.add_argument("manifest", type=Path, help="cut manifest with audio and transcripts")
-    parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--max-utterances", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    add_decoding_arguments(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

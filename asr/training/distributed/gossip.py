@@ -251,13 +251,7 @@ class Gossip:
                 theirs = torch.empty(self.numel, dtype=torch.float32)
                 dist.recv(theirs, src, group=self.group)
                 with self.lock:  # not while the optimizer updates the weights
-                    mine = flatten(self.params)
-                    if self.pending is not None:
-                        mine += self.pending
-                    dist.send(mine, src, group=self.group)
-                    correction = (theirs - mine) / 2
-                    self.pending = correction if self.pending is None else self.pending + correction
-                    self.exchanges += 1
+                    self._reply(theirs, src)
         except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
             self._server_error = err
 
@@ -273,13 +267,18 @@ class Gossip:
                 )
             theirs = torch.empty(self.numel, dtype=torch.float32)
             dist.recv(theirs, active, group=self.group)
-            mine = flatten(self.params)
-            if self.pending is not None:
-                mine += self.pending
-            dist.send(mine, active, group=self.group)
-            correction = (theirs - mine) / 2
-            self.pending = correction if self.pending is None else self.pending + correction
-            self.exchanges += 1
+            self._reply(theirs, active)
+
+    def _reply(self, theirs: Tensor, active: int) -> None:
+        """Send `active` this passive's weights with the corrections not yet applied, and
+        add half the difference to those corrections (`theirs`: the active's weights)."""
+        mine = flatten(self.params)
+        if self.pending is not None:
+            mine += self.pending
+        dist.send(mine, active, group=self.group)
+        correction = (theirs - mine) / 2
+        self.pending = correction if self.pending is None else self.pending + correction
+        self.exchanges += 1
 
     def fold(self) -> None:
         """Add the corrections of the averages answered so far to the weights (the caller
