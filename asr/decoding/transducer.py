@@ -141,6 +141,62 @@ def _add(candidates: Candidates, seq: tuple[int, ...], score: float, row: int, t
         kept[1:] = [row, token]
 
 
+@dataclass
+class _Beam:
+    """One utterance's K hypotheses (rows) during beam search: scores (-inf: an empty
+    row), tokens, and whether each has ended the current frame."""
+
+    scores: list[float]
+    tokens: list[tuple[int, ...]]
+    ended: list[bool]
+
+    @classmethod
+    def start(cls, k: int) -> _Beam:
+        return cls([0.0] + [-math.inf] * (k - 1), [()] * k, [True] * k)
+
+    def start_frame(self, active: bool) -> None:
+        """At a new frame every hypothesis is in it (none when the utterance has ended)."""
+        self.ended = [not active or score == -math.inf for score in self.scores]
+
+    def in_frame(self) -> list[int]:
+        return [j for j, ended in enumerate(self.ended) if not ended]
+
+    def advance(
+        self,
+        with_blank: list[float],
+        best: list[float],
+        where: list[int],
+        vocab: int,
+        last_round: bool,
+    ) -> list[tuple[int, int]]:
+        """Keep the K best of a round's candidates: the hypotheses that ended the frame,
+        those in it ending it with blank (`with_blank`: each row's score so), and the K
+        best token extensions (`best`, `where`: their scores and row * vocab + token),
+        which end the frame only in the last round. Per new row: (the row it continues,
+        the token it appends or -1)."""
+        done: Candidates = {}
+        going: Candidates = {}
+        for j, score in enumerate(self.scores):
+            if self.ended[j] and score > -math.inf:
+                _add(done, self.tokens[j], score, j, -1)
+        for j in self.in_frame():
+            _add(done, self.tokens[j], with_blank[j], j, -1)
+        for score, flat in zip(best, where, strict=True):
+            if score > -math.inf:
+                row, token = divmod(flat, vocab)
+                _add(done if last_round else going, (*self.tokens[row], token), score, row, token)
+        ranked = [(entry, seq, True) for seq, entry in done.items()]
+        ranked += [(entry, seq, False) for seq, entry in going.items()]
+        k = len(self.scores)
+        ranked = sorted(ranked, key=lambda item: -item[0][0])[:k]
+        empty = k - len(ranked)
+        self.scores = [entry[0] for entry, _, _ in ranked] + [-math.inf] * empty
+        self.tokens = [seq for _, seq, _ in ranked] + [()] * empty
+        self.ended = [ended for _, _, ended in ranked] + [True] * empty
+        moves = [(entry[1], entry[2]) for entry, _, _ in ranked]
+        return moves + [(j, -1) for j in range(len(ranked), k)]
+
+
 @torch.inference_mode()
 def beam_search(
     model: Transducer,
@@ -173,61 +229,39 @@ def beam_search(
     blanks = torch.full((rows,), blank, device=device, dtype=torch.long)
     pred_out, state = predictor.step(blanks, predictor.init_state(rows, device))
     pred = joiner.project_predictor(pred_out)  # (B*K, D_joint)
-    scores = [[0.0] + [-math.inf] * (k - 1) for _ in range(batch)]  # per utterance and row
-    tokens: list[list[tuple[int, ...]]] = [[()] * k for _ in range(batch)]
+    beams = [_Beam.start(k) for _ in range(batch)]
     lens = encoder_lens.tolist()
     for t in range(max(lens)):
         enc_t = enc[:, t].repeat_interleave(k, dim=0)
-        # the rows of each utterance still in frame t, and those that ended it
-        in_frame = [
-            [j for j in range(k) if scores[b][j] > -math.inf] if t < lens[b] else []
-            for b in range(batch)
-        ]
-        ended = [[False] * k for _ in range(batch)]
+        for b, beam in enumerate(beams):
+            beam.start_frame(active=t < lens[b])
         for round_ in range(1, options.max_symbols_per_frame + 1):
-            if not any(in_frame):
+            live = [b * k + j for b, beam in enumerate(beams) for j in beam.in_frame()]
+            if not live:
                 break
-            last_round = round_ == options.max_symbols_per_frame
             logits = joiner.joint(enc_t, pred)  # (B*K, V)
             log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32))
             log_probs = log_probs.log_softmax(dim=-1)
             vocab = log_probs.size(-1)
-            live = torch.zeros(rows, dtype=torch.bool, device=device)
-            live[[b * k + j for b in range(batch) for j in in_frame[b]]] = True
-            base = torch.tensor(scores, device=device, dtype=log_probs.dtype).view(rows, 1)
-            totals = torch.where(live[:, None], base + log_probs, -math.inf)
+            scores = [score for beam in beams for score in beam.scores]
+            totals = torch.full_like(log_probs, -math.inf)
+            at = torch.tensor(live, device=device)
+            base = torch.tensor(scores, device=device, dtype=log_probs.dtype)[at, None]
+            totals[at] = base + log_probs[at]
             with_blank = totals[:, blank].tolist()
             totals[:, blank] = -math.inf
             best, where = totals.view(batch, k * vocab).topk(k, dim=-1)
             best, where = best.tolist(), where.tolist()
             source = list(range(rows))  # the row each new row continues
             appended = [-1] * rows  # the token it appends (-1: none)
-            for b in range(batch):
-                if not in_frame[b]:
+            last_round = round_ == options.max_symbols_per_frame
+            for b, beam in enumerate(beams):
+                if not beam.in_frame():
                     continue
-                done: Candidates = {}
-                going: Candidates = {}
-                for j in range(k):
-                    if ended[b][j] and scores[b][j] > -math.inf:
-                        _add(done, tokens[b][j], scores[b][j], b * k + j, -1)
-                for j in in_frame[b]:
-                    _add(done, tokens[b][j], with_blank[b * k + j], b * k + j, -1)
-                for score, flat in zip(best[b], where[b], strict=True):
-                    if score == -math.inf:
-                        continue
-                    row, token = b * k + flat // vocab, flat % vocab
-                    seq = (*tokens[b][row - b * k], token)
-                    _add(done if last_round else going, seq, score, row, token)
-                ranked = [(entry, seq, True) for seq, entry in done.items()]
-                ranked += [(entry, seq, False) for seq, entry in going.items()]
-                ranked = sorted(ranked, key=lambda item: -item[0][0])[:k]
-                empty = k - len(ranked)
-                scores[b] = [entry[0] for entry, _, _ in ranked] + [-math.inf] * empty
-                tokens[b] = [seq for _, seq, _ in ranked] + [()] * empty
-                ended[b] = [is_done for _, _, is_done in ranked] + [True] * empty
-                in_frame[b] = [j for j, (_, _, is_done) in enumerate(ranked) if not is_done]
-                for j, (entry, _, _) in enumerate(ranked):
-                    source[b * k + j], appended[b * k + j] = entry[1], entry[2]
+                rows_b = slice(b * k, (b + 1) * k)
+                moves = beam.advance(with_blank[rows_b], best[b], where[b], vocab, last_round)
+                for j, (row, token) in enumerate(moves):
+                    source[b * k + j], appended[b * k + j] = b * k + row, token
             index = torch.tensor(source, device=device)
             state, pred = _take(state, index), pred.index_select(0, index)
             emitting = [i for i, token in enumerate(appended) if token >= 0]
@@ -240,8 +274,8 @@ def beam_search(
     return [
         [
             Hypothesis(seq, score)
-            for seq, score in zip(tokens[b], scores[b], strict=True)
+            for seq, score in zip(beam.tokens, beam.scores, strict=True)
             if score > -math.inf
         ][: options.nbest]
-        for b in range(batch)
+        for beam in beams
     ]
