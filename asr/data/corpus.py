@@ -90,11 +90,32 @@ def cut_text(cut: Cut) -> str:
     return " ".join(s.text.strip() for s in cut.supervisions if s.text).strip()
 
 
-def download_librispeech(target_dir: str | Path, parts: list[str] | str = "librispeech") -> Path:
-    """Download and extract LibriSpeech parts into `target_dir/LibriSpeech` (needs internet)."""
+def librispeech_parts(parts: Sequence[str] | str = "librispeech") -> list[str]:
+    """Part names, with the groups `librispeech` (the 960 h and dev/test) and
+    `mini_librispeech` (train-clean-5, dev-clean-2) expanded; an unknown name is an error
+    (lhotse would only log it and download nothing)."""
+    from lhotse.recipes.librispeech import LIBRISPEECH, MINI_LIBRISPEECH
+
+    groups = {"librispeech": LIBRISPEECH, "mini_librispeech": MINI_LIBRISPEECH}
+    names = [parts] if isinstance(parts, str) else list(parts)
+    expanded = [part for name in names for part in groups.get(name, (name,))]
+    unknown = [part for part in expanded if part not in (*LIBRISPEECH, *MINI_LIBRISPEECH)]
+    if unknown:
+        raise ValueError(
+            f"unknown LibriSpeech part(s) {unknown}; valid: librispeech, mini_librispeech, "
+            f"{', '.join((*LIBRISPEECH, *MINI_LIBRISPEECH))}"
+        )
+    return list(dict.fromkeys(expanded))
+
+
+def download_librispeech(
+    target_dir: str | Path, parts: Sequence[str] | str = "librispeech"
+) -> Path:
+    """Download and extract LibriSpeech parts (`librispeech_parts` names) into
+    `target_dir/LibriSpeech` (needs internet)."""
     from lhotse.recipes import download_librispeech as lhotse_download
 
-    return lhotse_download(target_dir, dataset_parts=parts)
+    return lhotse_download(target_dir, dataset_parts=librispeech_parts(parts))
 
 
 def _parse_part(part_dir: Path) -> tuple[RecordingSet, SupervisionSet, list[str]]:
@@ -191,7 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus-dir", type=Path, required=True, help="the LibriSpeech directory")
     parser.add_argument("--output-dir", type=Path, default=Path("data/manifests"))
-    parser.add_argument("--parts", nargs="*", default=None, help="default: every part present")
+    parser.add_argument(
+        "--parts",
+        nargs="*",
+        default=None,
+        help="parts to prepare (default: every part present); to download: part names or the "
+        "groups librispeech (default) and mini_librispeech",
+    )
     parser.add_argument(
         "--download",
         action="store_true",

@@ -6,7 +6,14 @@ from pathlib import Path
 import pytest
 from lhotse import MonoCut, SupervisionSegment
 
-from asr.data.corpus import cut_text, cuts_path, load_cuts, main, prepare_manifests
+from asr.data.corpus import (
+    cut_text,
+    cuts_path,
+    librispeech_parts,
+    load_cuts,
+    main,
+    prepare_manifests,
+)
 
 PARTS = ("dev-clean", "test-clean", "train-clean-100")
 
@@ -112,3 +119,15 @@ def test_cut_text_joins_stripped_supervision_texts() -> None:
     cut = MonoCut(id="c", start=0, duration=4.0, channel=0, supervisions=sups)
     assert cut_text(cut) == "HELLO WORLD"
     assert cut_text(MonoCut(id="e", start=0, duration=1.0, channel=0)) == ""
+
+
+def test_download_part_names_expand_their_groups() -> None:
+    assert librispeech_parts("mini_librispeech") == ["dev-clean-2", "train-clean-5"]
+    assert librispeech_parts(["mini_librispeech"]) == ["dev-clean-2", "train-clean-5"]
+    assert len(librispeech_parts(["librispeech"])) == 7  # as the recipe passes it: a list
+    assert librispeech_parts(["dev-clean", "test-clean", "dev-clean"]) == [
+        "dev-clean",
+        "test-clean",
+    ]
+    with pytest.raises(ValueError, match=r"unknown LibriSpeech part\(s\) \['train-clean-99'\]"):
+        librispeech_parts(["train-clean-99"])
