@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         download_librispeech(args.corpus_dir.parent, args.parts or "librispeech")
     if args.download_only:
         return
-    for part, report in prepare_manifests(args.corpus_dir, args.output_dir, args.parts).items():
+    parts = librispeech_parts(args.parts) if args.download and args.parts else args.parts
+    for part, report in prepare_manifests(args.corpus_dir, args.output_dir, parts).items():
         print(
             f"{part}: {report.utterances} utterances, {report.hours:.2f} h, "
             f"{len(report.skipped)} skipped"
