@@ -113,7 +113,8 @@ if run 4; then say 4
     fi
   done
 fi
-bins=$data/bins-$(join "${train_parts[@]}")$([[ $speed_perturb == 1 ]] && echo -sp).yaml
+sp_suffix=""; [[ $speed_perturb == 1 ]] && sp_suffix=-sp
+bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix.yaml
 batch_sizes=$exp/batch_sizes.yaml
 if run 5; then say 5
   if [[ -f $bins ]]; then echo "$bins exists"; else
