@@ -17,7 +17,7 @@ from lhotse import Recording
 from asr.cli import command
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.search import SearchOptions, decode, default_options
+from asr.decoding.search import SearchOptions, decode, decode_nbest, default_options
 from asr.errors import first_line
 from asr.export import load_bundle
 from asr.frames import SAMPLE_RATE
@@ -74,14 +74,25 @@ class Recognizer:
         """(T, F) features of 16 kHz samples, (N,) or (channels, N), as the model expects."""
         return torch.from_numpy(compute_features(to_mono(audio), self.features, self._extractor))
 
+    def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
+        padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
+        return self.model.encode(padded, lens)
+
     @torch.inference_mode()
     def transcribe_features(self, feats: Sequence[torch.Tensor]) -> list[str]:
         """Texts of per-utterance (T, F) feature matrices, decoded as one batch."""
-        lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
-        padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
-        enc, enc_lens = self.model.encode(padded, lens)
-        ids = decode(self.model, enc, enc_lens, self.options)
+        ids = decode(self.model, *self._encode(feats), self.options)
         return [self.tokenizer.decode(i) for i in ids]
+
+    @torch.inference_mode()
+    def nbest_features(
+        self, feats: Sequence[torch.Tensor], nbest: int
+    ) -> list[list[tuple[str, float]]]:
+        """Per utterance its `nbest` best (text, score), best first (a beam search at least
+        `nbest` wide)."""
+        hyps = decode_nbest(self.model, *self._encode(feats), self.options, nbest)
+        return [[(self.tokenizer.decode(ids), score) for ids, score in h] for h in hyps]
 
     def transcribe(
         self, audio: AudioInput | Sequence[AudioInput], batch_size: int = 16

@@ -175,6 +175,25 @@ def _hyps(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "hyps.jsonl").read_text().splitlines()]
 
 
+def test_decode_lists_the_n_best(bundle: Path, tiny_corpus, tmp_path: Path) -> None:
+    out = tmp_path / "nbest"
+    args = ("--beam-size", "4", "--nbest", "3", "-o", out, "--device", "cpu")
+    _cli("asr-decode", bundle, tiny_corpus.cuts(TEST), *args)
+    lines = _hyps(out)
+    assert lines and all(1 <= len(line["nbest"]) <= 3 for line in lines)
+    for line in lines:
+        assert line["nbest"][0]["hyp"] == line["hyp"]
+        scores = [entry["score"] for entry in line["nbest"]]
+        assert scores == sorted(scores, reverse=True)
+    done = subprocess.run(
+        [str(BIN / "asr-decode"), str(bundle), str(tiny_corpus.cuts(TEST)), "--nbest", "2"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
+    assert done.returncode == 2 and "--nbest 2 needs --beam-size of at least 2" in done.stderr
+
+
 def test_decode_and_export_pick_the_same_averaged_model(
     trained_run, bundle: Path, decoded: Path, tiny_corpus, tmp_path: Path
 ) -> None:

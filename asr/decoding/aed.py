@@ -97,7 +97,23 @@ def beam_search(
     length_penalty: float = 1.0,
     max_tps: float = 25.0,
 ) -> list[list[int]]:
-    """encoder_out (B, T, D), encoder_lens (B,) -> the best hypothesis of each utterance.
+    """encoder_out (B, T, D), encoder_lens (B,) -> the best hypothesis of each utterance
+    (see `beam_search_nbest`)."""
+    nbest = beam_search_nbest(model, encoder_out, encoder_lens, beam_size, length_penalty, max_tps)
+    return [hyps[0][0] if hyps else [] for hyps in nbest]
+
+
+@torch.inference_mode()
+def beam_search_nbest(
+    model: EncoderDecoder,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    max_tps: float = 25.0,
+) -> list[list[tuple[list[int], float]]]:
+    """encoder_out (B, T, D), encoder_lens (B,) -> per utterance its finished hypotheses
+    (at most `beam_size`) as (tokens, length-penalized log-probability), best first.
 
     Each step expands every live hypothesis by every token and keeps the 2K best
     candidates of each utterance: EOS candidates among the first K end a hypothesis
@@ -162,4 +178,7 @@ def beam_search(
         rows = source.reshape(-1)
         history = torch.cat([history.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
         tokens, scores = new_tokens.reshape(-1), new_scores
-    return [max(hyps, key=lambda h: h[0])[1] if hyps else [] for hyps in finished]
+    return [
+        [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])]
+        for hyps in finished
+    ]

@@ -37,8 +37,11 @@ def decode_manifest(
     manifest: str | Path,
     output_dir: str | Path,
     max_duration: float = 200.0,
+    nbest: int = 1,
 ) -> dict:
-    """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals."""
+    """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals.
+    With `nbest` > 1 each line of hyps.jsonl also lists the n best hypotheses and their
+    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first)."""
     cuts = load_cuts(manifest)
     sampler = build_eval_sampler(cuts, max_duration)
     output_dir = Path(output_dir)
@@ -64,7 +67,12 @@ def decode_manifest(
                     continue
                 feats.append(recognizer.features_of(audio))
                 kept.append(cut)
-            hyps = recognizer.transcribe_features(feats) if kept else []
+            if nbest > 1:
+                lists = recognizer.nbest_features(feats, nbest) if kept else []
+                hyps = [h[0][0] if h else "" for h in lists]
+            else:
+                lists, hyps = [], recognizer.transcribe_features(feats) if kept else []
+            alternatives = dict(zip([cut.id for cut in kept], lists, strict=False))
             lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
             for cut, hyp, unreadable in lines:
                 ref = cut_text(cut)
@@ -75,6 +83,11 @@ def decode_manifest(
                 line = {"id": cut.id, "ref": ref, "hyp": hyp, **errors.__dict__}
                 if unreadable:
                     line["unreadable"] = unreadable
+                if cut.id in alternatives:
+                    line["nbest"] = [
+                        {"hyp": text, "score": round(score, 4)}
+                        for text, score in alternatives[cut.id]
+                    ]
                 out.write(json.dumps(line) + "\n")
             progress.update(
                 task, advance=len(lines), description=f"Decoding: WER {100 * total.wer:.2f}%"
@@ -112,8 +125,13 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="1: greedy search; more: beam search (transducers: modified beam search)",
     )
+    parser.add_argument(
+        "--nbest", type=int, default=1, help="also list the N best hypotheses (N <= beam size)"
+    )
     add_checkpoint_arguments(parser)
     args = parser.parse_args(argv)
+    if not 1 <= args.nbest <= args.beam_size:
+        parser.error(f"--nbest {args.nbest} needs --beam-size of at least {args.nbest}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     source: Path | list[Path] = args.model
     name = f"decode-{args.manifest.name.split('.')[0]}"
@@ -129,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         args.manifest,
         output_dir,
         args.max_duration,
+        args.nbest,
     )
     print(json.dumps(summary))
     print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")

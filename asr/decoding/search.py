@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import Tensor
 
 from asr.decoding import aed, transducer
@@ -39,3 +41,30 @@ def decode(
     if not isinstance(options, transducer.GreedyOptions):
         raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
     return transducer.greedy_search(model, encoder_out, encoder_lens, options)
+
+
+def decode_nbest(
+    model: Model, encoder_out: Tensor, encoder_lens: Tensor, options: SearchOptions, nbest: int
+) -> list[list[tuple[list[int], float]]]:
+    """Per utterance its `nbest` best hypotheses as (token ids, score), best first, from the
+    beam search of `options` (a beam at least `nbest` wide). Scores are log-probabilities
+    (attention decoders: divided by the length penalty)."""
+    beam = getattr(options, "beam_size", 1)
+    if not 1 <= nbest <= beam:
+        raise ValueError(
+            f"an n-best list of {nbest} needs a beam search at least as wide, not {beam}"
+        )
+    if isinstance(model, EncoderDecoder):
+        if not isinstance(options, aed.AedSearchOptions):
+            raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
+        hyps = aed.beam_search_nbest(
+            model, encoder_out, encoder_lens, beam, options.length_penalty, options.max_tps
+        )
+        return [h[:nbest] for h in hyps]
+    if not isinstance(options, transducer.BeamOptions):
+        raise TypeError(f"a Transducer's n-best list comes from BeamOptions, got {options!r}")
+    wide = dataclasses.replace(options, nbest=nbest)
+    return [
+        [(list(h.tokens), h.score) for h in hyps]
+        for hyps in transducer.beam_search(model, encoder_out, encoder_lens, wide)
+    ]

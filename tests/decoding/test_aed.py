@@ -13,6 +13,7 @@ from asr.decoding.aed import (
     greedy_search,
     max_output_lengths,
 )
+from asr.decoding.search import decode_nbest
 from asr.models.aed import EncoderDecoder
 from asr.models.build import build_model
 
@@ -135,6 +136,20 @@ def test_beam_search_batches_like_one_utterance_at_a_time() -> None:
         for i in range(len(LENS))
     ]
     assert batched == alone
+
+
+def test_nbest_lists_start_with_the_best_and_go_down() -> None:
+    model = trained_looking_aed()
+    enc, enc_lens = encoded(model, LENS)
+    best = beam_search(model, enc, enc_lens, beam_size=4, max_tps=6)
+    lists = decode_nbest(model, enc, enc_lens, AedSearchOptions(beam_size=4, max_tps=6), 3)
+    assert [hyps[0][0] for hyps in lists] == best
+    for hyps in lists:
+        scores = [score for _, score in hyps]
+        assert 1 <= len(hyps) <= 3 and scores == sorted(scores, reverse=True)
+        assert len({tuple(tokens) for tokens, _ in hyps}) == len(hyps)  # distinct
+    with pytest.raises(ValueError, match="needs a beam search at least as wide"):
+        decode_nbest(model, enc, enc_lens, AedSearchOptions(beam_size=2), 3)
 
 
 def test_search_options_are_checked() -> None:

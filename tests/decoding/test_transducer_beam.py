@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from asr.decoding.search import decode, decode_nbest
 from asr.decoding.transducer import BeamOptions, GreedyOptions, beam_search, greedy_search
 from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
 
@@ -101,6 +102,20 @@ def test_an_unpruned_beam_finds_the_exhaustive_search_s_best(
     # every sequence, scored by the log-sum of its alignments (merged hypotheses)
     assert {h.tokens: pytest.approx(h.score, abs=1e-9) for h in hyps} == exhaustive
     assert math.isclose(sum(math.exp(h.score) for h in hyps), 1.0, rel_tol=1e-9)
+
+
+def test_nbest_lists_start_with_the_best_and_go_down() -> None:
+    model = _random_model(9, seed=4)
+    enc = 3 * torch.randn(3, 10, 6, dtype=torch.float64)
+    lens = torch.tensor([10, 6, 8])
+    options = BeamOptions(beam_size=4)
+    lists = decode_nbest(model, enc, lens, options, 3)
+    assert [hyps[0][0] for hyps in lists] == decode(model, enc, lens, options)
+    for hyps in lists:
+        scores = [score for _, score in hyps]
+        assert len(hyps) == 3 and scores == sorted(scores, reverse=True)
+    with pytest.raises(ValueError, match="needs a beam search at least as wide"):
+        decode_nbest(model, enc, lens, GreedyOptions(), 2)
 
 
 def test_options_are_checked() -> None:
