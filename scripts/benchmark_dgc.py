@@ -27,8 +27,9 @@ Runs go one at a time: on a 2-core machine they would contend. The demo corpus i
 
 `--resume` continues runs that were stopped (from their `last.ckpt`, with DGC's per-rank
 state) instead of starting them afresh: long runs can be split over several sittings. The
-wall time is then the sum of the sittings' (each in `wall_seconds.txt`), and the steps
-logged twice (those after `last.ckpt` before the stop, run again) count once.
+wall time is then the sum of the sittings' (`sittings.jsonl`; a stopped sitting counts up to
+its last checkpoint, the work after it being done again), and the steps logged twice (those
+after `last.ckpt` before the stop) count once.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import json
 import shutil
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from benchmark_ddp import (
@@ -74,10 +76,22 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
         *RUNS[name],
         *args.override,
     ]
+    record = exp_dir / "sittings.jsonl"
+    sittings = (
+        [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    )
+    last_ckpt = exp_dir / "checkpoints" / "last.ckpt"
+    for sitting in sittings:  # a stopped sitting counts up to its last checkpoint
+        if "wall" not in sitting and last_ckpt.is_file():
+            sitting["wall"] = max(0.0, last_ckpt.stat().st_mtime - sitting["start"])
+            sitting["stopped"] = True
+    start = time.time()
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text("".join(json.dumps(s) + "\n" for s in [*sittings, {"start": start}]))
     wall = run_asr_train(name, [c for c in command if c], exp_dir, threads=1)
-    with open(exp_dir / "wall_seconds.txt", "a") as f:  # one line per sitting
-        f.write(f"{wall:.1f}\n")
-    return sum(float(line) for line in (exp_dir / "wall_seconds.txt").read_text().split())
+    sittings.append({"start": start, "wall": round(wall, 1)})
+    record.write_text("".join(json.dumps(s) + "\n" for s in sittings))
+    return sum(s.get("wall", 0.0) for s in sittings)
 
 
 def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
