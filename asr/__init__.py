@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 def load_model(path: str | Path, device: str = "cpu", beam_size: int = 1) -> Recognizer:
     """Load an exported bundle (or a training checkpoint) of any model kind;
     `.transcribe(audio) -> list[str]` takes file paths or 16 kHz mono arrays. `beam_size`
-    above 1: beam search (modified beam search for transducers). Needs neither Hydra nor
-    Lightning."""
+    above 1: beam search (for transducers up to 3 tokens per frame, as greedy search).
+    Needs neither Hydra nor Lightning."""
     from asr.transcribe import load_recognizer
 
     return load_recognizer(path, device, beam_size)

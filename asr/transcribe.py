@@ -117,7 +117,7 @@ def load_recognizer(
 ) -> Recognizer:
     """A `Recognizer` from a bundle (`asr-export`), a training checkpoint, or a list of
     checkpoints (their averaged weights, as `asr-export` would make them); `beam_size`
-    above 1 decodes with beam search (transducers: modified beam search)."""
+    above 1 decodes with beam search."""
     model, tokenizer, features = load_bundle(path)
     options = default_options(model, beam_size)
     return Recognizer(model, tokenizer, FeatureConfig(**features), device, options)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         "--beam-size",
         type=int,
         default=1,
-        help="1: greedy search; more: beam search (transducers: modified beam search)",
+        help="1: greedy search; more: beam search of that width",
     )
     args = parser.parse_args(argv)
     recognizer = load_recognizer(args.bundle, args.device, args.beam_size)

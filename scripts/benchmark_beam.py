@@ -1,4 +1,4 @@
-"""Greedy against modified beam search for a transducer: WER and decoding speed (RTFx);
+"""Greedy against beam search for a transducer: WER and decoding speed (RTFx);
 prints JSON lines.
 
     python scripts/benchmark_beam.py exp/demo/model.bundle.pt \\
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     recognizer = load_recognizer(args.model)
     if not isinstance(recognizer.model, Transducer):
-        raise SystemExit(f"{args.model} is not a transducer (greedy vs modified beam search)")
+        raise SystemExit(f"{args.model} is not a transducer (greedy vs beam search)")
     utterances = utterance_features(recognizer, args.manifest, args.max_utterances)
     lines = []
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):

@@ -35,7 +35,6 @@ after `last.ckpt` before the stop) count once.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import statistics
@@ -50,6 +49,8 @@ from benchmark_ddp import (
     ensure_corpus,
     run_asr_train,
 )
+
+from asr.plot import read_metrics
 
 RUNS = {  # name: extra asr-train overrides
     "dense_adamw": [],
@@ -95,30 +96,17 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
 
 
 def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
-    """Traffic and WERs from the run's metrics.csv."""
-    rows = []
-    for path in sorted(
-        (exp_dir / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
-    ):
-        with open(path) as f:
-            rows += list(csv.DictReader(f))
-    # a resumed run repeats the steps logged after its last.ckpt: the later version counts
-    last_version_of_step = {r["step"]: i for i, r in enumerate(rows) if r.get("train/grad_norm")}
-    rows = [
-        r
-        for i, r in enumerate(rows)
-        if not r.get("train/grad_norm") or last_version_of_step[r["step"]] == i
-    ]
-    steps = [r for r in rows if r.get("train/grad_norm")]
-    sent = [float(r["comm/sent_bytes"]) for r in steps if r.get("comm/sent_bytes")]
-    dense = [float(r["comm/dense_bytes"]) for r in steps if r.get("comm/dense_bytes")]
-    late = [
-        (float(r["comm/sent_bytes"]), float(r["comm/dense_bytes"]))
-        for r in steps
-        if r.get("comm/sent_bytes") and int(r["step"]) >= after_step
-    ]
-    test = [float(r["test/wer"]) for r in rows if r.get("test/wer")]
-    dev = [float(r["val/wer"]) for r in rows if r.get("val/wer")]
+    """Traffic and WERs from the run's metrics.csv (every version; a step logged again by a
+    resumed run counts once)."""
+    series = read_metrics(exp_dir)
+    steps = series.get("train/grad_norm", [])
+    dense_of = dict(series.get("comm/dense_bytes", []))
+    traffic = [(step, sent, dense_of[step]) for step, sent in series.get("comm/sent_bytes", [])]
+    sent = [s for _, s, _ in traffic]
+    dense = [d for _, _, d in traffic]
+    late = [(s, d) for step, s, d in traffic if step >= after_step]
+    test = [v for _, v in series.get("test/wer", [])]
+    dev = [v for _, v in series.get("val/wer", [])]
     out: dict[str, float | int | None] = {
         "optimizer_steps": len(steps),
         "test_wer": round(test[-1], 2) if test else None,

@@ -23,8 +23,6 @@ from rich.progress import track
 from asr.cli import command
 from asr.data.corpus import load_cuts
 
-log = logging.getLogger(__name__)
-
 DEFAULT_FACTORS = (0.9, 1.1)
 
 

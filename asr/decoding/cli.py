@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         "--beam-size",
         type=int,
         default=1,
-        help="1: greedy search; more: beam search (transducers: modified beam search)",
+        help="1: greedy search; more: beam search of that width",
     )
     parser.add_argument(
         "--nbest", type=int, default=1, help="also list the N best hypotheses (N <= beam size)"

@@ -14,8 +14,8 @@ SearchOptions = transducer.GreedyOptions | transducer.BeamOptions | aed.AedSearc
 
 
 def default_options(model: Model, beam_size: int = 1) -> SearchOptions:
-    """Greedy search for `beam_size` 1, else beam search of `beam_size` (transducers:
-    modified beam search; attention decoders: beam search), with default limits."""
+    """Greedy search for `beam_size` 1, else beam search of `beam_size`, with default
+    limits (`transducer.BeamOptions`, `aed.AedSearchOptions`)."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if isinstance(model, EncoderDecoder):

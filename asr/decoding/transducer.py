@@ -1,4 +1,5 @@
-"""Transducer decoding: batched greedy search and batched modified beam search.
+"""Transducer decoding: batched greedy search and batched beam search (with one token per
+frame: modified beam search).
 
 Legend: B batch, K beam size, T frames, V vocabulary, D width. Call ``model.eval()``
 first: decoding does not change the model's mode, and dropout would make the predictor

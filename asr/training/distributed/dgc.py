@@ -350,13 +350,18 @@ def per_parameter(state: DGCState) -> tuple[dict[int, dict[str, Tensor]], dict[i
     return tensors, steps
 
 
-def _stash_all(state: DGCState) -> None:
-    """Move every bucket's state to the per-parameter stash (DDP rebuilt its buckets)."""
-    state.stash, state.stash_steps = per_parameter(state)
+def clear_buckets(state: DGCState) -> None:
+    """Forget every bucket's layout and state (what is to be kept is in the stash)."""
     for kind in STATE_KINDS:
         getattr(state, kind).clear()
     state.bucket_steps.clear()
     state.layouts.clear()
+
+
+def _stash_all(state: DGCState) -> None:
+    """Move every bucket's state to the per-parameter stash (DDP rebuilt its buckets)."""
+    state.stash, state.stash_steps = per_parameter(state)
+    clear_buckets(state)
 
 
 def _unstash(state: DGCState, index: int, layout: BucketLayout, like: Tensor) -> None:

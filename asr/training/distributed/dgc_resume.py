@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from asr.training.checkpointing import RESUME_CHECKPOINT, save_atomically
-from asr.training.distributed.dgc import STATE_KINDS, DGCState, per_parameter
+from asr.training.distributed.dgc import DGCState, clear_buckets, per_parameter
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +86,7 @@ def restore_rank_state(state: DGCState, saved: dict, addresses: Mapping[str, int
         raise ValueError(
             f"the saved DGC state has parameters the model lacks: {', '.join(unknown[:5])}"
         )
-    for kind in STATE_KINDS:
-        getattr(state, kind).clear()
-    state.bucket_steps.clear()
-    state.layouts.clear()
+    clear_buckets(state)
     state.stash = {addresses[n]: dict(kinds) for n, kinds in saved["parameters"].items()}
     state.stash_steps = {addresses[n]: int(t) for n, t in saved["adam_steps"].items()}
     state.step = int(saved["hook_step"])
