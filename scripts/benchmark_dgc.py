@@ -14,7 +14,8 @@ the one-process demo), then tests the best checkpoint on test-clean. Runs:
   paper's four warm-up stages of `--warmup-steps` steps each; AdamW's moments in the hook,
   `adamw: direction`); `dgc_adamw_gradient`: error feedback on the gradient instead,
   AdamW after the exchange (`adamw: gradient`); `dgc_adamw_996`: the direction mode with
-  99.6 % final sparsity (the paper's last warm-up stage; 125x with int32 indices);
+  99.6 % final sparsity (the paper's last warm-up stage) and every parameter sparse
+  (`dense_vectors: false`): 125x with int32 indices;
 - `dense_sgd`, `dgc_sgd`: the same pair with `optim=sgd_cosine optim.lr=0.05` (momentum
   SGD, the demo's schedule; with DGC the hook applies the momentum: momentum correction and
   factor masking).
@@ -56,7 +57,11 @@ RUNS = {  # name: extra asr-train overrides
     "dense_adamw": [],
     "dgc_adamw": ["distributed/compression=dgc"],
     "dgc_adamw_gradient": ["distributed/compression=dgc", "distributed.compression.adamw=gradient"],
-    "dgc_adamw_996": ["distributed/compression=dgc", "distributed.compression.sparsity=0.996"],
+    "dgc_adamw_996": [  # 1-D parameters sparse too: 125x (with them whole, 63x)
+        "distributed/compression=dgc",
+        "distributed.compression.sparsity=0.996",
+        "distributed.compression.dense_vectors=false",
+    ],
     "dense_sgd": ["optim=sgd_cosine", "optim.lr=0.05"],
     "dgc_sgd": ["optim=sgd_cosine", "optim.lr=0.05", "distributed/compression=dgc"],
 }
