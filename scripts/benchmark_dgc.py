@@ -15,7 +15,9 @@ the one-process demo), then tests the best checkpoint on test-clean. Runs:
   `adamw: direction`); `dgc_adamw_gradient`: error feedback on the gradient instead,
   AdamW after the exchange (`adamw: gradient`); `dgc_adamw_996`: the direction mode with
   99.6 % final sparsity (the paper's last warm-up stage) and every parameter sparse
-  (`dense_vectors: false`): 125x with int32 indices;
+  (`dense_vectors: false`): 125x with int32 indices; `dgc_adamw_frozen`: `adamw:
+  frozen_variance` (dense AdamW for `variance_freeze_step` steps, then its second moment
+  frozen and the sparse exchange with the warm-up stages after them);
 - `dense_sgd`, `dgc_sgd`: the same pair with `optim=sgd_cosine optim.lr=0.05` (momentum
   SGD, the demo's schedule; with DGC the hook applies the momentum: momentum correction and
   factor masking).
@@ -62,6 +64,10 @@ RUNS = {  # name: extra asr-train overrides
         "distributed.compression.sparsity=0.996",
         "distributed.compression.dense_vectors=false",
     ],
+    "dgc_adamw_frozen": [  # dense AdamW for 500 steps, then its second moment frozen
+        "distributed/compression=dgc",
+        "distributed.compression.adamw=frozen_variance",
+    ],
     "dense_sgd": ["optim=sgd_cosine", "optim.lr=0.05"],
     "dgc_sgd": ["optim=sgd_cosine", "optim.lr=0.05", "distributed/compression=dgc"],
 }
@@ -100,10 +106,24 @@ def train(name: str, args: argparse.Namespace, exp_dir: Path) -> float:
     return sum(s.get("wall", 0.0) for s in sittings)
 
 
-def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
+def final_sparsity_from(sparsity: list[tuple[int, float]]) -> int:
+    """The first step from which every logged sparsity is the last one (the end of the
+    warm-up, wherever the configuration put it); 0 for a run without DGC."""
+    if not sparsity:
+        return 0
+    final, start = sparsity[-1][1], sparsity[-1][0]
+    for step, value in reversed(sparsity):
+        if abs(value - final) > 1e-9:
+            break
+        start = step
+    return start
+
+
+def figures(exp_dir: Path) -> dict[str, float | int | None]:
     """Traffic and WERs from the run's metrics.csv (every version; a step logged again by a
-    resumed run counts once)."""
+    resumed run counts once); "after warm-up": the steps at the final sparsity."""
     series = read_metrics(exp_dir)
+    after_step = final_sparsity_from(series.get("comm/sparsity", []))
     steps = series.get("train/grad_norm", [])
     dense_of = dict(series.get("comm/dense_bytes", []))
     traffic = [(step, sent, dense_of[step]) for step, sent in series.get("comm/sent_bytes", [])]
@@ -122,6 +142,7 @@ def figures(exp_dir: Path, after_step: int) -> dict[str, float | int | None]:
         out["dense_bytes_per_step"] = round(statistics.mean(dense))
         out["compression_whole_run"] = round(sum(dense) / sum(sent), 1)
     if late:
+        out["final_sparsity_from_step"] = after_step
         out["sent_bytes_per_step_after_warmup"] = round(statistics.mean(s for s, _ in late))
         out["compression_after_warmup"] = round(
             sum(d for _, d in late) / sum(s for s, _ in late), 1
@@ -163,14 +184,13 @@ def main() -> None:
         if exp_dir.exists() and not args.resume:  # an earlier measurement: start clean
             shutil.rmtree(exp_dir)
         wall = train(name, args, exp_dir)
-        after = 4 * args.warmup_steps if name.startswith("dgc") else 0
         results[name] = {
             "run": f"{name}{args.tag}",
             "dgc_warmup_steps_per_stage": args.warmup_steps if name.startswith("dgc") else None,
             "overrides": args.override,
             "processes": 2,
             "epochs": args.epochs,
-            **figures(exp_dir, after),
+            **figures(exp_dir),
             "wall_seconds": round(wall, 1),
         }
         print(json.dumps(results[name]), flush=True)

@@ -43,11 +43,11 @@ from asr.training.distributed.ddp import (
     set_cpu_threads,
     uses_cpu,
 )
-from asr.training.distributed.dgc import AdamMoments, CompressionMonitor
+from asr.training.distributed.dgc import AdamMoments, CompressionMonitor, check_variance_freeze
 from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
-from asr.training.objective import build_objective
+from asr.training.objective import build_objective, first_full_loss_step
 from asr.training.optimizer import optim_config
 from asr.training.precision import enlarge_onednn_cache, resolve_precision
 from asr.training.schedules import schedule_function
@@ -121,6 +121,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
         adam_moments=AdamMoments(*optim.betas, optim.eps) if optim.kind == "adamw" else None,
     )
     compression = getattr(strategy, "compression", None)
+    if compression is not None and compression.freezes_variance:
+        check_variance_freeze(compression.config, first_full_loss_step(objective))
     if compression is not None and trainer_cfg.get("gradient_clip_val"):
         # DGC clips each rank's gradient before accumulation, in the hook, instead of the
         # exchanged sum (which holds accumulated values, or already Adam's directions).

@@ -155,7 +155,8 @@ class HookedDDPStrategy(DDPStrategy):
         rank_state_path(filepath, self.global_rank).unlink(missing_ok=True)
 
     def on_train_start(self) -> None:
-        """With DGC, a resumed run reads this rank's hook state back."""
+        """With DGC, a resumed run reads this rank's hook state back (without it, AdamW's
+        `frozen_variance` dense steps begin again from here)."""
         super().on_train_start()
         state = self.compression
         module = self.lightning_module
@@ -163,7 +164,7 @@ class HookedDDPStrategy(DDPStrategy):
             return
         addresses = {n: p.data_ptr() for n, p in module.named_parameters()}
         trainer = module.trainer
-        load_rank_state(
+        restored = load_rank_state(
             state,
             addresses,
             trainer.ckpt_path,
@@ -171,6 +172,8 @@ class HookedDDPStrategy(DDPStrategy):
             self.global_rank,
             self.world_size,
         )
+        if not restored:
+            state.dense_from = trainer.global_step
 
 
 def build_strategy(
@@ -190,7 +193,8 @@ def build_strategy(
     `parts_without_gradient` (from the objective) decides `find_unused_parameters`
     under `auto`. With `config.compression` the DGC hook is registered; it takes over
     the optimizer's moments (`optimizer_momentum`, SGD's, or `adam_moments`, AdamW's,
-    in `adamw: direction` mode), and the optimizer then runs as plain SGD. Anything else
+    in `adamw: direction` and `frozen_variance` modes), and the optimizer then runs as
+    plain SGD. Anything else
     goes to Lightning as given, except FSDP with the sample-wise transducer loss, which
     cannot work (see the README).
     """
@@ -246,7 +250,7 @@ def build_strategy(
         )
     hook: dict[str, Any] = {}
     if config.compression is not None:
-        adam = adam_moments if config.compression.adamw == "direction" else None
+        adam = adam_moments if config.compression.adamw != "gradient" else None
         state = DGCState(config.compression, momentum=optimizer_momentum, adam=adam)
         hook = {"ddp_comm_state": state, "ddp_comm_hook": dgc_hook}
     elif config.adascale is not None:

@@ -19,8 +19,8 @@ so no gradient is lost, only delayed. Following the paper and its code:
   applies the exchanged sum as plain SGD (its own momentum is off). **Momentum factor
   masking** (`momentum_masking`) clears u and v where they were sent, so stale momentum
   does not push a coordinate again.
-- **AdamW runs** (`adamw: gradient | direction`). `gradient`: error feedback on the
-  gradient only (v <- v + g) and AdamW after the exchange, on the sparse sum. Adam's
+- **AdamW runs** (`adamw: gradient | direction | frozen_variance`). `gradient`: error
+  feedback on the gradient only (v <- v + g) and AdamW after the exchange, on the sparse sum. Adam's
   moments cannot be corrected the way SGD's velocity is: it divides each coordinate by
   the root of its second moment, so a coordinate that arrives once every ~1/(1 - sparsity)
   steps with the sum of those steps moves about as far as after one dense step, and
@@ -31,7 +31,15 @@ so no gradient is lost, only delayed. Following the paper and its code:
   optimizer applies the average as SGD with AdamW's rate and decoupled weight decay, so a
   delayed coordinate keeps every step's movement, whatever the schedule did meanwhile.
   Momentum masking clears Adam's first moment where an entry was sent (its second moment
-  stays).
+  stays). `frozen_variance` (1-bit Adam's idea, Tang et al. 2021, arXiv 2102.02888): the
+  first `variance_freeze_step` steps are dense AdamW (the averaged gradient all-reduced,
+  every rank keeping the same moments of it); then the second moment is frozen and each
+  rank keeps only its own first moment, sending the top-k of the accumulated
+  lr_t m / (sqrt(v_frozen) + eps). That update is linear in the gradient, so the ranks'
+  mean is exactly dense Adam with the frozen second moment (the paper's momentum
+  correction with a fixed per-coordinate scale), and no rank's batch noise enters the
+  second moment (in `direction` mode each rank's own moments see the noise of a batch N
+  times smaller than the global one). The sparsity warm-up starts after the dense steps.
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -66,6 +74,7 @@ from asr.training.distributed.hooks import comm_hook
 # The paper's exponential warm-up: each stage keeps a quarter of what the previous sent.
 PAPER_WARMUP = (0.75, 0.9375, 0.984375, 0.996)
 INDEX_DTYPE = torch.int32
+ADAMW_MODES = ("direction", "frozen_variance", "gradient")
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,12 @@ class DGCConfig:
     - `sample_fraction`: share of the entries sampled to estimate the top-k threshold.
     - `clip_norm`: local gradient clipping threshold before accumulation (null: the
       trainer's `gradient_clip_val`, which then no longer clips after the exchange).
-    - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook) or
-      `gradient` (error feedback on the gradient, AdamW after the exchange).
+    - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook),
+      `frozen_variance` (dense AdamW for `variance_freeze_step` steps, then its second
+      moment frozen and the first moment in the hook) or `gradient` (error feedback on the
+      gradient, AdamW after the exchange).
+    - `variance_freeze_step`: the dense AdamW steps of `frozen_variance` (past the loss's
+      CTC-only warm-up, so every part of the model has a second moment).
     - `selection`: `bucket` (one top-k over each DDP bucket: the largest entries wherever
       they are) or `tensor` (each parameter tensor sends its own share, at least one entry:
       the paper's layer-wise threshold).
@@ -98,6 +111,7 @@ class DGCConfig:
     sample_fraction: float = 0.01
     clip_norm: float | None = None
     adamw: str = "direction"
+    variance_freeze_step: int = 500
     selection: str = "bucket"
     dense_vectors: bool = True
     momentum_masking: bool = True
@@ -116,8 +130,13 @@ class DGCConfig:
                 f"{self.sample_fraction}"
             )
         check_choice("distributed.compression.kind", self.kind, ["dgc"])
-        check_choice("distributed.compression.adamw", self.adamw, ["direction", "gradient"])
+        check_choice("distributed.compression.adamw", self.adamw, ADAMW_MODES)
         check_choice("distributed.compression.selection", self.selection, ["bucket", "tensor"])
+        if self.variance_freeze_step < 1:
+            raise ConfigError(
+                "distributed.compression.variance_freeze_step must be >= 1, got "
+                f"{self.variance_freeze_step}"
+            )
         if self.warmup_steps < 0:
             raise ConfigError(
                 f"distributed.compression.warmup_steps must be >= 0, got {self.warmup_steps}"
@@ -134,6 +153,19 @@ class DGCConfig:
             if stage < len(self.warmup_sparsities):
                 return self.warmup_sparsities[stage]
         return self.sparsity
+
+
+def check_variance_freeze(config: DGCConfig, first_full_loss_step: int) -> None:
+    """`frozen_variance` must freeze after every part of the model has had gradients (the
+    loss's CTC-only warm-up ends at `first_full_loss_step`): a part without a second moment
+    would be divided by eps."""
+    if config.variance_freeze_step <= first_full_loss_step:
+        raise ConfigError(
+            f"distributed.compression.variance_freeze_step={config.variance_freeze_step} "
+            f"freezes AdamW's second moment before the transducer loss starts (step "
+            f"{first_full_loss_step}, model.loss.transducer_start_step): the predictor and "
+            "joiner would have none. Make it a few hundred steps larger."
+        )
 
 
 @dataclass
@@ -211,6 +243,7 @@ class DGCState:
     total_entries: int = 0  # all gradient entries of the model (for per-bucket clipping)
     process_group: dist.ProcessGroup | None = None
     step: int = 0
+    dense_from: int = 0  # where `frozen_variance`'s dense steps began (a state lost: again)
     residual: dict[int, Tensor] = field(default_factory=dict)
     velocity: dict[int, Tensor] = field(default_factory=dict)
     second_moment: dict[int, Tensor] = field(default_factory=dict)  # Adam's v per bucket
@@ -234,6 +267,26 @@ class DGCState:
         """The optimizer's learning rate of this step (1 when no optimizer is attached)."""
         rate = self.learning_rate() if self.learning_rate is not None else 1.0
         return rate if rate > 0 else 1.0
+
+    @property
+    def freezes_variance(self) -> bool:
+        """AdamW's `frozen_variance` mode: dense steps, then a frozen second moment."""
+        return self.adam is not None and self.config.adamw == "frozen_variance"
+
+    def in_dense_adam(self) -> bool:
+        """Whether this step is one of `frozen_variance`'s dense AdamW steps."""
+        return (
+            self.freezes_variance and self.step - self.dense_from < self.config.variance_freeze_step
+        )
+
+    def sparsity(self) -> float:
+        """This step's sparsity (with `frozen_variance` the warm-up follows the dense steps)."""
+        step = self.step
+        if self.freezes_variance:
+            step -= self.dense_from + self.config.variance_freeze_step
+            if step < 0:
+                return 0.0
+        return self.config.sparsity_at(step)
 
     @property
     def moments_in_hook(self) -> bool:
@@ -296,19 +349,29 @@ def _buffer(buffers: dict[int, Tensor], index: int, like: Tensor) -> Tensor:
     return buffer
 
 
-def adam_direction(state: DGCState, index: int, grad: Tensor) -> Tensor:
+def adam_direction(state: DGCState, index: int, grad: Tensor, frozen: bool = False) -> Tensor:
     """Update this rank's Adam moments of bucket `index` with `grad` and return the
-    bias-corrected direction m_hat / (sqrt(v_hat) + eps) (AdamW's step before the rate)."""
+    bias-corrected direction m_hat / (sqrt(v_hat) + eps) (AdamW's step before the rate).
+    `frozen`: the second moment stays as the dense steps left it."""
     adam = state.adam
     assert adam is not None
     known = state.second_moment.get(index)
     fresh = known is None or known.shape != grad.shape
+    if fresh and frozen:
+        raise RuntimeError(
+            f"DGC bucket {index} has no second moment to freeze: its state was lost (a "
+            "checkpoint resumed without the per-rank DGC state?)"
+        )
     first = _buffer(state.velocity, index, grad)
     second = _buffer(state.second_moment, index, grad)
     step = state.bucket_steps[index] = 1 if fresh else state.bucket_steps.get(index, 0) + 1
     first.mul_(adam.beta1).add_(grad, alpha=1 - adam.beta1)
-    second.mul_(adam.beta2).addcmul_(grad, grad, value=1 - adam.beta2)
-    denominator = (second / (1 - adam.beta2**step)).sqrt_().add_(adam.eps)
+    if frozen:  # last updated at the last dense step
+        step_of_second = min(step, state.config.variance_freeze_step)
+    else:
+        second.mul_(adam.beta2).addcmul_(grad, grad, value=1 - adam.beta2)
+        step_of_second = step
+    denominator = (second / (1 - adam.beta2**step_of_second)).sqrt_().add_(adam.eps)
     return (first / (1 - adam.beta1**step)).div_(denominator)
 
 
@@ -321,7 +384,8 @@ def accumulate(state: DGCState, index: int, grad: Tensor, rate: float = 1.0) -> 
     if state.adam is not None:
         # The update itself (rate x direction): a coordinate sent later, at another rate,
         # still moves by what each step asked (decode divides by the rate of the send).
-        residual.add_(adam_direction(state, index, grad), alpha=rate)
+        direction = adam_direction(state, index, grad, frozen=state.freezes_variance)
+        residual.add_(direction, alpha=rate)
     elif state.momentum > 0:
         velocity = _buffer(state.velocity, index, grad)
         velocity.mul_(state.momentum).add_(grad)
@@ -440,7 +504,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
     """The DDP communication hook: sparse exchange of one bucket (dense at sparsity 0)."""
     buffer = bucket.buffer()
     world = state.world_size()
-    sparsity = state.config.sparsity_at(state.step)
+    sparsity = state.sparsity()
     index = bucket.index()
     traffic = state.traffic
     traffic.dense_bytes += buffer.numel() * buffer.element_size()
@@ -452,6 +516,8 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
         buffer.copy_(clip_locally(state, buffer))
         work = dist.all_reduce(buffer.div_(world), group=state.process_group, async_op=True)
         return _finish(work.get_future(), state, is_last, lambda fut: fut.value()[0])
+    if state.in_dense_adam():
+        return _dense_adam(state, bucket)
 
     if buffer.numel() >= 2**31:
         raise ValueError(
@@ -494,6 +560,24 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
         return total.div_(world).to(buffer.dtype)
 
     return _finish(work.get_future(), state, is_last, decode)
+
+
+def _dense_adam(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+    """One of `frozen_variance`'s dense steps: all-reduce the (locally clipped) gradient and
+    return AdamW's direction of the mean, from moments every rank keeps alike."""
+    buffer = bucket.buffer()
+    current_layout(state, bucket)  # the moments are kept per bucket, moved on rebuilds
+    grad = clip_locally(state, buffer.float() if buffer.dtype != torch.float64 else buffer)
+    grad = grad.div(state.world_size())
+    state.traffic.sent_bytes += buffer.numel() * buffer.element_size()
+    state.traffic.sent_entries += buffer.numel()
+    work = dist.all_reduce(grad, group=state.process_group, async_op=True)
+    index = bucket.index()
+
+    def direction(fut: torch.futures.Future) -> Tensor:
+        return adam_direction(state, index, fut.value()[0]).to(buffer.dtype)
+
+    return _finish(work.get_future(), state, bucket.is_last(), direction)
 
 
 def _finish(

@@ -10,7 +10,8 @@ for averaging, and a copy of every rank's state in each would multiply their siz
 
 A run resumed from another checkpoint, with another number of processes, or from a file
 that does not match the checkpoint's step starts the state at zero, with a warning that
-says why (the updates still waiting are then lost; training goes on).
+says why (the updates still waiting are then lost; training goes on). With `adamw:
+frozen_variance` the dense AdamW steps then begin again, to estimate a second moment.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def rank_state(
         "rank": rank,
         "world_size": world_size,
         "hook_step": state.step,
+        "dense_from": state.dense_from,
         "parameters": {
             names[ptr]: {kind: t.detach().to("cpu", copy=True) for kind, t in kinds.items()}
             for ptr, kinds in tensors.items()
@@ -90,6 +92,7 @@ def restore_rank_state(state: DGCState, saved: dict, addresses: Mapping[str, int
     state.stash = {addresses[n]: dict(kinds) for n, kinds in saved["parameters"].items()}
     state.stash_steps = {addresses[n]: int(t) for n, t in saved["adam_steps"].items()}
     state.step = int(saved["hook_step"])
+    state.dense_from = int(saved.get("dense_from", 0))
     state.generator, state.generator_state = None, saved["generator"]
     return sum(t.numel() for kinds in saved["parameters"].values() for t in kinds.values())
 

@@ -134,21 +134,27 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         torch.save({"gains": gains}, Path(out_dir) / f"rank{rank}.pt")
         return finish()
     if mode != "dense":
-        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0, "dgc-adam0": 0.0}.get(mode, 0.9)
+        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0, "dgc-adam0": 0.0, "dgc-frozen0": 0.0}.get(
+            mode, 0.9
+        )
         momentum = 0.9 if mode == "dgc-momentum" else 0.0
-        adam = AdamMoments(0.9, 0.98, 1e-8) if mode.startswith("dgc-adam") else None
+        frozen = mode.startswith("dgc-frozen")  # dense AdamW for 2 steps, then v frozen
+        adam = AdamMoments(0.9, 0.98, 1e-8) if mode.startswith("dgc-adam") or frozen else None
         state = DGCState(
             DGCConfig(
                 sparsity=sparsity,
                 selection="tensor" if mode == "dgc-mixed" else "bucket",
                 dense_vectors=mode == "dgc-mixed",
-                momentum_masking=mode not in ("dgc-adam", "dgc-adam0"),  # unmasked: Adam exactly
+                # unmasked: Adam exactly
+                momentum_masking=mode not in ("dgc-adam", "dgc-adam0") and not frozen,
+                adamw="frozen_variance" if frozen else "direction",
+                variance_freeze_step=2,
             ),
             momentum=momentum,
             adam=adam,
             total_entries=sum(sizes),
         )
-        if mode == "dgc-adam":  # a rate that changes every step, as a schedule's does
+        if mode in ("dgc-adam", "dgc-frozen"):  # a rate that changes every step, as a schedule's
             state.learning_rate = lambda: 0.1 * (state.step + 1)
         model.register_comm_hook(state, dgc_hook)
     record: dict[str, list] = {"local": [], "exchanged": [], "sent": [], "masked": []}

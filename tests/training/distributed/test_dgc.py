@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.dgc import DGCConfig, top_k_indices
+from asr.training.distributed.dgc import (
+    AdamMoments,
+    DGCConfig,
+    DGCState,
+    check_variance_freeze,
+    top_k_indices,
+)
 
 
 def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path: Path) -> None:
@@ -87,13 +93,19 @@ def _in_parameter_order(flat: torch.Tensor, layout: dict) -> torch.Tensor:
     return torch.cat([*pieces, flat[layout["dense"]]])
 
 
-def _adam_directions(gradients: list[torch.Tensor]) -> list[torch.Tensor]:
-    """AdamW's bias-corrected directions (betas 0.9, 0.98, eps 1e-8) of a gradient sequence."""
+def _adam_directions(
+    gradients: list[torch.Tensor], freeze: int | None = None
+) -> list[torch.Tensor]:
+    """AdamW's bias-corrected directions (betas 0.9, 0.98, eps 1e-8) of a gradient sequence;
+    with `freeze`, the second moment stops changing after that many steps."""
     first, second, out = torch.zeros_like(gradients[0]), torch.zeros_like(gradients[0]), []
     for step, grad in enumerate(gradients, start=1):
         first = 0.9 * first + 0.1 * grad
-        second = 0.98 * second + 0.02 * grad * grad
-        out.append((first / (1 - 0.9**step)) / ((second / (1 - 0.98**step)).sqrt() + 1e-8))
+        second_step = step if freeze is None else min(step, freeze)
+        if second_step == step:
+            second = 0.98 * second + 0.02 * grad * grad
+        denominator = (second / (1 - 0.98**second_step)).sqrt() + 1e-8
+        out.append((first / (1 - 0.9**step)) / denominator)
     return out
 
 
@@ -116,6 +128,35 @@ def test_adamw_directions_are_exchanged_and_nothing_is_lost(run_ranks, tmp_path:
     applied = sum(2 * r * sparse[0]["exchanged"][t] for t, r in enumerate(rates))
     residual = sum(rank["residual"][0] for rank in sparse)
     assert torch.allclose(applied + residual, updates, atol=1e-9)
+
+
+def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
+    run_ranks, tmp_path: Path
+) -> None:
+    steps, freeze = 6, 2
+    exact = run_ranks(tmp_path, "dgc-frozen0", steps=steps)
+    mean = [(exact[0]["local"][t] + exact[1]["local"][t]) / 2 for t in range(steps)]
+    dense_adam = _adam_directions(mean)
+    frozen_adam = _adam_directions(mean, freeze=freeze)
+    for t in range(steps):
+        # the dense steps are AdamW on the mean gradient; after them, at sparsity 0, the
+        # ranks' own first moments over the frozen second moment average to exactly the
+        # same on the mean gradient (the update is linear in the gradient)
+        for rank in exact:
+            assert torch.allclose(rank["exchanged"][t], frozen_adam[t], rtol=1e-10, atol=1e-12)
+    assert torch.allclose(frozen_adam[1], dense_adam[1])
+    assert not torch.allclose(frozen_adam[-1], dense_adam[-1])  # the freeze is real
+    # at 90 % after the dense steps, with a rate 0.1 x (step + 1): what the optimizer
+    # applies (rate x exchanged) plus what waits is every step's frozen-variance update
+    sparse = run_ranks(tmp_path, "dgc-frozen", steps=steps)
+    rates = [0.1 * (t + 1) for t in range(steps)]
+    mean = [(sparse[0]["local"][t] + sparse[1]["local"][t]) / 2 for t in range(steps)]
+    updates = sum(2 * r * d for r, d in zip(rates, _adam_directions(mean, freeze), strict=True))
+    applied = sum(2 * r * sparse[0]["exchanged"][t] for t, r in enumerate(rates))
+    residual = sum(rank["residual"][0] for rank in sparse)
+    assert torch.allclose(applied + residual, updates, atol=1e-9)
+    assert all(len(sent) == 300 for sent in sparse[0]["sent"])  # sparse from step 2 on
+    assert len(sparse[0]["sent"]) == steps - freeze
 
 
 @pytest.mark.parametrize("mode", ["resume-adam", "resume-momentum"])
@@ -148,6 +189,30 @@ def test_warm_up_schedule_and_config_checks() -> None:
     stages = [config.sparsity_at(step) for step in (0, 9, 10, 25, 39, 40, 10_000)]
     assert stages == [0.75, 0.75, 0.9375, 0.984375, 0.996, 0.999, 0.999]
     assert DGCConfig().sparsity_at(0) == 0.999  # no warm-up
+    frozen = DGCState(
+        DGCConfig(adamw="frozen_variance", variance_freeze_step=5, warmup_steps=10),
+        adam=AdamMoments(),
+    )
+    phases = []
+    for step, dense_from in ((0, 0), (4, 0), (5, 0), (44, 0), (45, 0), (50, 48), (53, 48)):
+        frozen.step, frozen.dense_from = step, dense_from  # 48: a state lost at step 48
+        phases.append((frozen.in_dense_adam(), frozen.sparsity()))
+    assert phases == [
+        (True, 0.0),
+        (True, 0.0),
+        (False, 0.75),
+        (False, 0.996),
+        (False, 0.999),
+        (True, 0.0),
+        (False, 0.75),
+    ]
+    with pytest.raises(ConfigError, match="adamw"):
+        DGCConfig(adamw="frozen")
+    with pytest.raises(ConfigError, match="variance_freeze_step"):
+        DGCConfig(variance_freeze_step=0)
+    check_variance_freeze(DGCConfig(variance_freeze_step=500), first_full_loss_step=280)
+    with pytest.raises(ConfigError, match="transducer_start_step"):
+        check_variance_freeze(DGCConfig(variance_freeze_step=280), first_full_loss_step=280)
     with pytest.raises(ConfigError, match="sparsities must be in"):
         DGCConfig(sparsity=1.0)
     with pytest.raises(ConfigError, match="sample_fraction"):
