@@ -17,7 +17,9 @@ the one-process demo), then tests the best checkpoint on test-clean. Runs:
   99.6 % final sparsity (the paper's last warm-up stage) and every parameter sparse
   (`dense_vectors: false`): 125x with int32 indices; `dgc_adamw_frozen`: `adamw:
   frozen_variance` (dense AdamW for `variance_freeze_step` steps, then its second moment
-  frozen and the sparse exchange with the warm-up stages after them);
+  frozen and the sparse exchange with the warm-up stages after them); `dgc_adamw_refresh`:
+  the same with the second moment refreshed every 250 sparse steps from the ranks' local
+  estimates and every parameter sparse;
 - `dense_sgd`, `dgc_sgd`: the same pair with `optim=sgd_cosine optim.lr=0.05` (momentum
   SGD, the demo's schedule; with DGC the hook applies the momentum: momentum correction and
   factor masking).
@@ -67,6 +69,12 @@ RUNS = {  # name: extra asr-train overrides
     "dgc_adamw_frozen": [  # dense AdamW for 500 steps, then its second moment frozen
         "distributed/compression=dgc",
         "distributed.compression.adamw=frozen_variance",
+    ],
+    "dgc_adamw_refresh": [  # the same, the second moment refreshed every 250 sparse steps
+        "distributed/compression=dgc",
+        "distributed.compression.adamw=frozen_variance",
+        "distributed.compression.variance_refresh_steps=250",
+        "distributed.compression.dense_vectors=false",  # the refreshes' bytes: 500x -> 250x
     ],
     "dense_sgd": ["optim=sgd_cosine", "optim.lr=0.05"],
     "dgc_sgd": ["optim=sgd_cosine", "optim.lr=0.05", "distributed/compression=dgc"],

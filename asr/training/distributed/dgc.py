@@ -40,6 +40,13 @@ so no gradient is lost, only delayed. Following the paper and its code:
   correction with a fixed per-coordinate scale), and no rank's batch noise enters the
   second moment (in `direction` mode each rank's own moments see the noise of a batch N
   times smaller than the global one). The sparsity warm-up starts after the dense steps.
+  A frozen second moment goes stale as the gradients change scale (on the demo some
+  coordinates' root second moment moves 3x in a few epochs, and all of them shrink at the
+  end of a run), so every `variance_refresh_steps` sparse steps it is replaced by the
+  ranks' mean of a local estimate of the dense second moment, exchanged in bf16: each
+  rank keeps unmasked moments m_a, v_a of its own gradient, and since v_a - m_a^2 holds N
+  times the noise of the averaged gradient, m_a^2 + (v_a - m_a^2) / N estimates its second
+  moment. Between refreshes the update stays linear in the gradient.
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -94,6 +101,9 @@ class DGCConfig:
       gradient, AdamW after the exchange).
     - `variance_freeze_step`: the dense AdamW steps of `frozen_variance` (past the loss's
       CTC-only warm-up, so every part of the model has a second moment).
+    - `variance_refresh_steps`: with `frozen_variance`, the sparse steps between two
+      refreshes of the second moment from the ranks' local estimates (0: never; each costs
+      2 bytes per entry, spread over the steps between refreshes).
     - `selection`: `bucket` (one top-k over each DDP bucket: the largest entries wherever
       they are) or `tensor` (each parameter tensor sends its own share, at least one entry:
       the paper's layer-wise threshold).
@@ -112,6 +122,7 @@ class DGCConfig:
     clip_norm: float | None = None
     adamw: str = "direction"
     variance_freeze_step: int = 500
+    variance_refresh_steps: int = 0
     selection: str = "bucket"
     dense_vectors: bool = True
     momentum_masking: bool = True
@@ -136,6 +147,11 @@ class DGCConfig:
             raise ConfigError(
                 "distributed.compression.variance_freeze_step must be >= 1, got "
                 f"{self.variance_freeze_step}"
+            )
+        if self.variance_refresh_steps < 0:
+            raise ConfigError(
+                "distributed.compression.variance_refresh_steps must be >= 0, got "
+                f"{self.variance_refresh_steps}"
             )
         if self.warmup_steps < 0:
             raise ConfigError(
@@ -228,7 +244,7 @@ def bucket_layout(params: list[Tensor], dense_vectors: bool, device: torch.devic
 
 
 # The per-bucket state tensors of `DGCState`, by attribute name.
-STATE_KINDS = ("residual", "velocity", "second_moment")
+STATE_KINDS = ("residual", "velocity", "second_moment", "local_first", "local_second")
 
 
 @dataclass
@@ -247,6 +263,9 @@ class DGCState:
     residual: dict[int, Tensor] = field(default_factory=dict)
     velocity: dict[int, Tensor] = field(default_factory=dict)
     second_moment: dict[int, Tensor] = field(default_factory=dict)  # Adam's v per bucket
+    # frozen_variance: this rank's unmasked Adam moments of its own gradient (for refreshes)
+    local_first: dict[int, Tensor] = field(default_factory=dict)
+    local_second: dict[int, Tensor] = field(default_factory=dict)
     bucket_steps: dict[int, int] = field(default_factory=dict)  # Adam's t per bucket
     traffic: StepTraffic = field(default_factory=StepTraffic)
     last_traffic: StepTraffic = field(default_factory=StepTraffic)
@@ -278,6 +297,14 @@ class DGCState:
         return (
             self.freezes_variance and self.step - self.dense_from < self.config.variance_freeze_step
         )
+
+    def refreshes_variance(self) -> bool:
+        """Whether this step of `frozen_variance` replaces the second moment first."""
+        every = self.config.variance_refresh_steps
+        if not self.freezes_variance or every == 0:
+            return False
+        sparse_step = self.step - self.dense_from - self.config.variance_freeze_step
+        return sparse_step > 0 and sparse_step % every == 0
 
     def sparsity(self) -> float:
         """This step's sparsity (with `frozen_variance` the warm-up follows the dense steps)."""
@@ -375,12 +402,48 @@ def adam_direction(state: DGCState, index: int, grad: Tensor, frozen: bool = Fal
     return (first / (1 - adam.beta1**step)).div_(denominator)
 
 
+def track_local_moments(state: DGCState, index: int, grad: Tensor) -> None:
+    """Update this rank's unmasked moments of its own gradient (`frozen_variance` with
+    refreshes); they start from the shared moments the dense steps left."""
+    adam = state.adam
+    assert adam is not None
+    first, second = state.local_first.get(index), state.local_second.get(index)
+    if first is None or first.shape != grad.shape:
+        first = state.local_first[index] = state.velocity[index].clone()
+        second = state.local_second[index] = state.second_moment[index].clone()
+    assert second is not None
+    first.mul_(adam.beta1).add_(grad, alpha=1 - adam.beta1)
+    second.mul_(adam.beta2).addcmul_(grad, grad, value=1 - adam.beta2)
+
+
+def refresh_second_moment(state: DGCState, index: int) -> None:
+    """Replace bucket `index`'s frozen second moment by the ranks' mean of
+    m_a^2 + (v_a - m_a^2) / N (this rank's local moments: an estimate of the averaged
+    gradient's second moment), all-reduced in bf16; waits for the exchange."""
+    world = state.world_size()
+    first, second = state.local_first[index], state.local_second[index]
+    mean_square = first * first
+    estimate = mean_square.add_((second - mean_square).clamp_(min=0.0), alpha=1.0 / world)
+    shared = estimate.to(torch.bfloat16)
+    dist.all_reduce(shared, group=state.process_group)
+    state.traffic.sent_bytes += shared.numel() * shared.element_size()
+    # kept unnormalized, as Adam keeps v: the frozen bias correction divides it back
+    adam = state.adam
+    assert adam is not None
+    steps = min(state.bucket_steps.get(index, 0) + 1, state.config.variance_freeze_step)
+    state.second_moment[index].copy_(shared.float().div_(world)).mul_(1 - adam.beta2**steps)
+
+
 def accumulate(state: DGCState, index: int, grad: Tensor, rate: float = 1.0) -> Tensor:
     """Fold this step's local gradient `grad` (a flat bucket) into the residual of bucket
     `index` and return that residual (`rate`: the step's learning rate, for AdamW's
     directions)."""
     grad = clip_locally(state, grad.float() if grad.dtype != torch.float64 else grad)
     residual = _buffer(state.residual, index, grad)
+    if state.freezes_variance and state.config.variance_refresh_steps > 0:
+        track_local_moments(state, index, grad)
+        if state.refreshes_variance():
+            refresh_second_moment(state, index)
     if state.adam is not None:
         # The update itself (rate x direction): a coordinate sent later, at another rate,
         # still moves by what each step asked (decode divides by the rate of the send).

@@ -149,6 +149,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
                 momentum_masking=mode not in ("dgc-adam", "dgc-adam0") and not frozen,
                 adamw="frozen_variance" if frozen else "direction",
                 variance_freeze_step=2,
+                variance_refresh_steps=2 if mode == "dgc-frozen-refresh" else 0,
             ),
             momentum=momentum,
             adam=adam,
@@ -179,6 +180,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     if state is not None:
         record["residual"] = {i: r.clone() for i, r in state.residual.items()}
         record["traffic"] = vars(state.last_traffic)
+        record["second_moment"] = {i: v.clone() for i, v in state.second_moment.items()}
         if 0 in state.layouts:
             layout = state.layouts[0]
             record["layout"] = {"dense": layout.dense.clone(), "segments": layout.segments}

@@ -159,6 +159,36 @@ def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
     assert len(sparse[0]["sent"]) == steps - freeze
 
 
+def test_frozen_variance_is_refreshed_from_the_ranks_local_moments(
+    run_ranks, tmp_path: Path
+) -> None:
+    # dense AdamW for 2 steps, then sparse; the second moment refreshed every 2 sparse steps
+    # (at steps 4 and 6) from each rank's unmasked moments of its own gradients
+    steps = 7
+    ranks = run_ranks(tmp_path, "dgc-frozen-refresh", steps=steps)
+    local = [rank["local"] for rank in ranks]
+    first, second = torch.zeros_like(local[0][0]), torch.zeros_like(local[0][0])
+    for t in range(2):  # the dense steps: moments of the mean gradient
+        mean = (local[0][t] + local[1][t]) / 2
+        first, second = 0.9 * first + 0.1 * mean, 0.98 * second + 0.02 * mean * mean
+    frozen = second.clone()
+    moments = [(first.clone(), second.clone()) for _ in ranks]
+    for t in range(2, steps):
+        moments = [
+            (0.9 * m + 0.1 * grad[t], 0.98 * v + 0.02 * grad[t] * grad[t])
+            for (m, v), grad in zip(moments, local, strict=True)
+        ]
+    estimates = [m * m + (v - m * m).clamp(min=0) / 2 for m, v in moments]
+    expected = (estimates[0] + estimates[1]) / 2 * (1 - 0.98**2)
+    for rank in ranks:
+        got = rank["second_moment"][0]
+        assert torch.allclose(got, expected, rtol=2e-2, atol=0)  # exchanged in bf16
+        assert torch.equal(got, ranks[0]["second_moment"][0])  # one second moment for all
+    assert (ranks[0]["second_moment"][0] - frozen).abs().max() > 0.5 * frozen.abs().max()
+    # 2 bytes an entry on the refresh step, beside the sparse (index, value) pairs
+    assert ranks[0]["traffic"]["sent_bytes"] == 300 * (4 + 8) + 3000 * 2
+
+
 @pytest.mark.parametrize("mode", ["resume-adam", "resume-momentum"])
 def test_a_resumed_hook_exchanges_what_the_uninterrupted_one_does(
     run_ranks, tmp_path: Path, mode: str
@@ -210,6 +240,8 @@ def test_warm_up_schedule_and_config_checks() -> None:
         DGCConfig(adamw="frozen")
     with pytest.raises(ConfigError, match="variance_freeze_step"):
         DGCConfig(variance_freeze_step=0)
+    with pytest.raises(ConfigError, match="variance_refresh_steps"):
+        DGCConfig(variance_refresh_steps=-1)
     check_variance_freeze(DGCConfig(variance_freeze_step=500), first_full_loss_step=280)
     with pytest.raises(ConfigError, match="transducer_start_step"):
         check_variance_freeze(DGCConfig(variance_freeze_step=280), first_full_loss_step=280)
