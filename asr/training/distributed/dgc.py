@@ -40,6 +40,11 @@ so no gradient is lost, only delayed. Following the paper and its code:
   correction with a fixed per-coordinate scale), and no rank's batch noise enters the
   second moment (in `direction` mode each rank's own moments see the noise of a batch N
   times smaller than the global one). The sparsity warm-up starts after the dense steps.
+  Each rank's direction is clamped to the largest one Adam can take with its own moments
+  ((1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), 1.7 for the demo's betas): a coordinate whose
+  second moment was small when it froze would otherwise take an unbounded step when its
+  gradient grows (on the demo: a divergence at step 1,730 of 7,078). Where the clamp acts
+  the update is no longer linear; elsewhere it is.
   A frozen second moment goes stale as the gradients change scale (on the demo some
   coordinates' root second moment moves 3x in a few epochs, and all of them shrink at the
   end of a run), so every `variance_refresh_steps` sparse steps it is replaced by the
@@ -399,7 +404,20 @@ def adam_direction(state: DGCState, index: int, grad: Tensor, frozen: bool = Fal
         second.mul_(adam.beta2).addcmul_(grad, grad, value=1 - adam.beta2)
         step_of_second = step
     denominator = (second / (1 - adam.beta2**step_of_second)).sqrt_().add_(adam.eps)
-    return (first / (1 - adam.beta1**step)).div_(denominator)
+    direction = (first / (1 - adam.beta1**step)).div_(denominator)
+    if frozen:  # a coordinate whose second moment was small when it froze: Adam's own bound
+        bound = adam_step_bound(adam)
+        direction.clamp_(-bound, bound)
+    return direction
+
+
+def adam_step_bound(adam: AdamMoments) -> float:
+    """The largest |m / sqrt(v)| Adam can take with its own moments (Cauchy-Schwarz over
+    the two averages: (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2))); infinite if b1^2 >= b2."""
+    ratio = adam.beta1**2 / adam.beta2
+    if ratio >= 1:
+        return math.inf
+    return (1 - adam.beta1) / math.sqrt((1 - adam.beta2) * (1 - ratio))
 
 
 def track_local_moments(state: DGCState, index: int, grad: Tensor) -> None:

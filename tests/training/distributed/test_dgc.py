@@ -13,6 +13,7 @@ from asr.training.distributed.dgc import (
     AdamMoments,
     DGCConfig,
     DGCState,
+    adam_step_bound,
     check_variance_freeze,
     top_k_indices,
 )
@@ -130,28 +131,61 @@ def test_adamw_directions_are_exchanged_and_nothing_is_lost(run_ranks, tmp_path:
     assert torch.allclose(applied + residual, updates, atol=1e-9)
 
 
+def _frozen_variance_directions(
+    local: list[list[torch.Tensor]], freeze: int, clamp: bool = True
+) -> list[torch.Tensor]:
+    """Per step, the ranks' mean of `frozen_variance`'s directions for their gradient
+    sequences `local` (betas 0.9, 0.98): AdamW on the mean gradient for `freeze` steps, then
+    each rank's own first moment over the frozen second moment, clamped to Adam's bound."""
+    bound = adam_step_bound(AdamMoments())
+    first, second = torch.zeros_like(local[0][0]), torch.zeros_like(local[0][0])
+    out = []
+    for t in range(freeze):
+        mean = sum(grads[t] for grads in local) / len(local)
+        first, second = 0.9 * first + 0.1 * mean, 0.98 * second + 0.02 * mean * mean
+        out.append(
+            (first / (1 - 0.9 ** (t + 1))) / ((second / (1 - 0.98 ** (t + 1))).sqrt() + 1e-8)
+        )
+    denominator = (second / (1 - 0.98**freeze)).sqrt() + 1e-8
+    firsts = [first.clone() for _ in local]
+    for t in range(freeze, len(local[0])):
+        directions = []
+        for rank, grads in enumerate(local):
+            firsts[rank] = 0.9 * firsts[rank] + 0.1 * grads[t]
+            direction = (firsts[rank] / (1 - 0.9 ** (t + 1))) / denominator
+            directions.append(direction.clamp(-bound, bound) if clamp else direction)
+        out.append(sum(directions) / len(local))
+    return out
+
+
 def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
     run_ranks, tmp_path: Path
 ) -> None:
     steps, freeze = 6, 2
     exact = run_ranks(tmp_path, "dgc-frozen0", steps=steps)
-    mean = [(exact[0]["local"][t] + exact[1]["local"][t]) / 2 for t in range(steps)]
-    dense_adam = _adam_directions(mean)
-    frozen_adam = _adam_directions(mean, freeze=freeze)
+    local = [rank["local"] for rank in exact]
+    mean = [(local[0][t] + local[1][t]) / 2 for t in range(steps)]
+    expected = _frozen_variance_directions(local, freeze)
     for t in range(steps):
         # the dense steps are AdamW on the mean gradient; after them, at sparsity 0, the
-        # ranks' own first moments over the frozen second moment average to exactly the
-        # same on the mean gradient (the update is linear in the gradient)
+        # mean of the ranks' own first moments over the frozen second moment, each clamped
         for rank in exact:
-            assert torch.allclose(rank["exchanged"][t], frozen_adam[t], rtol=1e-10, atol=1e-12)
-    assert torch.allclose(frozen_adam[1], dense_adam[1])
-    assert not torch.allclose(frozen_adam[-1], dense_adam[-1])  # the freeze is real
+            assert torch.allclose(rank["exchanged"][t], expected[t], rtol=1e-10, atol=1e-12)
+    assert torch.allclose(expected[1], _adam_directions(mean)[1])
+    assert not torch.allclose(expected[-1], _adam_directions(mean)[-1])  # the freeze is real
+    # where no rank's direction is clamped it is exactly the frozen-variance Adam of the mean
+    # gradient (the update is linear in the gradient); the clamp acts on some coordinates
+    unclamped = _frozen_variance_directions(local, freeze, clamp=False)
+    linear = _adam_directions(mean, freeze=freeze)
+    assert torch.allclose(unclamped[-1], linear[-1], rtol=1e-10, atol=1e-12)
+    inside = expected[-1] == unclamped[-1]
+    assert 0 < int((~inside).sum()) < inside.numel() // 4  # v from 2 steps: often small
     # at 90 % after the dense steps, with a rate 0.1 x (step + 1): what the optimizer
     # applies (rate x exchanged) plus what waits is every step's frozen-variance update
     sparse = run_ranks(tmp_path, "dgc-frozen", steps=steps)
     rates = [0.1 * (t + 1) for t in range(steps)]
-    mean = [(sparse[0]["local"][t] + sparse[1]["local"][t]) / 2 for t in range(steps)]
-    updates = sum(2 * r * d for r, d in zip(rates, _adam_directions(mean, freeze), strict=True))
+    directions = _frozen_variance_directions([rank["local"] for rank in sparse], freeze)
+    updates = sum(2 * r * d for r, d in zip(rates, directions, strict=True))
     applied = sum(2 * r * sparse[0]["exchanged"][t] for t, r in enumerate(rates))
     residual = sum(rank["residual"][0] for rank in sparse)
     assert torch.allclose(applied + residual, updates, atol=1e-9)
@@ -203,6 +237,21 @@ def test_a_resumed_hook_exchanges_what_the_uninterrupted_one_does(
             assert torch.equal(resumed, uninterrupted)
     # the exchange is not trivially the same: the sparse steps differ from the dense mean
     assert not torch.equal(ranks[0]["uninterrupted"][5], ranks[0]["uninterrupted"][6])
+
+
+def test_adams_own_directions_stay_within_the_clamp_bound() -> None:
+    bound = adam_step_bound(AdamMoments())
+    assert bound == pytest.approx(1.698, abs=1e-3)
+    # heavy-tailed gradients, and the sequence that reaches the bound (g_k ~ (b1 / b2)^k
+    # backwards from the last step): AdamW's bias-corrected direction never exceeds it
+    generator = torch.Generator().manual_seed(0)
+    heavy = torch.randn(300, 1000, generator=generator, dtype=torch.float64) ** 5
+    worst = torch.tensor([(0.9 / 0.98) ** (299 - k) for k in range(300)], dtype=torch.float64)
+    largest = 0.0
+    for sequence in (heavy, worst[:, None]):
+        directions = _adam_directions(list(sequence))
+        largest = max(largest, max(float(d.abs().max()) for d in directions))
+    assert 1.6 < largest <= bound
 
 
 def test_top_k_through_a_sampled_threshold_is_the_exact_top_k() -> None:
