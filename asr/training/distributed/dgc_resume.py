@@ -6,7 +6,7 @@ only. Every rank writes its own file beside the resume checkpoint (`last.ckpt` -
 `last.dgc/rank{R}.pt`, atomically, per parameter name, on CPU), so a resumed run continues
 exactly where the hook was. Only `last.ckpt` carries it: the per-epoch checkpoints are kept
 for averaging, and a copy of every rank's state in each would multiply their size by up to
-3 x the number of ranks.
+3 x the number of ranks (5 x with `frozen_variance` refreshes).
 
 A run resumed from another checkpoint, with another number of processes, or from a file
 that does not match the checkpoint's step starts the state at zero, with a warning that
