@@ -32,13 +32,14 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from asr.config_keys import dataclass_from_keys
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
 from asr.training.distributed.adpsgd import DecentralizedConfig, DecentralizedStrategy
-from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
+from asr.training.distributed.dgc import dgc_hook
 from asr.training.distributed.dgc_resume import (
     carries_rank_state,
     load_rank_state,
     rank_state_path,
     save_rank_state,
 )
+from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState
 
 log = logging.getLogger(__name__)
 

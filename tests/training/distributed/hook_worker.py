@@ -23,8 +23,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
-from asr.training.distributed.dgc import AdamMoments, DGCConfig, DGCState, dgc_hook
+from asr.training.distributed.dgc import dgc_hook
 from asr.training.distributed.dgc_resume import load_rank_state, save_rank_state
+from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState
 
 
 class Vectors(nn.Module):

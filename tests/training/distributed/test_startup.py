@@ -22,7 +22,7 @@ from asr.training.distributed.ddp import (
     processes_per_node,
     set_cpu_threads,
 )
-from asr.training.distributed.dgc import DGCConfig
+from asr.training.distributed.dgc_state import DGCConfig
 from asr.training.distributed.straggler import Straggler
 from asr.training.objective import build_objective
 

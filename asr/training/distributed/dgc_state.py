@@ -1,0 +1,264 @@
+"""The Deep Gradient Compression hook's configuration (`distributed.compression`) and
+per-rank state (`asr.training.distributed.dgc` is the hook)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from asr.config_keys import ConfigError, check_choice
+
+# The paper's exponential warm-up: each stage keeps a quarter of what the previous sent.
+PAPER_WARMUP = (0.75, 0.9375, 0.984375, 0.996)
+ADAMW_MODES = ("direction", "frozen_variance", "gradient")
+
+
+@dataclass(frozen=True)
+class DGCConfig:
+    """Keys of `distributed.compression` with `kind: dgc`.
+
+    - `sparsity`: fraction of the entries not sent per step after warm-up (of each
+      bucket's or each tensor's, as `selection` says; besides the `dense_vectors`).
+    - `warmup_sparsities`, `warmup_steps`: the sparsities of the warm-up stages and the
+      optimizer steps each lasts (0: no warm-up).
+    - `sample_fraction`: share of the entries sampled to estimate the top-k threshold.
+    - `clip_norm`: local gradient clipping threshold before accumulation (null: the
+      trainer's `gradient_clip_val`, which then no longer clips after the exchange).
+    - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook),
+      `frozen_variance` (dense AdamW for `variance_freeze_step` steps, then its second
+      moment frozen and the first moment in the hook) or `gradient` (error feedback on the
+      gradient, AdamW after the exchange).
+    - `variance_freeze_step`: the dense AdamW steps of `frozen_variance` (past the loss's
+      CTC-only warm-up, so every part of the model has a second moment).
+    - `variance_refresh_steps`: with `frozen_variance`, the sparse steps between two
+      refreshes of the second moment from the ranks' local estimates (0: never; each costs
+      2 bytes per entry, spread over the steps between refreshes).
+    - `selection`: `bucket` (one top-k over each DDP bucket: the largest entries wherever
+      they are) or `tensor` (each parameter tensor sends its own share, at least one entry:
+      the paper's layer-wise threshold).
+    - `dense_vectors`: 1-D parameters (biases, normalization scales and shifts) are sent
+      whole every step, as the paper's code does.
+    - `momentum_masking`: clear the momentum (SGD's velocity, or AdamW's first moment in
+      `direction` mode) where an entry was sent.
+    - `seed`: of the threshold sampling (each rank adds its rank).
+    """
+
+    kind: str = "dgc"
+    sparsity: float = 0.999
+    warmup_sparsities: tuple[float, ...] = PAPER_WARMUP
+    warmup_steps: int = 0
+    sample_fraction: float = 0.01
+    clip_norm: float | None = None
+    adamw: str = "direction"
+    variance_freeze_step: int = 500
+    variance_refresh_steps: int = 0
+    selection: str = "bucket"
+    dense_vectors: bool = True
+    momentum_masking: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "warmup_sparsities", tuple(self.warmup_sparsities))
+        for value in (self.sparsity, *self.warmup_sparsities):
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(
+                    f"distributed.compression sparsities must be in [0, 1), got {value}"
+                )
+        if not 0.0 < self.sample_fraction <= 1.0:
+            raise ConfigError(
+                "distributed.compression.sample_fraction must be in (0, 1], got "
+                f"{self.sample_fraction}"
+            )
+        check_choice("distributed.compression.kind", self.kind, ["dgc"])
+        check_choice("distributed.compression.adamw", self.adamw, ADAMW_MODES)
+        check_choice("distributed.compression.selection", self.selection, ["bucket", "tensor"])
+        if self.variance_freeze_step < 1:
+            raise ConfigError(
+                "distributed.compression.variance_freeze_step must be >= 1, got "
+                f"{self.variance_freeze_step}"
+            )
+        if self.variance_refresh_steps < 0:
+            raise ConfigError(
+                "distributed.compression.variance_refresh_steps must be >= 0, got "
+                f"{self.variance_refresh_steps}"
+            )
+        if self.warmup_steps < 0:
+            raise ConfigError(
+                f"distributed.compression.warmup_steps must be >= 0, got {self.warmup_steps}"
+            )
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ConfigError(
+                f"distributed.compression.clip_norm must be > 0 or null, got {self.clip_norm}"
+            )
+
+    def sparsity_at(self, step: int) -> float:
+        """The sparsity of optimizer step `step` (0-based)."""
+        if self.warmup_steps > 0:
+            stage = step // self.warmup_steps
+            if stage < len(self.warmup_sparsities):
+                return self.warmup_sparsities[stage]
+        return self.sparsity
+
+
+@dataclass
+class StepTraffic:
+    """What one rank exchanged in one optimizer step, over all buckets."""
+
+    sent_bytes: int = 0
+    dense_bytes: int = 0
+    sent_entries: int = 0
+    entries: int = 0
+
+    @property
+    def compression(self) -> float:
+        """Dense bytes / sent bytes (1 for a dense step)."""
+        return self.dense_bytes / max(self.sent_bytes, 1)
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """Where a bucket's parameters lie in its flat buffer: `params` (their storage
+    addresses, in buffer order) at `offsets`; `dense` the entries sent whole every step
+    (1-D parameters with `dense_vectors`), `segments` the (offset, size) of each tensor
+    whose top-k is sent."""
+
+    params: tuple[int, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    dense: Tensor
+    segments: tuple[tuple[int, int], ...]
+
+
+def bucket_layout(params: list[Tensor], dense_vectors: bool, device: torch.device) -> BucketLayout:
+    """The layout of a bucket holding `params` in buffer order."""
+    dense, segments, offsets, offset = [], [], [], 0
+    for param in params:
+        size = param.numel()
+        offsets.append(offset)
+        if dense_vectors and param.dim() <= 1:
+            dense.append(torch.arange(offset, offset + size, device=device))
+        else:
+            segments.append((offset, size))
+        offset += size
+    indices = torch.cat(dense) if dense else torch.zeros(0, dtype=torch.long, device=device)
+    return BucketLayout(
+        params=tuple(param.data_ptr() for param in params),
+        offsets=tuple(offsets),
+        sizes=tuple(param.numel() for param in params),
+        dense=indices,
+        segments=tuple(segments),
+    )
+
+
+# The per-bucket state tensors of `DGCState`, by attribute name.
+STATE_KINDS = ("residual", "velocity", "second_moment", "local_first", "local_second")
+
+
+@dataclass(frozen=True)
+class AdamMoments:
+    """AdamW's `betas` and `eps`, for the moments the hook keeps (`adamw: direction`
+    and `frozen_variance`)."""
+
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-8
+
+
+@dataclass
+class DGCState:
+    """Per-rank state of the hook: the residual v and velocity u (SGD) or Adam moments of
+    every bucket, the optimizer step (for the warm-up) and the traffic of the current and
+    last step."""
+
+    config: DGCConfig
+    momentum: float = 0.0  # SGD's momentum, taken over by the hook (0: error feedback)
+    adam: AdamMoments | None = None  # AdamW's moments, taken over by the hook
+    total_entries: int = 0  # all gradient entries of the model (for per-bucket clipping)
+    process_group: dist.ProcessGroup | None = None
+    step: int = 0
+    dense_from: int = 0  # where `frozen_variance`'s dense steps began (a state lost: again)
+    residual: dict[int, Tensor] = field(default_factory=dict)
+    velocity: dict[int, Tensor] = field(default_factory=dict)
+    second_moment: dict[int, Tensor] = field(default_factory=dict)  # Adam's v per bucket
+    # frozen_variance: this rank's unmasked Adam moments of its own gradient (for refreshes)
+    local_first: dict[int, Tensor] = field(default_factory=dict)
+    local_second: dict[int, Tensor] = field(default_factory=dict)
+    bucket_steps: dict[int, int] = field(default_factory=dict)  # Adam's t per bucket
+    traffic: StepTraffic = field(default_factory=StepTraffic)
+    last_traffic: StepTraffic = field(default_factory=StepTraffic)
+    last_sent: dict[int, Tensor] = field(default_factory=dict)  # bucket -> indices sent
+    generator: torch.Generator | None = None
+    learning_rate: Callable[[], float] | None = None  # the optimizer's current rate
+    layouts: dict[int, BucketLayout] = field(default_factory=dict)
+    # per-parameter state (by storage address) waiting for the bucket that will hold it:
+    # after DDP rebuilt its buckets, or restored from a checkpoint
+    stash: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    stash_steps: dict[int, int] = field(default_factory=dict)  # Adam's t per parameter
+    generator_state: Tensor | None = None  # restored, for the next generator made
+
+    def world_size(self) -> int:
+        return dist.get_world_size(self.process_group)
+
+    def rate(self) -> float:
+        """The optimizer's learning rate of this step (1 when no optimizer is attached)."""
+        rate = self.learning_rate() if self.learning_rate is not None else 1.0
+        return rate if rate > 0 else 1.0
+
+    @property
+    def freezes_variance(self) -> bool:
+        """AdamW's `frozen_variance` mode: dense steps, then a frozen second moment."""
+        return self.adam is not None and self.config.adamw == "frozen_variance"
+
+    def sparse_step(self) -> int:
+        """This step counted from the end of `frozen_variance`'s dense steps (negative
+        during them); the step itself in the other modes."""
+        if not self.freezes_variance:
+            return self.step
+        return self.step - self.dense_from - self.config.variance_freeze_step
+
+    def in_dense_adam(self) -> bool:
+        """Whether this step is one of `frozen_variance`'s dense AdamW steps."""
+        return self.freezes_variance and self.sparse_step() < 0
+
+    def refreshes_variance(self) -> bool:
+        """Whether this step of `frozen_variance` replaces the second moment first."""
+        every = self.config.variance_refresh_steps
+        step = self.sparse_step()
+        return self.freezes_variance and every > 0 and step > 0 and step % every == 0
+
+    def sparsity(self) -> float:
+        """This step's sparsity (with `frozen_variance` the warm-up follows the dense steps)."""
+        step = self.sparse_step()
+        return 0.0 if step < 0 else self.config.sparsity_at(step)
+
+    @property
+    def moments_in_hook(self) -> bool:
+        """Whether the hook applies the optimizer's moments (the optimizer must then be
+        plain SGD): SGD's momentum correction, or AdamW's directions."""
+        return self.momentum > 0 or self.adam is not None
+
+    def random(self, device: torch.device) -> torch.Generator:
+        if self.generator is None or self.generator.device != device:
+            rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(self.config.seed + rank)
+            if self.generator_state is not None:
+                self.generator.set_state(self.generator_state)
+                self.generator_state = None
+        return self.generator
+
+    def end_step(self) -> None:
+        self.last_traffic, self.traffic = self.traffic, StepTraffic()
+        self.step += 1
+
+
+def bucket_buffer(buffers: dict[int, Tensor], index: int, like: Tensor) -> Tensor:
+    """The state tensor of bucket `index`, zeros when new (or when DDP rebuilt its buckets)."""
+    buffer = buffers.get(index)
+    if buffer is None or buffer.shape != like.shape:
+        buffer = buffers[index] = torch.zeros_like(like)
+    return buffer
