@@ -48,7 +48,12 @@ def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: in
     ranks = run_gossip(tmp_path, "random", steps=60, world=world, lr=0.0)
     start_mean = sum(r["start"][0] for r in ranks) / world
     spreads = ranks[0]["spread"]  # after 10, 20, ... 60 steps
-    assert spreads == sorted(spreads, reverse=True) and spreads[-1] < 1e-3 * spreads[0] + 1e-6
+    # the spread shrinks at every measurement until float32 rounding (~1e-7 here) is all
+    # that is left; at that floor it may wobble by a rounding step (seen with 5 ranks)
+    floor = 1e-5 * spreads[0] + 1e-6
+    for before, after in zip(spreads, spreads[1:]):
+        assert after <= before or after < floor, spreads
+    assert spreads[-1] < 1e-3 * spreads[0] + 1e-6
     for rank in ranks:  # pairwise averages keep the sum: every replica ends at the mean
         assert torch.allclose(rank["after_step"][-1], start_mean, atol=1e-4)
         assert torch.allclose(rank["consensus"], start_mean, atol=1e-5)
