@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import sys
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: in
     # the spread shrinks at every measurement until float32 rounding (~1e-7 here) is all
     # that is left; at that floor it may wobble by a rounding step (seen with 5 ranks)
     floor = 1e-5 * spreads[0] + 1e-6
-    for before, after in zip(spreads, spreads[1:]):
+    for before, after in itertools.pairwise(spreads):
         assert after <= before or after < floor, spreads
     assert spreads[-1] < 1e-3 * spreads[0] + 1e-6
     for rank in ranks:  # pairwise averages keep the sum: every replica ends at the mean
