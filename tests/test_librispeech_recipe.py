@@ -55,6 +55,7 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
         "VOCAB_SIZE": "64",
         "NUM_BUCKETS": "2",
         "BATCH_MEMORY": "300MiB",
+        "BATCH_TOLERANCE": "0.3",  # 3-4 probes a bucket instead of 6-7
         "DEVICE": "cpu",
         "AVG": "2",
         "OMP_NUM_THREADS": "1",

@@ -21,6 +21,8 @@
 #   BATCH_MEMORY: the memory a training step may use for stage 6's batch-size search; default
 #     85 % of the first GPU's memory (a safety margin: memory fragments over a long run, and
 #     the search's worst case is not every batch's); DEVICE [cuda] where it searches
+#   BATCH_TOLERANCE [0.05]: the search stops when the smallest batch known not to fit is
+#     within this fraction of the largest that fits (larger: fewer probes, smaller batches)
 #   EPOCH [the last], AVG [5]: the average of epochs EPOCH-AVG+1..EPOCH is decoded and exported
 #   BEAM [4]: the beam of the decoding stage (greedy is always decoded too)
 #   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer]
@@ -36,6 +38,7 @@ speed_perturb=${SPEED_PERTURB:-1}
 features=${FEATURES:-on_the_fly}
 batch_memory=${BATCH_MEMORY:-}
 device=${DEVICE:-cuda}
+batch_tolerance=${BATCH_TOLERANCE:-0.05}
 avg=${AVG:-5}
 beam=${BEAM:-4}
 vocab_size=${VOCAB_SIZE:-1024}
@@ -130,7 +133,8 @@ if run 6; then say 6
         echo "no GPU to size the batches on: set BATCH_MEMORY (e.g. 20GiB) and DEVICE" >&2; exit 1; }
     fi
     asr-oomptimizer "${data_args[@]}" "${train_args[@]}" --bins-file "$bins" \
-      --memory-budget "$batch_memory" --device "$device" -o "$batch_sizes"
+      --memory-budget "$batch_memory" --device "$device" --rel-tolerance "$batch_tolerance" \
+      -o "$batch_sizes"
   fi
 fi
 if run 7; then say 7

@@ -237,8 +237,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
     traffic.entries += buffer.numel()
     is_last = bucket.is_last()
     if sparsity == 0.0 and not state.moments_in_hook and not state.residual:
-        traffic.sent_bytes += buffer.numel() * buffer.element_size()
-        traffic.sent_entries += buffer.numel()
+        traffic.count_dense_send(buffer)
         buffer.copy_(clip_locally(state, buffer))
         work = dist.all_reduce(buffer.div_(world), group=state.process_group, async_op=True)
         return _finish(work.get_future(), state, is_last, lambda fut: fut.value()[0])
@@ -295,8 +294,7 @@ def _dense_adam(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Futur
     current_layout(state, bucket)  # the moments are kept per bucket, moved on rebuilds
     grad = clip_locally(state, buffer.float() if buffer.dtype != torch.float64 else buffer)
     grad = grad.div(state.world_size())
-    state.traffic.sent_bytes += buffer.numel() * buffer.element_size()
-    state.traffic.sent_entries += buffer.numel()
+    state.traffic.count_dense_send(buffer)
     work = dist.all_reduce(grad, group=state.process_group, async_op=True)
     index = bucket.index()
 

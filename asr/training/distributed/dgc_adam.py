@@ -86,13 +86,19 @@ def adam_direction(state: DGCState, index: int, grad: Tensor, frozen: bool = Fal
     second = bucket_buffer(state.second_moment, index, grad)
     step = state.bucket_steps[index] = 1 if fresh else state.bucket_steps.get(index, 0) + 1
     update_moments(adam, first, None if frozen else second, grad)
-    step_of_second = min(step, state.config.variance_freeze_step) if frozen else step
+    step_of_second = frozen_second_moment_steps(state, step) if frozen else step
     denominator = (second / (1 - adam.beta2**step_of_second)).sqrt_().add_(adam.eps)
     direction = (first / (1 - adam.beta1**step)).div_(denominator)
     if frozen:  # a coordinate whose second moment was small when it froze: Adam's own bound
         bound = adam_step_bound(adam)
         direction.clamp_(-bound, bound)
     return direction
+
+
+def frozen_second_moment_steps(state: DGCState, step: int) -> int:
+    """How many gradients a frozen second moment averaged (its bias correction's count):
+    it stopped moving at `variance_freeze_step`."""
+    return min(step, state.config.variance_freeze_step)
 
 
 def adam_step_bound(adam: AdamMoments) -> float:
@@ -130,5 +136,5 @@ def refresh_second_moment(state: DGCState, index: int) -> None:
     # kept unnormalized, as Adam keeps v: the frozen bias correction divides it back
     adam = state.adam
     assert adam is not None
-    steps = min(state.bucket_steps.get(index, 0) + 1, state.config.variance_freeze_step)
+    steps = frozen_second_moment_steps(state, state.bucket_steps.get(index, 0) + 1)
     state.second_moment[index].copy_(shared.float().div_(world)).mul_(1 - adam.beta2**steps)

@@ -118,6 +118,11 @@ class StepTraffic:
         """Dense bytes / sent bytes (1 for a dense step)."""
         return self.dense_bytes / max(self.sent_bytes, 1)
 
+    def count_dense_send(self, buffer: Tensor) -> None:
+        """Count `buffer` as sent whole (a dense all-reduce of it)."""
+        self.sent_bytes += buffer.numel() * buffer.element_size()
+        self.sent_entries += buffer.numel()
+
 
 @dataclass(frozen=True)
 class BucketLayout:

@@ -36,7 +36,7 @@ def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> Non
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert losses and all(loss == loss for loss in losses)  # no NaN
     assert {"lr-SGD/pg1", "lr-SGD/pg2"} <= rows[0].keys()  # AdamW's moments are in the hook
-    # every rank wrote its hook state beside last.ckpt (only), and a resumed run reads it
+    # every rank wrote its hook state beside last.ckpt (only)
     checkpoints = tmp_path / "exp" / "checkpoints"
     assert sorted(p.name for p in (checkpoints / "last.dgc").iterdir()) == ["rank0.pt", "rank1.pt"]
     assert not list(checkpoints.glob("epoch=*.dgc")) and not (checkpoints / "best.dgc").exists()
@@ -44,17 +44,77 @@ def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> Non
     assert saved["global_step"] == len(steps) and saved["rank"] == 1
     residual = sum(float(t["residual"].abs().sum()) for t in saved["parameters"].values())
     assert residual > 0  # what waits to be sent
+
+
+FROZEN_VARIANCE = (
+    "distributed/compression=dgc",
+    "distributed.compression.adamw=frozen_variance",
+    "distributed.compression.variance_freeze_step=2",
+    "distributed.compression.variance_refresh_steps=2",
+    "distributed.compression.warmup_steps=1",
+)
+
+
+@pytest.mark.slow
+def test_frozen_variance_trains_refreshes_and_resumes_where_it_was(
+    train_two_ranks, tmp_path: Path
+) -> None:
+    rows = train_two_ranks(tmp_path / "exp", "trainer.max_epochs=1", *FROZEN_VARIANCE)
+    steps = [r for r in rows if r.get("comm/sent_bytes")]
+    assert len(steps) >= 6
+    vectors, matrices = _parameter_sizes(tmp_path / "exp" / "checkpoints" / "last.ckpt")
+    entries = sum(vectors) + sum(matrices)
+    # two dense AdamW steps, then the warm-up stages; every second sparse step first
+    # all-reduces a new second moment in bf16 (2 bytes per entry)
+    stages = [0.0, 0.0, 0.75, 0.9375, 0.984375, 0.996] + [0.999] * (len(steps) - 6)
+    for step, (row, sparsity) in enumerate(zip(steps, stages, strict=True)):
+        assert float(row["comm/dense_bytes"]) == 4 * entries
+        if sparsity == 0.0:
+            assert float(row["comm/sent_bytes"]) == 4 * entries
+            assert float(row["comm/sparsity"]) == 0.0
+            continue
+        sparse_step = step - 2
+        refresh = 2 * entries if sparse_step > 0 and sparse_step % 2 == 0 else 0
+        top_k = (1 - sparsity) * sum(matrices)
+        sent = float(row["comm/sent_bytes"]) - 4 * sum(vectors) - refresh
+        assert sent == pytest.approx(8 * top_k, abs=8 * 8), step
+        assert float(row["comm/sparsity"]) == pytest.approx(
+            1 - (sum(vectors) + top_k) / entries, abs=1e-5
+        )
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert losses and all(loss == loss for loss in losses)  # no NaN
+    assert {"lr-SGD/pg1", "lr-SGD/pg2"} <= rows[0].keys()  # AdamW is in the hook
+    # each rank keeps its frozen second moment and its own moments, the same second
+    # moment on both (the ranks' shared refresh), the first moments their own
+    checkpoints = tmp_path / "exp" / "checkpoints"
+    saved = [
+        torch.load(checkpoints / "last.dgc" / f"rank{r}.pt", weights_only=True) for r in (0, 1)
+    ]
+    kinds = {"residual", "velocity", "second_moment", "local_first", "local_second"}
+    for name, state in saved[0]["parameters"].items():
+        assert set(state) == kinds, name
+        other = saved[1]["parameters"][name]
+        assert torch.equal(state["second_moment"], other["second_moment"]), name
+    assert any(
+        not torch.equal(state["local_first"], saved[1]["parameters"][name]["local_first"])
+        for name, state in saved[0]["parameters"].items()
+    )
+    # a resumed run reads the state and goes on sparse: without it the dense steps would
+    # begin again (sparsity 0)
     more = train_two_ranks(
-        tmp_path / "exp",
-        "trainer.max_epochs=2",
-        "distributed/compression=dgc",
-        "distributed.compression.warmup_steps=1",
-        "resume=auto",
+        tmp_path / "exp", "trainer.max_epochs=2", *FROZEN_VARIANCE, "resume=auto"
     )
     logs = "".join(p.read_text() for p in (tmp_path / "exp" / "hydra").glob("*.log"))
     for rank in (0, 1):
         assert f"rank {rank}: restored the DGC state of" in logs
-    assert len([r for r in more if r.get("comm/sent_bytes")]) > len(steps)
+    resumed = [r for r in more if r.get("comm/sent_bytes")][len(steps) :]
+    final = 1 - (sum(vectors) + 0.001 * sum(matrices)) / entries
+    assert resumed and all(
+        float(r["comm/sparsity"]) == pytest.approx(final, abs=1e-5) for r in resumed
+    )
+    assert all(
+        float(r["train/loss"]) == float(r["train/loss"]) for r in more if r.get("train/loss")
+    )
 
 
 def _parameter_sizes(checkpoint: Path) -> tuple[list[int], list[int]]:
