@@ -12,7 +12,8 @@ the one-process demo), then tests the best checkpoint on test-clean. Runs:
 - `dense_adamw`: DDP's all-reduce, the demo's AdamW and schedule;
 - `dgc_adamw`: the same with `distributed/compression=dgc` (99.9 % final sparsity, the
   paper's four warm-up stages of `--warmup-steps` steps each; AdamW's moments in the hook,
-  `adamw: direction`); `dgc_adamw_gradient`: error feedback on the gradient instead,
+  `adamw: direction`, named explicitly since `frozen_variance` is the default);
+  `dgc_adamw_gradient`: error feedback on the gradient instead,
   AdamW after the exchange (`adamw: gradient`); `dgc_adamw_996`: the direction mode with
   99.6 % final sparsity (the paper's last warm-up stage) and every parameter sparse
   (`dense_vectors: false`): 125x with int32 indices; `dgc_adamw_frozen`: `adamw:
@@ -60,16 +61,18 @@ from asr.plot import read_metrics
 
 RUNS = {  # name: extra asr-train overrides
     "dense_adamw": [],
-    "dgc_adamw": ["distributed/compression=dgc"],
+    "dgc_adamw": ["distributed/compression=dgc", "distributed.compression.adamw=direction"],
     "dgc_adamw_gradient": ["distributed/compression=dgc", "distributed.compression.adamw=gradient"],
     "dgc_adamw_996": [  # 1-D parameters sparse too: 125x (with them whole, 63x)
         "distributed/compression=dgc",
+        "distributed.compression.adamw=direction",
         "distributed.compression.sparsity=0.996",
         "distributed.compression.dense_vectors=false",
     ],
     "dgc_adamw_frozen": [  # dense AdamW for 500 steps, then its second moment frozen
         "distributed/compression=dgc",
         "distributed.compression.adamw=frozen_variance",
+        "distributed.compression.variance_refresh_steps=0",
     ],
     "dgc_adamw_refresh": [  # the same, the second moment refreshed every 250 sparse steps
         "distributed/compression=dgc",

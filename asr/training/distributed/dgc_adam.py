@@ -7,7 +7,7 @@ direction, and for `frozen_variance` the frozen second moment, its clamp and its
   arrives once every ~1/(1 - sparsity) steps with the sum of those steps moves about as far
   as after one dense step, and training slows by about that factor (measured on the demo:
   recipes/demo/RESULTS.md).
-- `direction` (the default): each rank keeps its own Adam moments of its local gradient in
+- `direction`: each rank keeps its own Adam moments of its local gradient in
   the hook and accumulates the update lr_t m / (sqrt(v) + eps) (bias-corrected, at each
   step's rate); the top-k of that is exchanged, divided by the current rate, and the
   optimizer applies the average as SGD with AdamW's rate and decoupled weight decay, so a
@@ -15,7 +15,8 @@ direction, and for `frozen_variance` the frozen second moment, its clamp and its
   Momentum masking clears Adam's first moment where an entry was sent (its second moment
   stays). Each rank's second moment sees the noise of a batch N times smaller than the
   global one.
-- `frozen_variance` (1-bit Adam's idea, Tang et al. 2021, arXiv 2102.02888): the first
+- `frozen_variance` (the default; 1-bit Adam's idea, Tang et al. 2021, arXiv 2102.02888):
+  it trained best on the demo at every sparsity measured (recipes/demo/RESULTS.md). The first
   `variance_freeze_step` steps are dense AdamW (the averaged gradient all-reduced, every
   rank keeping the same moments of it); then the second moment is frozen and each rank
   keeps only its own first moment, sending the top-k of the accumulated

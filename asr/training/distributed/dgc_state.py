@@ -53,9 +53,9 @@ class DGCConfig:
     warmup_steps: int = 0
     sample_fraction: float = 0.01
     clip_norm: float | None = None
-    adamw: str = "direction"
+    adamw: str = "frozen_variance"
     variance_freeze_step: int = 500
-    variance_refresh_steps: int = 0
+    variance_refresh_steps: int = 250
     selection: str = "bucket"
     dense_vectors: bool = True
     momentum_masking: bool = True

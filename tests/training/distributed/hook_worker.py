@@ -56,7 +56,7 @@ def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict
     def hooked() -> tuple[DistributedDataParallel, DGCState]:
         model = DistributedDataParallel(Vectors([(n,) for n in sizes]), bucket_cap_mb=0.005)
         state = DGCState(
-            DGCConfig(sparsity=0.9, sample_fraction=0.1),
+            DGCConfig(sparsity=0.9, sample_fraction=0.1, adamw="direction"),
             momentum=0.9 if mode == "resume-momentum" else 0.0,
             adam=AdamMoments() if mode == "resume-adam" else None,
             total_entries=sum(sizes),

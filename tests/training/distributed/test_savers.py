@@ -15,6 +15,7 @@ def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> Non
         tmp_path / "exp",
         "trainer.max_epochs=1",
         "distributed/compression=dgc",
+        "distributed.compression.adamw=direction",
         "distributed.compression.warmup_steps=1",
     )
     steps = [r for r in rows if r.get("comm/sent_bytes")]
