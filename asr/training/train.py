@@ -43,8 +43,8 @@ from asr.training.distributed.ddp import (
     set_cpu_threads,
     uses_cpu,
 )
-from asr.training.distributed.dgc import CompressionMonitor
 from asr.training.distributed.dgc_adam import check_variance_freeze
+from asr.training.distributed.dgc_monitor import CompressionMonitor
 from asr.training.distributed.dgc_state import AdamMoments
 from asr.training.distributed.straggler import Straggler
 from asr.training.loggers import build_loggers

@@ -22,10 +22,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
 from asr.training.distributed.dgc import dgc_hook
-from asr.training.distributed.dgc_resume import load_rank_state, save_rank_state
 from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState
+
+# adascale and dgc_resume import Lightning (~2 s a process): only the modes that use them
 
 
 class Vectors(nn.Module):
@@ -51,6 +51,8 @@ def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict
     """Exchanged gradients of `steps` steps of a DGC run on three buckets (DDP rebuilds
     them after the first step), uninterrupted and with the hook state saved after half the
     steps and restored into a new model and hook."""
+    from asr.training.distributed.dgc_resume import load_rank_state, save_rank_state
+
     sizes = [700, 300, 1500]
 
     def hooked() -> tuple[DistributedDataParallel, DGCState]:
@@ -116,6 +118,8 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     model = DistributedDataParallel(Vectors(shapes), bucket_cap_mb=bucket_mb)
     state = None
     if mode.startswith("adascale"):
+        from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
+
         adascale = AdaScaleState(AdaScaleConfig(smoothing=0.0))
         model.register_comm_hook(adascale, adascale_hook)
         gains = []

@@ -1,0 +1,39 @@
+"""The Lightning side of the DGC hook: logs what each optimizer step exchanged and hands
+the hook the optimizer's step and learning rate (`asr.training.distributed.dgc` itself
+needs no Lightning)."""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from asr.training.distributed.dgc_state import DGCState
+
+
+class CompressionMonitor(Callback):
+    """Logs each optimizer step's traffic (`comm/sent_bytes`, `comm/dense_bytes`,
+    `comm/compression`, `comm/sparsity`) and starts the warm-up where a resumed run
+    left it."""
+
+    def __init__(self, state: DGCState) -> None:
+        self.state = state
+        self._logged_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.state.step = trainer.global_step
+        groups = trainer.optimizers[0].param_groups
+        self.state.learning_rate = lambda: float(groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
+        traffic = self.state.last_traffic
+        if trainer.global_step == self._logged_step or traffic.entries == 0:
+            return  # inside gradient accumulation, or before the first exchange
+        self._logged_step = trainer.global_step
+        values = {
+            "comm/sent_bytes": float(traffic.sent_bytes),
+            "comm/dense_bytes": float(traffic.dense_bytes),
+            "comm/compression": traffic.compression,
+            "comm/sparsity": 1.0 - traffic.sent_entries / max(traffic.entries, 1),
+        }
+        for name, value in values.items():
+            pl_module.log(name, value, on_step=True, on_epoch=False, rank_zero_only=True)
