@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 @pytest.mark.parametrize("ring", ["fixed", "random"])
-def test_rings_never_deadlock_and_every_average_has_two_sides(
+def test_training_replicas_never_deadlock_and_lose_no_update(
     run_gossip, tmp_path: Path, world: int, ring: str
 ) -> None:
-    ranks = run_gossip(tmp_path, ring, steps=30, world=world, lr=0.1)  # a hang fails in 2 min
+    ranks = run_gossip(tmp_path, ring, steps=30, world=world, lr=0.05)  # a hang fails in 2 min
     actives = [r for r in ranks if r["active"]]
     passives = [r for r in ranks if not r["active"]]
     assert len(actives) == (world + 1) // 2
@@ -29,15 +29,10 @@ def test_rings_never_deadlock_and_every_average_has_two_sides(
     assert sum(r["exchanges"] for r in passives) == 30 * len(actives)  # each one answered
     for rank in ranks:
         assert all(bool(torch.isfinite(w).all()) for w in rank["after_step"])
-
-
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_training_replicas_lose_no_update(run_gossip, tmp_path: Path, world: int) -> None:
     # every rank trains while it gossips (passives answer from their service thread in
     # the middle of their own steps): each average moves weight from one replica to the
     # other, so at the end the replicas hold their starts plus every update any of them
     # made, whatever the timing
-    ranks = run_gossip(tmp_path, "fixed", steps=40, world=world, lr=0.05)
     made = sum(r["start"][0] + r["applied"] for r in ranks)
     assert all(float(r["applied"].abs().sum()) > 0 for r in ranks)
     for rank in ranks:
