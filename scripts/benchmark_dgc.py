@@ -21,7 +21,9 @@ the one-process demo), then tests the best checkpoint on test-clean. Runs:
   frozen and the sparse exchange with the warm-up stages after them); `dgc_adamw_refresh`:
   the same with the second moment refreshed every 250 sparse steps from the ranks' local
   estimates and every parameter sparse; `dgc_adamw_refresh_996`: the same at 99.6 %
-  refreshed every 500 steps (111x);
+  refreshed every 500 steps (111x); `dgc_adamw_default`: the defaults of
+  `distributed/compression=dgc` since 2026-11-26 (frozen_variance at 99.9 %, refreshed
+  every 250 sparse steps, 1-D parameters whole), with every key named;
 - `dense_sgd`, `dgc_sgd`: the same pair with `optim=sgd_cosine optim.lr=0.05` (momentum
   SGD, the demo's schedule; with DGC the hook applies the momentum: momentum correction and
   factor masking).
@@ -86,6 +88,13 @@ RUNS = {  # name: extra asr-train overrides
         "distributed.compression.variance_refresh_steps=500",
         "distributed.compression.sparsity=0.996",
         "distributed.compression.dense_vectors=false",
+    ],
+    "dgc_adamw_default": [  # the defaults since 2026-11-26, named: 1-D parameters whole
+        "distributed/compression=dgc",
+        "distributed.compression.adamw=frozen_variance",
+        "distributed.compression.variance_refresh_steps=250",
+        "distributed.compression.sparsity=0.999",
+        "distributed.compression.dense_vectors=true",
     ],
     "dense_sgd": ["optim=sgd_cosine", "optim.lr=0.05"],
     "dgc_sgd": ["optim=sgd_cosine", "optim.lr=0.05", "distributed/compression=dgc"],
