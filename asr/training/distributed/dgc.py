@@ -32,8 +32,9 @@ so no gradient is lost, only delayed. Following the paper and its code:
 At sparsity 0 the hook all-reduces, giving exactly DDP's averaged gradient. Each step's
 bytes are counted: `sent_bytes` what this rank contributes (indices as int32 plus values),
 `dense_bytes` the bucket bytes a dense all-reduce exchanges; their ratio is the
-compression ratio. Residual, velocity and the hook's Adam moments are per-rank state: the
-state is kept per bucket, moved to the new buckets when DDP rebuilds them, and written
+compression ratio (logged by `asr.training.distributed.dgc_monitor`). Residual, velocity
+and the hook's Adam moments are per-rank state: the state is kept per bucket, moved to
+the new buckets when DDP rebuilds them, and written
 beside `last.ckpt` by every rank (`asr.training.distributed.dgc_resume`), so a resumed run
 continues with what still waited in the residual.
 """
