@@ -4,9 +4,13 @@ What waits in a rank's residual (up to ~1 / (1 - sparsity) steps of its updates)
 velocity or Adam moments, the hook's step and its sampling generator exist on that rank
 only. Every rank writes its own file beside the resume checkpoint (`last.ckpt` ->
 `last.dgc/rank{R}.pt`, atomically, per parameter name, on CPU), so a resumed run continues
-exactly where the hook was. Only `last.ckpt` carries it: the per-epoch checkpoints are kept
-for averaging, and a copy of every rank's state in each would multiply their size by up to
-3 x the number of ranks (5 x with `frozen_variance` refreshes).
+with every residual, moment and step where the hook left them. (With `selection: bucket`
+the first step after resuming takes its top-k over DDP's first-step buckets, which group
+the parameters otherwise than its rebuilt ones, as every run's first step does: that step
+may send other entries than an uninterrupted run would; nothing is lost.) Only `last.ckpt`
+carries it: the per-epoch checkpoints are kept for averaging, and a copy of every rank's
+state in each would multiply their size by up to 3 x the number of ranks (5 x with
+`frozen_variance` refreshes).
 
 A run resumed from another checkpoint, with another number of processes, or from a file
 that does not match the checkpoint's step starts the state at zero, with a warning that

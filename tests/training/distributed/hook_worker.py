@@ -50,7 +50,11 @@ def finish() -> None:
 def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict[str, list]:
     """Exchanged gradients of `steps` steps of a DGC run on three buckets (DDP rebuilds
     them after the first step), uninterrupted and with the hook state saved after half the
-    steps and restored into a new model and hook."""
+    steps and restored into a new model and hook. Each tensor takes its own top-k
+    (`selection: tensor`): DDP's first step puts all three in one bucket (its 1 MB first
+    bucket) and its rebuilt buckets one in each, so a bucket-wide top-k in the resumed
+    run's first step would choose among other entries than the uninterrupted run's (then
+    the runs differ in what is sent when, though nothing is lost)."""
     from asr.training.distributed.dgc_resume import load_rank_state, save_rank_state
 
     sizes = [700, 300, 1500]
@@ -58,7 +62,7 @@ def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict
     def hooked() -> tuple[DistributedDataParallel, DGCState]:
         model = DistributedDataParallel(Vectors([(n,) for n in sizes]), bucket_cap_mb=0.005)
         state = DGCState(
-            DGCConfig(sparsity=0.9, sample_fraction=0.1, adamw="direction"),
+            DGCConfig(sparsity=0.9, sample_fraction=0.1, adamw="direction", selection="tensor"),
             momentum=0.9 if mode == "resume-momentum" else 0.0,
             adam=AdamMoments() if mode == "resume-adam" else None,
             total_entries=sum(sizes),

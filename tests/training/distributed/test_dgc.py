@@ -259,12 +259,12 @@ def test_top_k_through_a_sampled_threshold_is_the_exact_top_k() -> None:
 
 
 def test_warm_up_schedule_and_config_checks() -> None:
-    config = DGCConfig(warmup_steps=10)
+    config = DGCConfig(sparsity=0.999, warmup_steps=10)
     stages = [config.sparsity_at(step) for step in (0, 9, 10, 25, 39, 40, 10_000)]
     assert stages == [0.75, 0.75, 0.9375, 0.984375, 0.996, 0.999, 0.999]
-    assert DGCConfig().sparsity_at(0) == 0.999  # no warm-up
+    assert DGCConfig().sparsity_at(0) == 0.996  # no warm-up
     frozen = DGCState(
-        DGCConfig(adamw="frozen_variance", variance_freeze_step=5, warmup_steps=10),
+        DGCConfig(sparsity=0.999, adamw="frozen_variance", variance_freeze_step=5, warmup_steps=10),
         adam=AdamMoments(),
     )
     phases = []
