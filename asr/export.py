@@ -44,6 +44,15 @@ def _torch_load(path: Path, *, weights_only: bool) -> Any:
         raise ValueError(f"cannot read {path}: truncated or not a torch file ({reason})") from err
 
 
+def epoch_checkpoints(directory: Path) -> dict[int, Path]:
+    """The `epoch=NN.ckpt` files of `directory`, by epoch number."""
+    return {
+        int(m.group(1)): p
+        for p in directory.glob("epoch=*.ckpt")
+        if (m := _EPOCH_FILE.search(p.name))
+    }
+
+
 def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
     """`ckpt` plus the epoch checkpoints before it in its directory, `n` in all.
 
@@ -56,11 +65,7 @@ def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
     match = _EPOCH_FILE.search(ckpt.name)
     end = int(match.group(1)) if match else int(_load(ckpt)["epoch"])
     wanted = range(end - n + 1, end + 1)
-    found = {
-        int(m.group(1)): p
-        for p in ckpt.parent.glob("epoch=*.ckpt")
-        if (m := _EPOCH_FILE.search(p.name))
-    }
+    found = epoch_checkpoints(ckpt.parent)
     missing = [e for e in wanted if e not in found]
     if missing:
         raise FileNotFoundError(

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from asr.export import epoch_checkpoints
+
 QUANTILE_SAMPLE = 1_000_000  # torch.quantile takes at most 16 M values; a sample is plenty
 
 
@@ -52,10 +54,9 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="an experiment directory with checkpoints/")
     parser.add_argument("--reference", type=int, default=1, help="epoch of the reference")
     args = parser.parse_args()
-    checkpoints = sorted((args.run / "checkpoints").glob("epoch=*.ckpt"))
-    if not checkpoints:
+    epoch_of = epoch_checkpoints(args.run / "checkpoints")
+    if not epoch_of:
         raise SystemExit(f"{args.run / 'checkpoints'}: no epoch=NN.ckpt files")
-    epoch_of = {int(p.stem.split("=")[1]): p for p in checkpoints}
     if args.reference not in epoch_of:
         raise SystemExit(f"no epoch={args.reference:02d}.ckpt in {args.run / 'checkpoints'}")
     reference_step, reference = second_moment(epoch_of[args.reference])

@@ -84,6 +84,11 @@ def top_k_indices(
     return candidates[best]
 
 
+def working_precision(grad: Tensor) -> Tensor:
+    """`grad` in the precision the hook's state is kept in: float64 stays, others float32."""
+    return grad if grad.dtype == torch.float64 else grad.float()
+
+
 def clip_locally(state: DGCState, grad: Tensor) -> Tensor:
     """`grad` (one bucket) scaled down to `clip_norm` x N^-1/2 x sqrt(its share of all
     gradient entries) when its norm is above that; as it is otherwise or without
@@ -100,7 +105,7 @@ def accumulate(state: DGCState, index: int, grad: Tensor, rate: float = 1.0) -> 
     """Fold this step's local gradient `grad` (a flat bucket) into the residual of bucket
     `index` and return that residual (`rate`: the step's learning rate, for AdamW's
     directions)."""
-    grad = clip_locally(state, grad.float() if grad.dtype != torch.float64 else grad)
+    grad = clip_locally(state, working_precision(grad))
     residual = bucket_buffer(state.residual, index, grad)
     if state.freezes_variance and state.config.variance_refresh_steps > 0:
         track_local_moments(state, index, grad)
@@ -156,7 +161,7 @@ def _stash_all(state: DGCState) -> None:
 def _unstash(state: DGCState, index: int, layout: BucketLayout, like: Tensor) -> None:
     """Give bucket `index` (laid out as `layout`) the stashed state of its parameters;
     zeros where a parameter has none."""
-    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    dtype = working_precision(like[:0]).dtype
     for kind in STATE_KINDS:
         places = [
             (ptr, offset, size)
@@ -291,7 +296,7 @@ def _dense_adam(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Futur
     return AdamW's direction of the mean, from moments every rank keeps alike."""
     buffer = bucket.buffer()
     current_layout(state, bucket)  # the moments are kept per bucket, moved on rebuilds
-    grad = clip_locally(state, buffer.float() if buffer.dtype != torch.float64 else buffer)
+    grad = clip_locally(state, working_precision(buffer))
     grad = grad.div(state.world_size())
     state.traffic.count_dense_send(buffer)
     work = dist.all_reduce(grad, group=state.process_group, async_op=True)
