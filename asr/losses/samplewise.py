@@ -20,7 +20,8 @@ inputs and parameters are kept; groups reuse the same buffers. The per-node work
 scores, recursion, logit gradient) has two implementations with one contract, chosen by
 `lattice`: PyTorch ops (`asr.losses.lattice`, any device, the reference) and Triton
 kernels (`asr.losses.triton_lattice`, the default on CUDA), where the whole recursion of a
-chunk is one launch instead of a few ops per anti-diagonal.
+chunk is one launch instead of a few ops per anti-diagonal. `asr.losses.lattice_choice`
+picks one; on CUDA, "auto" falls back to the PyTorch ops if the kernels fail or disagree.
 
 Two joiner paths:
 
@@ -46,16 +47,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from asr.config_keys import check_choice
-from asr.losses import lattice as torch_lattice
 from asr.losses.checks import reduce_nll, validate_inputs
 from asr.losses.lattice import padded_labels
+from asr.losses.lattice_choice import LatticeOps, lattice_ops
 
 # Backpropagating through the fused joiner multiplies the (G * T * U1, V) logit gradient by
 # the output weight in at most BACKWARD_CHUNKS blocks of rows (at least BACKWARD_CHUNK_ROWS
@@ -67,28 +66,6 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Lattice nodes (samples x T x (U+1), padded) whose recursion runs at once: about 16 fp32
 # values a node while it runs (256 MiB at this size), 3 a node kept for the gradients.
 LATTICE_CHUNK_NODES = 1 << 22
-LATTICE_IMPLEMENTATIONS = ("auto", "torch", "triton")
-
-
-def lattice_ops(choice: str, device: torch.device) -> ModuleType:
-    """The module that computes node scores, the lattice and the logit gradient.
-
-    Both offer `node_scores_`, `lattice` and `logit_grad_` with one contract:
-    `asr.losses.lattice` (PyTorch ops, any device: the reference) and
-    `asr.losses.triton_lattice` (fused Triton kernels, one launch per chunk or group:
-    CUDA). "auto" picks Triton on CUDA devices and PyTorch ops elsewhere.
-    """
-    check_choice("lattice", choice, LATTICE_IMPLEMENTATIONS)
-    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return torch_lattice
-    from asr.losses import triton_lattice  # imports triton: only when it is wanted
-
-    if not triton_lattice.is_supported(device):
-        raise RuntimeError(
-            f"lattice='triton' cannot run on {device}: Triton kernels need a CUDA device "
-            "(or, for testing, a machine without CUDA, where they run interpreted on the CPU)"
-        )
-    return triton_lattice
 
 
 def tanh_joint_parts(joiner: object) -> tuple[Callable, Callable, nn.Linear] | None:
@@ -167,7 +144,7 @@ class _Plan:
     reduction: str
     logits_dtype: torch.dtype | None
     grad_clamp: float | None
-    ops: ModuleType
+    ops: LatticeOps
 
     def lattice_dtype(self, like: Tensor) -> torch.dtype:
         return torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -446,7 +423,7 @@ def samplewise_transducer_loss(
     logits_dtype: torch.dtype | None = None,
     grad_clamp: float | None = None,
     lattice_chunk_nodes: int = LATTICE_CHUNK_NODES,
-    lattice: str = "auto",
+    lattice: str | LatticeOps = "auto",
 ) -> Tensor:
     """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
 
@@ -456,8 +433,9 @@ def samplewise_transducer_loss(
     (float16/bfloat16) for the joiner's matmuls with the lattice and gradients in float32
     (None: the autocast dtype inside an autocast region, else the inputs' precision),
     `grad_clamp` bounds each logit's gradient; `lattice` picks the implementation of the
-    per-node work ("auto": Triton kernels on CUDA, PyTorch ops elsewhere; "torch";
-    "triton"). See `asr.losses.samplewise`.
+    per-node work ("auto": Triton kernels on CUDA with a fallback to PyTorch ops if they
+    fail, PyTorch ops elsewhere; "torch"; "triton"; or a `LatticeOps` object). See
+    `asr.losses.samplewise` and `asr.losses.lattice_choice`.
     """
     max_t, max_u = validate_inputs(
         encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction

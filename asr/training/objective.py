@@ -20,7 +20,7 @@ from asr.config_keys import ConfigError, check_choice, dataclass_from_keys
 from asr.data.batch import Batch
 from asr.losses.cross_entropy import label_smoothed_cross_entropy
 from asr.losses.ctc import ctc_loss
-from asr.losses.samplewise import LATTICE_IMPLEMENTATIONS
+from asr.losses.lattice_choice import LATTICE_IMPLEMENTATIONS
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.aed import EncoderDecoder
 from asr.models.transducer import Transducer
@@ -42,8 +42,9 @@ class TransducerLossConfig:
     - `logits_dtype` (`bfloat16`/`float16`/`float32`; null: as autocast): the precision
       of the joiner's matmuls, for either kind.
     - `group_size`, `max_group_nodes`, `grad_clamp`, `lattice` (`auto`: Triton kernels on
-      CUDA, PyTorch ops elsewhere; `torch`; `triton`): options of the sample-wise loss
-      (see `asr.losses.samplewise`).
+      CUDA, falling back to PyTorch ops with a warning if they fail, PyTorch ops elsewhere;
+      `torch`; `triton`: the kernels or an error): options of the sample-wise loss (see
+      `asr.losses.samplewise` and `asr.losses.lattice_choice`).
     """
 
     kind: str = "samplewise"

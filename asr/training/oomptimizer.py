@@ -37,7 +37,10 @@ How memory is measured:
 Both modes keep one extra copy of the parameters by default, like the gradient buckets
 of DistributedDataParallel (`--no-ddp-grad-copy` for single-device training), and run the
 step in the training's precision (`trainer.precision`; "auto" resolved for the probe's
-device): bf16 autocast keeps smaller activations, so its batches are larger.
+device): bf16 autocast keeps smaller activations, so its batches are larger. A transducer's
+probes compute the loss as training will (`model.loss.lattice`: with `auto` on CUDA the
+Triton kernels, or the PyTorch lattice from the moment they fail); the output file names
+the lattice that ran.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from typing import Any
 import hydra
 import torch
 import yaml
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,6 +65,7 @@ from rich.table import Table
 
 from asr.cli import command
 from asr.data.bins import read_bins, write_bins
+from asr.losses.lattice_choice import active_lattice
 from asr.training.precision import resolve_precision
 from asr.training.probes import (
     ModelSetup,
@@ -329,6 +333,14 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         return hydra.compose("train", overrides=list(overrides))
 
 
+def lattice_in_use(cfg: DictConfig, device: str) -> str | None:
+    """The transducer lattice the probes ran (None for other models and losses)."""
+    loss = OmegaConf.select(cfg, "model.loss") or {}
+    if cfg.model.get("kind", "transducer") != "transducer" or loss.get("kind") != "samplewise":
+        return None
+    return active_lattice(loss.get("lattice", "auto"), torch.device(device))
+
+
 def summary_table(results: Sequence[BucketResult]) -> Table:
     table = Table(title="batch size per bucket")
     for name in ("max duration", "max tokens", "batch size", "audio / batch", "peak", "probes"):
@@ -429,6 +441,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     if not is_2d and not isinstance(max_tps, Sequence):
         comment += f"\nassumes at most {max_tps:g} tokens/s (data.sampler.max_tps)"
+    lattice = lattice_in_use(cfg, device)
+    if lattice is not None:
+        comment += f"\ntransducer lattice: {lattice}"
+        log.info("transducer lattice: %s", lattice)
     write_bins(args.output, sampler_keys(final, is_2d), comment)
     console.print(summary_table(final))
     print(f"{len(final)} buckets -> {args.output}")

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from asr.losses import lattice as torch_lattice
-from asr.losses.samplewise import lattice_ops, plan_chunks, plan_groups, tanh_joint_parts
+from asr.losses.lattice_choice import lattice_ops
+from asr.losses.samplewise import plan_chunks, plan_groups, tanh_joint_parts
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
 from asr.profiling import launching_ops

@@ -345,6 +345,7 @@ def test_cli_writes_sampler_keys_from_a_bins_file(tmp_path: Path, fake_cpu_probe
         + ["--rel-tolerance", "0"]
     )
     keys = yaml.safe_load(out.read_text())
+    assert "# transducer lattice: torch\n" in out.read_text()  # what the probes ran
     assert keys == {
         "bucket_duration_bins": [2.0, 4.0, 8.0],
         "bucket_batch_size": [100, 50, 25],
