@@ -1,0 +1,207 @@
+"""GPU check, section `lattice`: the sample-wise transducer loss with the Triton lattice
+(`model.loss.lattice=auto`'s choice on CUDA) against the PyTorch lattice and torchaudio's
+batched `rnnt_loss`, on one random batch of varied lengths at the LibriSpeech preset's
+sizes (V = 1024, up to T = 1,000 frames after subsampling and U = 150 tokens, the preset's
+joiner), in fp32.
+
+Agreement: the losses within a relative 1e-5 and each gradient (encoder output,
+predictor output, the joiner's output layer) within 1e-3 of the reference's largest
+entry: a T = 1,000 lattice chains 1,150 log-additions per path in fp32, whose rounding
+the occupancies exp(alpha + beta - log P) carry into the gradient. Then each
+implementation's time per loss forward + backward (median of a few calls, after one that
+includes Triton's compilations) and its peak memory above the inputs. Last, `auto` itself:
+its first-use check on this GPU must keep the kernels (a false alarm would make every run
+fall back).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from asr.gpu_check.report import Report, SectionOptions
+from asr.losses.lattice_choice import AUTO_ON_CUDA, FallbackLattice
+from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
+from asr.models.transducer import Joiner
+
+LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-3  # of the reference gradient's largest entry
+
+
+@dataclass(frozen=True)
+class LatticeCase:
+    """One random batch: sizes of the lattice and of the joiner."""
+
+    batch: int
+    max_frames: int
+    max_tokens: int
+    vocab: int
+    encoder_dim: int
+    predictor_dim: int
+    joint_dim: int
+    repeats: int
+
+
+# The librispeech_transducer preset's joiner (encoder 512, predictor and joint 640, BPE 1024).
+GPU_CASE = LatticeCase(8, 1000, 150, 1024, 512, 640, 640, repeats=3)
+REHEARSAL_CASE = LatticeCase(3, 20, 6, 33, 16, 12, 16, repeats=1)
+
+
+def random_batch(case: LatticeCase, device: str) -> tuple[Joiner, list[Tensor]]:
+    """The joiner and (encoder_out, predictor_out, targets, encoder_lens, target_lens):
+    lengths spread from a quarter of the maximum to the maximum, shuffled so that long
+    audio does not always come with long transcripts; sample 0 has both maxima."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    joiner = Joiner(
+        encoder_dim=case.encoder_dim,
+        predictor_dim=case.predictor_dim,
+        joint_dim=case.joint_dim,
+        vocab_size=case.vocab,
+    )
+    b = case.batch
+    frames = torch.linspace(case.max_frames / 4, case.max_frames, b).round().long()
+    tokens = torch.linspace(case.max_tokens / 4, case.max_tokens, b).round().long()
+    frames, tokens = frames.flip(0), tokens[torch.randperm(b, generator=g)]
+    tokens[tokens.argmax()], tokens[0] = tokens[0].clone(), tokens.max()
+    inputs = [
+        torch.randn(b, case.max_frames, case.encoder_dim, generator=g),
+        torch.randn(b, case.max_tokens + 1, case.predictor_dim, generator=g),
+        torch.randint(1, case.vocab, (b, case.max_tokens), generator=g),
+        frames,
+        tokens,
+    ]
+    return joiner.to(device), [x.to(device) for x in inputs]
+
+
+Loss = Callable[..., Tensor]
+
+
+def implementations() -> dict[str, Loss]:
+    def samplewise(lattice: str) -> Loss:
+        return lambda *args: samplewise_transducer_loss(*args, lattice=lattice)
+
+    return {
+        "triton": samplewise("triton"),
+        "torch": samplewise("torch"),
+        "torchaudio": batched_transducer_loss,
+    }
+
+
+def loss_and_grads(loss_fn: Loss, joiner: Joiner, inputs: list[Tensor]) -> list[Tensor]:
+    """[loss, d/d encoder_out, d/d predictor_out, d/d joiner parameters...]."""
+    enc, pred, *rest = inputs
+    enc, pred = enc.detach().requires_grad_(True), pred.detach().requires_grad_(True)
+    params = list(joiner.parameters())
+    loss = loss_fn(joiner, enc, pred, *rest)
+    grads = torch.autograd.grad(loss, [enc, pred, *params])
+    return [loss.detach(), *grads]
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(
+    name: str, loss_fn: Loss, joiner: Joiner, inputs: list[Tensor], case: LatticeCase, device: str
+) -> tuple[dict, list[Tensor]]:
+    """One implementation: first call (compilations), median time, peak memory."""
+    _sync(device)
+    began = time.perf_counter()
+    result = loss_and_grads(loss_fn, joiner, inputs)
+    _sync(device)
+    first = time.perf_counter() - began
+    times, peak = [], None
+    for _ in range(case.repeats):
+        del result
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        began = time.perf_counter()
+        result = loss_and_grads(loss_fn, joiner, inputs)
+        _sync(device)
+        times.append(time.perf_counter() - began)
+        if device == "cuda":
+            peak = torch.cuda.max_memory_allocated() - before
+    fields = {
+        "implementation": name,
+        "first_call_s": first,
+        "seconds": statistics.median(times),
+        "peak_bytes": peak,
+        "loss": float(result[0]),
+    }
+    return fields, result
+
+
+def disagreement(got: list[Tensor], want: list[Tensor]) -> dict:
+    """The loss's relative difference and each gradient's largest difference relative to
+    the largest entry of the reference's."""
+    loss_rel = float((got[0] - want[0]).abs() / want[0].abs().clamp_min(1e-30))
+    grads = ["encoder_out", "predictor_out", "output_weight", "output_bias"]
+    grad_rel = {
+        name: float((g - w).abs().max() / w.abs().max().clamp_min(1e-30))
+        for name, g, w in zip(grads, got[1:], want[1:], strict=False)
+    }
+    ok = loss_rel <= LOSS_RTOL and all(v <= GRAD_RTOL for v in grad_rel.values())
+    return {"loss_rel": loss_rel, "grad_rel": grad_rel, "ok": ok}
+
+
+def check_auto(joiner: Joiner, inputs: list[Tensor], device: str) -> dict:
+    """`lattice=auto` as training runs it: on CUDA the process-wide `AUTO_ON_CUDA` (a
+    rehearsal's CPU has no fallback to check: a fresh `FallbackLattice` stands in)."""
+    auto = AUTO_ON_CUDA if device == "cuda" else FallbackLattice()
+    loss_and_grads(lambda *args: samplewise_transducer_loss(*args, lattice=auto), joiner, inputs)
+    return {"active": auto.active, "reason": auto.reason}
+
+
+def run(report: Report, options: SectionOptions) -> None:
+    device = options.device
+    case = REHEARSAL_CASE if options.rehearsal else GPU_CASE
+    joiner, inputs = random_batch(case, device)
+    report.record(
+        "batch",
+        **case.__dict__,
+        frames=inputs[3].tolist(),
+        tokens=inputs[4].tolist(),
+        dtype="float32",
+    )
+    results, measured = {}, {}
+    for name, loss_fn in implementations().items():
+        try:
+            measured[name], results[name] = measure(name, loss_fn, joiner, inputs, case, device)
+        except AttributeError as err:  # a torchaudio without rnnt_loss
+            if name != "torchaudio":
+                raise
+            report.record("implementation", implementation=name, unavailable=str(err))
+            continue
+        report.record("implementation", **measured[name])
+    report.record(
+        "triton_against",
+        **{
+            name: {
+                "time_ratio": m["seconds"] / measured["triton"]["seconds"],
+                "memory_ratio": m["peak_bytes"] / measured["triton"]["peak_bytes"]
+                if m["peak_bytes"] and measured["triton"]["peak_bytes"]
+                else None,
+            }
+            for name, m in measured.items()
+            if name != "triton"
+        },
+    )
+    for a, b in (("triton", "torch"), ("torch", "torchaudio")):
+        if a in results and b in results:
+            found = disagreement(results[a], results[b])
+            report.record("agreement", implementation=a, reference=b, **found)
+            if not found["ok"]:
+                report.fail(f"{a} and {b} disagree: {found}")
+    auto = check_auto(joiner, inputs, device)
+    report.record("auto", **auto)
+    if auto["reason"]:
+        report.fail(f"lattice=auto gave the Triton kernels up on this device: {auto['reason']}")

@@ -1,0 +1,290 @@
+"""`make gpu-check` / `scripts/gpu_check.py`: run the GPU check's sections, each in its own
+process with its own time limit, and stream their JSON lines to stdout and to a file.
+
+    python scripts/gpu_check.py                     # every section on the first GPU
+    python scripts/gpu_check.py --only lattice      # one section again (comma-separated list)
+    python scripts/gpu_check.py --rehearse          # every section at toy sizes on the CPU
+
+Why a process per section: a kernel that faults the GPU leaves its CUDA context unusable,
+and a hung collective cannot be interrupted from Python; a fresh process per section
+keeps one failure from hiding the others' results, starts each section's peak-memory
+count from zero, and can be killed (with its subprocesses) at its time limit. Every line
+is written as soon as the section reports it, so a section cut off still reports what it
+measured. The limits add up to 300 s: the whole check takes at most 5 minutes.
+
+Each line is a JSON object with `section` and `record`; each section ends with a `status`
+record (pass, fail, error, timeout) and the run with a `summary` of all of them. The exit
+code is 0 when every section that ran passed. Without a CUDA device (and without
+`--rehearse`) the check prints one line saying so and ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from asr.gpu_check.report import Report, SectionOptions
+
+DEFAULT_BUDGET = "20GiB"
+STDERR_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section: its module (with `run(report, options)`), its time limits in seconds on
+    a GPU and in a CPU rehearsal, and what it checks."""
+
+    name: str
+    module: str
+    limit_s: float
+    rehearsal_limit_s: float
+    checks: str
+
+
+SECTIONS = (
+    Section("env", "asr.gpu_check.environment", 20, 60, "the stack's versions and the device"),
+    Section(
+        "lattice", "asr.gpu_check.lattice", 60, 120,
+        "Triton lattice vs PyTorch lattice vs torchaudio's rnnt_loss at LibriSpeech sizes",
+    ),
+    Section(
+        "training", "asr.gpu_check.training", 110, 240,
+        "asr-oomptimizer's search, then 30 bf16 steps of the 102 M transducer: no OOM",
+    ),
+    Section(
+        "aed", "asr.gpu_check.aed", 45, 120,
+        "greedy-decoding RTFx of the flash AED preset against the deep one",
+    ),
+    Section(
+        "ddp", "asr.gpu_check.ddp", 65, 240,
+        "asr-train under 1-process DDP (NCCL), with and without the DGC hook",
+    ),
+)  # fmt: skip
+SECTION_NAMES = tuple(s.name for s in SECTIONS)
+NOT_EXECUTED = (
+    "AD-PSGD and H-ADPSGD (trainer.strategy=adpsgd): they need two processes",
+    "collectives between several GPUs or nodes (the check has one GPU)",
+)
+
+
+class Lines:
+    """JSON lines to stdout and to a file, each flushed at once."""
+
+    def __init__(self, path: Path | None, stdout: TextIO = sys.stdout) -> None:
+        self.stdout = stdout
+        self.file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = path.open("a", buffering=1)
+
+    def write(self, line: dict[str, Any]) -> None:
+        text = json.dumps(line)
+        for stream in (self.stdout, self.file):
+            if stream is not None:
+                stream.write(text + "\n")
+                stream.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _pump(stream: TextIO, tag: str, lines: queue.Queue, echo: TextIO | None, tail: deque) -> None:
+    """Move `stream`'s lines into `lines` (stdout) or to `echo` and `tail` (stderr)."""
+    for line in stream:
+        if echo is None:
+            lines.put((tag, line))
+        else:
+            tail.append(line.rstrip("\n"))
+            echo.write(line)
+            echo.flush()
+    lines.put((tag, None))
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop a section's process group: SIGTERM, then SIGKILL after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_section(section: Section, options: SectionOptions, out: Lines) -> str:
+    """Run one section in a fresh process; relay its lines; return its status."""
+    limit = section.rehearsal_limit_s if options.rehearsal else section.limit_s
+    command = [
+        sys.executable, "-m", "asr.gpu_check.runner", "--section", section.name,
+        "--module", section.module, "--device", options.device, "--work-dir", str(options.work_dir),
+        "--memory-budget", str(options.memory_budget),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    began = time.monotonic()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: queue.Queue = queue.Queue()
+    tail: deque = deque(maxlen=STDERR_TAIL_LINES)
+    pumps = [
+        threading.Thread(target=_pump, args=(process.stdout, "out", lines, None, tail)),
+        threading.Thread(target=_pump, args=(process.stderr, "err", lines, sys.stderr, tail)),
+    ]
+    for pump in pumps:
+        pump.daemon = True
+        pump.start()
+    summary, error, open_streams, timed_out = None, False, 2, False
+    while open_streams:
+        try:
+            tag, line = lines.get(timeout=max(0.0, began + limit - time.monotonic()))
+        except queue.Empty:
+            timed_out = True
+            _stop(process)
+            break
+        if line is None:
+            open_streams -= 1
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = {"record": "stray_output", "text": line.rstrip("\n")}
+        if record.get("record") == "summary":
+            summary = record
+        error = error or record.get("record") == "error"
+        out.write({"section": section.name, **record})
+    if not timed_out:
+        try:
+            process.wait(max(1.0, began + limit - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(process)
+    if timed_out:
+        status = "timeout"
+    elif process.returncode != 0 or summary is None:
+        status = "error"
+    else:
+        status = "fail" if summary["failures"] else "pass"
+    line = {
+        "section": section.name, "record": "status", "status": status,
+        "seconds": round(time.monotonic() - began, 1), "limit_s": limit,
+        "exit_code": process.returncode,
+    }  # fmt: skip
+    if status == "timeout" or (status == "error" and not error):
+        line["stderr_tail"] = list(tail)  # what it printed last (no traceback was reported)
+    out.write(line)
+    return status
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="gpu_check", description="Run the code paths only a GPU executes, in minutes."
+    )
+    parser.add_argument(
+        "--only", default=",".join(SECTION_NAMES),
+        help=f"comma-separated sections to run (default: all of {', '.join(SECTION_NAMES)})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rehearse", action="store_true",
+        help="every section at toy sizes on the CPU (Triton interpreted, gloo for NCCL): "
+        "tests the check itself on a machine without a GPU",
+    )  # fmt: skip
+    parser.add_argument("-o", "--output", type=Path, help="JSON lines file (default under exp/)")
+    parser.add_argument("--work-dir", type=Path, default=Path("exp/gpu_check/work"))
+    parser.add_argument(
+        "--memory-budget", default=DEFAULT_BUDGET,
+        help=f"the training section's batch-size search budget (default {DEFAULT_BUDGET})",
+    )  # fmt: skip
+    parser.add_argument("--section", help=argparse.SUPPRESS)  # in a section's own process
+    parser.add_argument("--module", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SECTION_NAMES))
+    if unknown or not names:
+        parser.error(f"--only {args.only!r}: unknown sections {unknown}; valid: {SECTION_NAMES}")
+    args.only = names
+    return args
+
+
+def _section_main(args: argparse.Namespace) -> int:
+    """Inside a section's process: run it, its JSON lines on the original stdout."""
+    report_stream = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever else prints goes to stderr, not into the JSON lines
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    options = SectionOptions(args.device, args.work_dir / args.section, int(args.memory_budget))
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    report = Report(report_stream)
+    try:
+        importlib.import_module(args.module).run(report, options)
+    except Exception:
+        traceback.print_exc()
+        report.record("error", traceback=traceback.format_exc()[-4000:])
+        report.finish()
+        return 1
+    report.finish()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if args.section is not None:
+        return _section_main(args)
+    import torch  # here, not at import: a section's process imports what it needs itself
+
+    from asr.training.oomptimizer import parse_memory_size
+
+    if not args.rehearse and not torch.cuda.is_available():
+        print(json.dumps({
+            "section": "gpu_check", "record": "status", "status": "no_cuda",
+            "message": f"no CUDA device visible to torch {torch.__version__}: nothing was "
+            "checked (run it on a GPU machine, or --rehearse to test the check on the CPU)",
+        }))  # fmt: skip
+        return 0
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    output = args.output or Path("exp/gpu_check") / f"gpu_check-{stamp}.jsonl"
+    device = "cpu" if args.rehearse else "cuda"
+    options = SectionOptions(device, args.work_dir, parse_memory_size(args.memory_budget))
+    print(f"gpu_check: JSON lines -> {output}", file=sys.stderr)
+    out = Lines(output)
+    began = time.monotonic()
+    statuses = {}
+    try:
+        for section in SECTIONS:
+            if section.name in args.only:
+                statuses[section.name] = run_section(section, options, out)
+        passed = all(s == "pass" for s in statuses.values())
+        out.write({
+            "section": "gpu_check", "record": "summary", "status": "pass" if passed else "fail",
+            "sections": statuses, "seconds": round(time.monotonic() - began, 1),
+            "rehearsal": args.rehearse, "date": stamp, "not_executed": list(NOT_EXECUTED),
+        })  # fmt: skip
+    finally:
+        out.close()
+    print(f"gpu_check: {statuses} -> {output}", file=sys.stderr)
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

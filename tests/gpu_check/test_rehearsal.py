@@ -1,0 +1,132 @@
+"""The whole GPU check rehearsed on the CPU (`scripts/gpu_check.py --rehearse`): every
+section's real code at toy sizes, Triton interpreted and gloo in NCCL's place, so that the
+check's first run on a GPU does not stop on a bug of its own. One run for the module; each
+test reads what one section reported."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asr.gpu_check.aed import REHEARSAL_CASE, TOKENS_PER_SECOND, utterance_features
+from asr.gpu_check.ddp import MAX_STEPS
+from asr.gpu_check.runner import SECTION_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """{"exit_code", "stdout", "file": the JSON lines file, "by_section": section -> lines}."""
+    tmp = tmp_path_factory.mktemp("rehearsal")
+    output = tmp / "check.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--rehearse", "-o", str(output),
+         "--work-dir", str(tmp / "work")],
+        capture_output=True, text=True, timeout=900, cwd=tmp,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    by_section: dict[str, list[dict]] = {}
+    for line in lines:
+        by_section.setdefault(line["section"], []).append(line)
+    return {"done": done, "lines": lines, "by_section": by_section, "work": tmp / "work"}
+
+
+def records(rehearsal: dict, section: str, kind: str) -> list[dict]:
+    return [line for line in rehearsal["by_section"][section] if line["record"] == kind]
+
+
+def test_every_section_passes_and_streams_to_stdout_and_the_file(rehearsal: dict) -> None:
+    done = rehearsal["done"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in done.stdout.splitlines()] == rehearsal["lines"]
+    (summary,) = records(rehearsal, "gpu_check", "summary")
+    assert summary["status"] == "pass" and summary["rehearsal"]
+    assert summary["sections"] == dict.fromkeys(SECTION_NAMES, "pass")
+    assert any("AD-PSGD" in item for item in summary["not_executed"])
+    for name in SECTION_NAMES:
+        (status,) = records(rehearsal, name, "status")
+        assert status["seconds"] < status["limit_s"]
+
+
+def test_env_names_the_stack(rehearsal: dict) -> None:
+    (env,) = records(rehearsal, "env", "environment")
+    assert env["packages"]["torch"] and env["packages"]["triton"] and env["rehearsal"]
+
+
+def test_lattice_implementations_agree(rehearsal: dict) -> None:
+    found = {r["implementation"] for r in records(rehearsal, "lattice", "implementation")}
+    assert found == {"triton", "torch", "torchaudio"}
+    agreements = records(rehearsal, "lattice", "agreement")
+    assert [(a["implementation"], a["reference"]) for a in agreements] == [
+        ("triton", "torch"),
+        ("torch", "torchaudio"),
+    ]
+    assert all(a["ok"] and a["loss_rel"] <= 1e-5 for a in agreements)
+    (auto,) = records(rehearsal, "lattice", "auto")
+    assert auto == {"section": "lattice", "record": "auto", "active": "triton", "reason": ""}
+
+
+def test_training_searches_batch_sizes_then_trains_without_oom(rehearsal: dict) -> None:
+    probes = records(rehearsal, "training", "probe")
+    assert probes and probes[0]["max_duration"] == max(p["max_duration"] for p in probes)
+    (sizes,) = records(rehearsal, "training", "batch_sizes")
+    assert all(size >= 1 for size in sizes["bucket_batch_size"])
+    (steps,) = records(rehearsal, "training", "steps")
+    assert steps["oom_steps"] == 0 and steps["losses_finite"] and steps["lattice"] == "torch"
+    assert steps["batch_size"] == sizes["bucket_batch_size"][-1]
+    assert steps["audio_seconds_per_second"] > 0
+
+
+def test_aed_decodes_fixed_token_counts_and_reports_a_ratio_per_batch_size(
+    rehearsal: dict,
+) -> None:
+    models = {m["model"]: m for m in records(rehearsal, "aed", "model")}
+    assert models["deep"]["decoder_layers"] > models["flash"]["decoder_layers"]
+    # demo presets: x4 subsampling, 40 ms encoder frames; each utterance decodes
+    # ceil(encoder seconds x rate) tokens.
+    frames = [f.shape[0] for f in utterance_features(REHEARSAL_CASE, 80)]
+    expected = sum(math.ceil(math.ceil(n / 4) * 0.04 * TOKENS_PER_SECOND) for n in frames)
+    decodes = {(d["batch_size"], d["model"]): d for d in records(rehearsal, "aed", "decode")}
+    assert set(decodes) == {(b, m) for b in REHEARSAL_CASE.batch_sizes for m in models}
+    for line in decodes.values():
+        assert line["tokens"] == expected
+        for key in ("rtfx", "encoder_seconds", "search_seconds", "search_tokens_per_second"):
+            assert math.isfinite(line[key]) and line[key] > 0, (key, line)
+        assert len(line["pass_seconds"]) == REHEARSAL_CASE.repeats
+    ratios = {r["batch_size"]: r for r in records(rehearsal, "aed", "ratio")}
+    assert sorted(ratios) == sorted(REHEARSAL_CASE.batch_sizes)
+    for size, ratio in ratios.items():
+        deep, flash = decodes[(size, "deep")], decodes[(size, "flash")]
+        assert ratio["rtfx_ratio"] == pytest.approx(flash["rtfx"] / deep["rtfx"], rel=1e-4)
+        assert ratio["decoder_only_ratio"] > 0
+    # Missing the speed target warns; it is never a failure.
+    (summary,) = records(rehearsal, "aed", "summary")
+    assert len(summary["warnings"]) == sum(r["rtfx_ratio"] < 2.5 for r in ratios.values())
+
+
+def test_ddp_trains_both_runs_over_gloo(rehearsal: dict) -> None:
+    runs = {r["run"]: r for r in records(rehearsal, "ddp", "train_run")}
+    assert set(runs) == {"ddp", "ddp_dgc"}
+    for record in runs.values():
+        assert record["exit_code"] == 0 and record["backend"] == "gloo"
+        assert record["precision"] == "32-true" and record["validations"] == 2
+        assert record["optimizer_steps"] == MAX_STEPS and len(record["losses"]) == MAX_STEPS
+        assert record["losses_finite"] and not record["lattice_given_up"]
+        assert "trainer.strategy=ddp" in record["overrides"]
+    dgc = runs["ddp_dgc"]["dgc"]
+    # 2 dense AdamW steps, then the warm-up's sparsities; the 4th sparse step's top-k is
+    # 0.4 % of the entries (8 bytes each: int32 index, fp32 value) against 4 bytes each dense
+    assert dgc["sparsity"][:2] == [0.0, 0.0] and dgc["sent_bytes"][:2] == dgc["dense_bytes"][:2]
+    assert dgc["sparsity"][2:] == pytest.approx([0.75, 0.9375, 0.984375, 0.996], abs=1e-5)
+    assert dgc["sparse_steps"] == MAX_STEPS - 2
+    assert dgc["compression"][-1] == pytest.approx(1 / (2 * 0.004), rel=0.01)
+    assert dgc["rank_state_saved"]
+    log = rehearsal["work"] / "ddp" / "ddp_dgc.log"
+    assert "gradient clipping moves into the DGC hook" in log.read_text()

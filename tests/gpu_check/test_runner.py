@@ -1,0 +1,142 @@
+"""The GPU check's runner: one line without CUDA; sections in their own processes whose
+lines are relayed as they come, whose faults, crashes and overruns are reported, and
+whose stray prints cannot corrupt the JSON. The sections here are small modules written
+by the tests (a real section's code is tested by the CPU rehearsal, test_rehearsal.py)."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.runner import SECTIONS, Lines, Section, run_section
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_without_cuda_it_ends_at_once_with_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine with one
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    seconds = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    record = json.loads(line)
+    assert record["status"] == "no_cuda"
+    assert "no CUDA device" in record["message"] and "nothing was checked" in record["message"]
+    assert not done.stderr.strip()
+    assert not (tmp_path / "exp").exists()  # nothing written
+    assert seconds < 30, seconds  # imports torch and stops: a few seconds
+
+
+def test_the_limits_keep_the_check_within_5_minutes() -> None:
+    assert sum(s.limit_s for s in SECTIONS) <= 300
+    assert [s.name for s in SECTIONS] == ["env", "lattice", "training", "aed", "ddp"]
+
+
+FAKES = {
+    "fake_ok": """
+        def run(report, options):
+            print("a stray print")  # must not reach the JSON lines
+            report.record("measured", value=1.5, device=options.device)
+    """,
+    "fake_fault": """
+        def run(report, options):
+            report.record("measured", value=2)
+            report.fail("the answers differ")
+            report.warn("slower than the target")
+    """,
+    "fake_crash": """
+        def run(report, options):
+            report.record("measured", value=3)
+            raise ValueError("a bug in the section")
+    """,
+    "fake_hang": """
+        import subprocess, time
+        def run(report, options):
+            child = subprocess.Popen(["sleep", "300"])
+            report.record("started", child=child.pid)
+            time.sleep(300)
+    """,
+}
+
+
+@pytest.fixture
+def fake_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name, code in FAKES.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(code))
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    return tmp_path
+
+
+def run_fake(tmp_path: Path, module: str, limit: float = 60) -> tuple[str, list[dict]]:
+    out = io.StringIO()
+    options = SectionOptions("cpu", tmp_path / "work", 2**30)
+    status = run_section(Section(module, module, limit, limit, ""), options, Lines(None, out))
+    return status, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_a_passing_section_streams_its_lines(fake_sections: Path) -> None:
+    status, lines = run_fake(fake_sections, "fake_ok")
+    assert status == "pass"
+    assert [line["record"] for line in lines] == ["measured", "summary", "status"]
+    assert lines[0] == {"section": "fake_ok", "record": "measured", "value": 1.5, "device": "cpu"}
+    assert lines[-1]["status"] == "pass" and lines[-1]["exit_code"] == 0
+    assert (fake_sections / "work" / "fake_ok").is_dir()  # its scratch space
+
+
+def test_a_fault_fails_the_section_and_a_warning_does_not(fake_sections: Path) -> None:
+    status, lines = run_fake(fake_sections, "fake_fault")
+    assert status == "fail"
+    summary = next(line for line in lines if line["record"] == "summary")
+    assert summary["failures"] == ["the answers differ"]
+    assert summary["warnings"] == ["slower than the target"]
+
+
+def test_a_crash_reports_what_was_measured_and_the_traceback(fake_sections: Path) -> None:
+    status, lines = run_fake(fake_sections, "fake_crash")
+    assert status == "error"
+    records = {line["record"]: line for line in lines}
+    assert records["measured"]["value"] == 3
+    assert "ValueError: a bug in the section" in records["error"]["traceback"]
+    assert records["status"]["exit_code"] == 1
+
+
+def test_an_overrun_is_stopped_with_its_subprocesses(fake_sections: Path) -> None:
+    began = time.monotonic()
+    status, lines = run_fake(fake_sections, "fake_hang", limit=8)
+    assert status == "timeout"
+    assert 8 <= time.monotonic() - began < 30
+    started = next(line for line in lines if line["record"] == "started")  # relayed at once
+    assert lines[-1]["limit_s"] == 8 and "stderr_tail" in lines[-1]
+    time.sleep(0.5)
+    assert not running(started["child"])  # the section's own child was stopped too
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (a killed orphan may wait to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_report_lines_are_plain_json() -> None:
+    out = io.StringIO()
+    report = Report(out)
+    report.record("x", path=Path("/a"), ratio=1 / 3, inf=float("inf"), pair=(1, 2))
+    report.finish()
+    first, summary = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first == {"record": "x", "path": "/a", "ratio": 0.333333, "inf": "inf", "pair": [1, 2]}
+    assert summary == {"record": "summary", "failures": [], "warnings": []}
