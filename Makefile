@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-fast lint bench install clean-demo
+.PHONY: demo test test-fast lint bench install clean-demo gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 ## The whole test suite (slow tests included: a few minutes).
 test: $(STAMP)
-	pytest -q
+	pytest -q --durations=20
 
 test-fast: $(STAMP)
 	pytest -q -m "not slow"
@@ -30,6 +30,14 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	pip install --quiet -e ".[dev,bench]"
 	python scripts/benchmark_transducer_loss.py --cases a,b
+
+## On a GPU machine: the code paths only a GPU runs, in at most 5 minutes (docs/gpu.md).
+gpu-check: $(STAMP)
+	python scripts/gpu_check.py
+
+## Wheels for the GPU check on a machine that reaches no registry (docs/gpu.md): .gpu-wheels/
+gpu-wheels:
+	bash scripts/prepare_gpu_wheels.sh .gpu-wheels
 
 lint: $(STAMP)
 	ruff check asr tests scripts

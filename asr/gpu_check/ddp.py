@@ -343,4 +343,3 @@ def run(report: Report, options: SectionOptions) -> None:
             if started.process.poll() is None:
                 started.process.kill()
                 started.process.wait()
-
