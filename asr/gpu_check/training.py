@@ -40,7 +40,7 @@ from asr.training.probes import (
     worst_case_batch,
 )
 
-PRECISION = "bf16-mixed"
+PRECISION = "bf16-mixed"  # the probes' and the steps' autocast (ModelSetup.precision)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class TrainingCase:
 
 
 GPU_CASE = TrainingCase(
-    ("experiment=librispeech_transducer", f"trainer.precision={PRECISION}"),
+    ("experiment=librispeech_transducer",),
     vocab_size=1024,
     num_buckets=4,
     duration_scale=1.0,
@@ -68,7 +68,7 @@ GPU_CASE = TrainingCase(
 TINY_MODEL = (
     "experiment=demo", "model.encoder.num_layers=1", "model.encoder.d_model=32",
     "model.encoder.num_heads=2", "model.predictor.embed_dim=32", "model.predictor.hidden_dim=32",
-    "model.joiner.joint_dim=32", f"trainer.precision={PRECISION}",
+    "model.joiner.joint_dim=32",
     # oneDNN has no bf16 LSTM on CPUs without bf16 arithmetic ("could not create a primitive
     # descriptor"): the rehearsal's predictor is the stateless one.
     "model.predictor.kind=stateless",
