@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from asr.gpu_check.report import Report, SectionOptions
+from asr.training.cuda_allocator import ALLOC_CONF_VARS, expandable_segments_active
 
 PACKAGES = ("torch", "torchaudio", "triton", "lightning", "lhotse", "hydra-core", "numpy")
 
@@ -60,6 +61,8 @@ def device_facts(device: str) -> dict[str, object]:
         "bf16": torch.cuda.is_bf16_supported(),
         "cuda_driver": _driver_version(),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "allocator_settings": {name: os.environ.get(name) for name in ALLOC_CONF_VARS},
+        "expandable_segments": expandable_segments_active(),
     }
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asr.gpu_check.report import Report, SectionOptions
+from asr.training.cuda_allocator import use_expandable_segments
 
 DEFAULT_BUDGET = "20GiB"
 STDERR_TAIL_LINES = 30
@@ -233,6 +234,7 @@ def _section_main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
     )
+    use_expandable_segments()  # as asr-train and asr-oomptimizer run
     options = SectionOptions(args.device, args.work_dir / args.section, int(args.memory_budget))
     options.work_dir.mkdir(parents=True, exist_ok=True)
     report = Report(report_stream)
@@ -265,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     output = args.output or Path("exp/gpu_check") / f"gpu_check-{stamp}.jsonl"
     device = "cpu" if args.rehearse else "cuda"
-    options = SectionOptions(device, args.work_dir, parse_memory_size(args.memory_budget))
+    # Absolute: the ddp section's training runs start in the section's own folder.
+    work_dir = args.work_dir.resolve()
+    options = SectionOptions(device, work_dir, parse_memory_size(args.memory_budget))
     print(f"gpu_check: JSON lines -> {output}", file=sys.stderr)
     out = Lines(output)
     began = time.monotonic()

@@ -112,7 +112,7 @@ def train_steps(
     ddp_buckets = [torch.zeros_like(p) for p in model.parameters()] if setup.ddp_grad_copy else []
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times, losses, ooms = [], [], 0
+    times, losses, ooms = [], [], []
     for i in range(steps):
         batch = worst_case_batch(
             batch_size, bucket.max_duration, bucket.max_tokens, setup.num_mel_bins, setup.vocab_size
@@ -128,7 +128,7 @@ def train_steps(
             losses.append(loss.item())
             _sync(device)
         except torch.cuda.OutOfMemoryError:
-            ooms += 1
+            ooms.append(i)
             loss = None
             gc.collect()
             torch.cuda.empty_cache()
@@ -139,7 +139,8 @@ def train_steps(
     return {
         "parameters": count_parameters(model),
         "steps": steps,
-        "oom_steps": ooms,
+        "oom_steps": len(ooms),
+        "oom_step_indices": ooms,
         "batch_size": batch_size,
         "audio_seconds_per_step": audio,
         "seconds_per_step": statistics.median(steady),

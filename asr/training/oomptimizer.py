@@ -66,6 +66,7 @@ from rich.table import Table
 from asr.cli import command
 from asr.data.bins import read_bins, write_bins
 from asr.losses.lattice_choice import active_lattice
+from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.precision import resolve_precision
 from asr.training.probes import (
     ModelSetup,
@@ -396,6 +397,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 @command
 def main(argv: list[str] | None = None) -> None:
     """asr-oomptimizer: per-bucket batch sizes from worst-case probes of the real model."""
+    use_expandable_segments()  # as asr-train runs: before anything touches CUDA
     args = _parse_args(argv)
     console = Console(stderr=True)
     logging.basicConfig(

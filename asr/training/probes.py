@@ -142,12 +142,27 @@ def worst_case_batch(
     )
 
 
+def prime_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Make the optimizer's state with one step on zero gradients, then drop the gradients:
+    a run's first step makes the state after its activations are freed, but every later
+    step holds it through forward and backward, so a probe that skips this measures short
+    (by 0.8 GB for the 102 M-parameter preset with Adam)."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def worst_case_step(
     setup: ModelSetup, max_duration: float, max_tokens: int, batch_size: int, device: str
 ) -> None:
-    """Build everything on `device`, then forward, backward and one optimizer step."""
+    """Build everything on `device`, then forward, backward and one optimizer step, with
+    the optimizer's state (Adam's two moments: 8 bytes per parameter) already made, as it
+    is in every step after a run's first."""
     torch.manual_seed(0)
     model, objective, optimizer, step = build_training(setup, device)
+    prime_optimizer_state(model, optimizer)
     ddp_buckets = [torch.zeros_like(p) for p in model.parameters()] if setup.ddp_grad_copy else []
     batch = worst_case_batch(
         batch_size, max_duration, max_tokens, setup.num_mel_bins, setup.vocab_size

@@ -33,6 +33,7 @@ from asr.training.checkpointing import (
     AtomicCheckpointIO,
     checkpoint_callbacks,
 )
+from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.distributed.adascale import AdaScaleLearningRate
 from asr.training.distributed.adpsgd import DecentralizedStrategy, GossipMonitor
 from asr.training.distributed.ddp import (
@@ -221,6 +222,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 @command
 def main(cfg: DictConfig) -> None:
+    use_expandable_segments()  # before anything touches CUDA
     run(cfg)
 
 

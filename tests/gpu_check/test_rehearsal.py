@@ -22,12 +22,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """{"exit_code", "stdout", "file": the JSON lines file, "by_section": section -> lines}."""
+    """{"exit_code", "stdout", "file": the JSON lines file, "by_section": section -> lines}.
+    Output and work folder are relative, as `make gpu-check` gives them (the first GPU run
+    failed on a relative work folder that the training runs resolved from their own)."""
     tmp = tmp_path_factory.mktemp("rehearsal")
     output = tmp / "check.jsonl"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--rehearse", "-o", str(output),
-         "--work-dir", str(tmp / "work")],
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--rehearse", "-o", "check.jsonl",
+         "--work-dir", "work"],
         capture_output=True, text=True, timeout=900, cwd=tmp,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
@@ -65,10 +67,13 @@ def test_lattice_implementations_agree(rehearsal: dict) -> None:
     assert found == {"triton", "torch", "torchaudio"}
     agreements = records(rehearsal, "lattice", "agreement")
     assert [(a["implementation"], a["reference"]) for a in agreements] == [
-        ("triton", "torch"),
-        ("torch", "torchaudio"),
+        ("triton", "torch_float64"),
+        ("torch", "torch_float64"),
+        ("torchaudio", "torch_float64"),
     ]
     assert all(a["ok"] and a["loss_rel"] <= 1e-5 for a in agreements)
+    measured = records(rehearsal, "lattice", "implementation")
+    assert all(m["padding_grad_max"] == 0.0 for m in measured)
     (auto,) = records(rehearsal, "lattice", "auto")
     assert auto == {"section": "lattice", "record": "auto", "active": "triton", "reason": ""}
 
