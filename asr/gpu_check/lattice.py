@@ -4,17 +4,22 @@ batched `rnnt_loss`, on one random batch of varied lengths at the LibriSpeech pr
 sizes (V = 1024, up to T = 1,000 frames after subsampling and U = 150 tokens, the preset's
 joiner), in fp32.
 
-Agreement, each fp32 implementation against the referee, the PyTorch lattice in float64
-(not one of the three: the first GPU run found torchaudio's CUDA gradients 2 % off the
-two lattices, which agreed with each other, and a float64 run settles who is right):
-the losses within a relative 1e-5 and each gradient (encoder output, predictor output,
-the joiner's output layer) within 1e-3 of the reference's largest entry: a T = 1,000
-lattice chains 1,150 log-additions per path in fp32, whose rounding the occupancies
-exp(alpha + beta - log P) carry into the gradient. The Triton or PyTorch lattice off
-the referee fails the section; torchaudio off it is a warning (training uses it only
-when asked to, and it is not this project's code). Each implementation's record also
-holds the largest gradient it left on padding (frames past a sample's length, tokens
-past its transcript), which must be 0. Then each
+Agreement, in two tiers; gradients (encoder output, predictor output, the joiner's
+output layer) are compared by their largest difference relative to the reference's
+largest entry, losses relatively:
+- Triton against the PyTorch lattice, both fp32 and the same algorithm: losses within
+  1e-5, gradients within 1e-3 (4e-4 on an H200).
+- Each fp32 implementation, torchaudio's too, against the referee, the PyTorch lattice
+  in float64: losses within 1e-5, gradients within 5e-2. fp32 itself is that far off on
+  this batch: a T = 1,000 lattice of random inputs chains 1,150 log-additions per path,
+  whose rounding the occupancies exp(alpha + beta - log P) carry into gradients that
+  are sums of large, cancelling terms. On an H200 all three were 2.1-2.3 % off float64
+  on the encoder output (the first GPU run, comparing only fp32 implementations, took
+  torchaudio's 2 % for a disagreement); a wrong index or a race makes errors of order 1.
+The Triton or PyTorch lattice off a bound fails the section; torchaudio off its bound
+is a warning (training uses it only when asked to, and it is not this project's code).
+Each implementation's record also holds the largest gradient it left on padding (frames
+past a sample's length, tokens past its transcript), which must be 0. Then each
 implementation's time per loss forward + backward (median of a few calls, after one that
 includes Triton's compilations) and its peak memory above the inputs. Last, `auto` itself:
 its first-use check on this GPU must keep the kernels (a false alarm would make every run
@@ -40,7 +45,8 @@ from asr.models.transducer import Joiner
 REFERENCE = "torch_float64"
 OURS = ("triton", "torch")  # off the referee: a failure; torchaudio off it: a warning
 LOSS_RTOL = 1e-5
-GRAD_RTOL = 1e-3  # of the reference gradient's largest entry
+GRAD_RTOL = 1e-3  # same algorithm, same precision: of the reference gradient's largest entry
+FP32_GRAD_RTOL = 5e-2  # fp32 against float64: rounding alone gave 2.3 % (H200)
 
 
 @dataclass(frozen=True)
@@ -176,16 +182,16 @@ def measure(
     return fields, result
 
 
-def disagreement(got: list[Tensor], want: list[Tensor]) -> dict:
+def disagreement(got: list[Tensor], want: list[Tensor], grad_rtol: float = GRAD_RTOL) -> dict:
     """The loss's relative difference and each gradient's largest difference relative to
-    the largest entry of the reference's."""
+    the largest entry of the reference's; ok when within LOSS_RTOL and `grad_rtol`."""
     loss_rel = float((got[0] - want[0]).abs() / want[0].abs().clamp_min(1e-30))
     grads = ["encoder_out", "predictor_out", "output_weight", "output_bias"]
     grad_rel = {
         name: float((g - w).abs().max() / w.abs().max().clamp_min(1e-30))
         for name, g, w in zip(grads, got[1:], want[1:], strict=False)
     }
-    ok = loss_rel <= LOSS_RTOL and all(v <= GRAD_RTOL for v in grad_rel.values())
+    ok = loss_rel <= LOSS_RTOL and all(v <= grad_rtol for v in grad_rel.values())
     return {"loss_rel": loss_rel, "grad_rel": grad_rel, "ok": ok}
 
 
@@ -231,14 +237,18 @@ def run(report: Report, options: SectionOptions) -> None:
             if name != "triton"
         },
     )
+    comparisons = [("triton", "torch", results["torch"], GRAD_RTOL)]
     reference = float64_reference(joiner, inputs)
-    for name, result in results.items():
-        found = disagreement(result, reference)
-        report.record("agreement", implementation=name, reference=REFERENCE, **found)
+    comparisons += [(name, REFERENCE, reference, FP32_GRAD_RTOL) for name in results]
+    for name, against, want, grad_rtol in comparisons:
+        found = disagreement(results[name], want, grad_rtol)
+        report.record(
+            "agreement", implementation=name, reference=against, grad_rtol=grad_rtol, **found
+        )
         if found["ok"] and not measured[name]["padding_grad_max"]:
             continue
         message = (
-            f"{name} (fp32) against the PyTorch lattice in float64: {found}, largest "
+            f"{name} against {against}: {found}, gradient bound {grad_rtol:g}, largest "
             f"gradient on padding {measured[name]['padding_grad_max']:.3g}"
         )
         if name in OURS:
