@@ -3,7 +3,7 @@ JSON line per checkpoint after the reference one.
 
     python scripts/adam_second_moment_drift.py exp/benchmark_dgc/dense_adamw_e24 [--reference 1]
 
-A second moment frozen at some step (DGC's `adamw: frozen_variance`) is right as long as
+A second moment frozen at some step (DGC's AdamW runs) is right as long as
 every coordinate's sqrt(v) stays near where it was then. Per checkpoint (`epoch=NN.ckpt`
 of the run's `checkpoints/`): the median and the 10 % and 90 % quantiles over the
 coordinates of sqrt(v_now / v_reference), and the ratio of the root mean squares (whole

@@ -157,7 +157,7 @@ class HookedDDPStrategy(DDPStrategy):
 
     def on_train_start(self) -> None:
         """With DGC, a resumed run reads this rank's hook state back (without it, AdamW's
-        `frozen_variance` dense steps begin again from here)."""
+        dense steps begin again from here)."""
         super().on_train_start()
         state = self.compression
         module = self.lightning_module
@@ -194,10 +194,9 @@ def build_strategy(
     `parts_without_gradient` (from the objective) decides `find_unused_parameters`
     under `auto`. With `config.compression` the DGC hook is registered; it takes over
     the optimizer's moments (`optimizer_momentum`, SGD's, or `adam_moments`, AdamW's,
-    in `adamw: direction` and `frozen_variance` modes), and the optimizer then runs as
-    plain SGD. Anything else
-    goes to Lightning as given, except FSDP with the sample-wise transducer loss, which
-    cannot work (see the README).
+    whose second moment it freezes after dense steps), and the optimizer then runs as
+    plain SGD. Anything else goes to Lightning as given, except FSDP with the sample-wise
+    transducer loss, which cannot work (see the README).
     """
     if not isinstance(strategy, str):
         return strategy
@@ -251,8 +250,7 @@ def build_strategy(
         )
     hook: dict[str, Any] = {}
     if config.compression is not None:
-        adam = adam_moments if config.compression.adamw != "gradient" else None
-        state = DGCState(config.compression, momentum=optimizer_momentum, adam=adam)
+        state = DGCState(config.compression, momentum=optimizer_momentum, adam=adam_moments)
         hook = {"ddp_comm_state": state, "ddp_comm_hook": dgc_hook}
     elif config.adascale is not None:
         hook = {"ddp_comm_state": AdaScaleState(config.adascale), "ddp_comm_hook": adascale_hook}

@@ -19,9 +19,8 @@ so no gradient is lost, only delayed. Following the paper and its code:
   applies the exchanged sum as plain SGD (its own momentum is off). **Momentum factor
   masking** (`momentum_masking`) clears u and v where they were sent, so stale momentum
   does not push a coordinate again.
-- **AdamW runs** (`adamw: gradient | direction | frozen_variance`): error feedback on the
-  gradient with AdamW after the exchange, or AdamW's moments in the hook
-  (`asr.training.distributed.dgc_adam` describes the three modes).
+- **AdamW runs**: dense AdamW for `variance_freeze_step` steps, then its second moment
+  frozen and its first moment in the hook (`asr.training.distributed.dgc_adam`).
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -114,7 +113,7 @@ def accumulate(state: DGCState, index: int, grad: Tensor, rate: float = 1.0) -> 
     if state.adam is not None:
         # The update itself (rate x direction): a coordinate sent later, at another rate,
         # still moves by what each step asked (decode divides by the rate of the send).
-        direction = adam_direction(state, index, grad, frozen=state.freezes_variance)
+        direction = adam_direction(state, index, grad, frozen=True)
         residual.add_(direction, alpha=rate)
     elif state.momentum > 0:
         velocity = bucket_buffer(state.velocity, index, grad)
@@ -292,7 +291,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
 
 
 def _dense_adam(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-    """One of `frozen_variance`'s dense steps: all-reduce the (locally clipped) gradient and
+    """One of an AdamW run's dense steps: all-reduce the (locally clipped) gradient and
     return AdamW's direction of the mean, from moments every rank keeps alike."""
     buffer = bucket.buffer()
     current_layout(state, bucket)  # the moments are kept per bucket, moved on rebuilds

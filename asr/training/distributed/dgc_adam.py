@@ -1,41 +1,37 @@
-"""AdamW under the DGC hook (`distributed.compression.adamw`): each rank's bias-corrected
-direction, and for `frozen_variance` the frozen second moment, its clamp and its refreshes.
+"""AdamW under the DGC hook: a frozen second moment, each rank's bias-corrected direction,
+its clamp and the second moment's refreshes (1-bit Adam's idea, Tang et al. 2021, arXiv
+2102.02888).
 
-- `gradient`: error feedback on the gradient only (v <- v + g) and AdamW after the
-  exchange, on the sparse sum. Adam's moments cannot be corrected the way SGD's velocity
-  is: it divides each coordinate by the root of its second moment, so a coordinate that
-  arrives once every ~1/(1 - sparsity) steps with the sum of those steps moves about as far
-  as after one dense step, and training slows by about that factor (measured on the demo:
-  recipes/demo/RESULTS.md).
-- `direction`: each rank keeps its own Adam moments of its local gradient in
-  the hook and accumulates the update lr_t m / (sqrt(v) + eps) (bias-corrected, at each
-  step's rate); the top-k of that is exchanged, divided by the current rate, and the
-  optimizer applies the average as SGD with AdamW's rate and decoupled weight decay, so a
-  delayed coordinate keeps every step's movement, whatever the schedule did meanwhile.
-  Momentum masking clears Adam's first moment where an entry was sent (its second moment
-  stays). Each rank's second moment sees the noise of a batch N times smaller than the
-  global one.
-- `frozen_variance` (the default; 1-bit Adam's idea, Tang et al. 2021, arXiv 2102.02888):
-  it trained best on the demo at every sparsity measured (recipes/demo/RESULTS.md). The first
-  `variance_freeze_step` steps are dense AdamW (the averaged gradient all-reduced, every
-  rank keeping the same moments of it); then the second moment is frozen and each rank
-  keeps only its own first moment, sending the top-k of the accumulated
-  lr_t m / (sqrt(v_frozen) + eps). That update is linear in the gradient, so the ranks'
-  mean is exactly dense Adam with the frozen second moment (the paper's momentum
-  correction with a fixed per-coordinate scale), and no rank's batch noise enters the
-  second moment. The sparsity warm-up starts after the dense steps.
-  Each rank's direction is clamped to the largest one Adam can take with its own moments
-  ((1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), 1.7 for the demo's betas): a coordinate whose
-  second moment was small when it froze would otherwise take an unbounded step when its
-  gradient grows (on the demo: a divergence at step 1,730 of 7,078). Where the clamp acts
-  the update is no longer linear; elsewhere it is.
-  A frozen second moment goes stale as the gradients change scale (on the demo some
-  coordinates' root second moment moves 3x in a few epochs, and all of them shrink at the
-  end of a run), so every `variance_refresh_steps` sparse steps it is replaced by the
-  ranks' mean of a local estimate of the dense second moment, exchanged in bf16: each rank
-  keeps unmasked moments m_a, v_a of its own gradient, and since v_a - m_a^2 holds N times
-  the noise of the averaged gradient, m_a^2 + (v_a - m_a^2) / N estimates its second
-  moment. Between refreshes the update stays linear in the gradient.
+Adam's moments cannot be corrected the way SGD's velocity is: Adam divides each coordinate
+by the root of its second moment, so error feedback on the gradient with AdamW after the
+exchange moves a coordinate that arrives once every ~1/(1 - sparsity) steps about as far
+as one dense step (training slows by about that factor), and AdamW's moments of each
+rank's own gradient kept in the hook see a batch N times smaller. Both were measured on
+the demo and removed (recipes/demo/RESULTS.md, "Deep Gradient Compression"); what trained
+best at every sparsity measured is this:
+
+The first `variance_freeze_step` steps are dense AdamW (the averaged gradient all-reduced,
+every rank keeping the same moments of it); then the second moment is frozen and each rank
+keeps only its own first moment, sending the top-k of the accumulated
+lr_t m / (sqrt(v_frozen) + eps). That update is linear in the gradient, so the ranks' mean
+is exactly dense Adam with the frozen second moment (the paper's momentum correction with a
+fixed per-coordinate scale), and no rank's batch noise enters the second moment. The
+sparsity warm-up starts after the dense steps. Momentum masking clears the first moment
+where an entry was sent.
+
+Each rank's direction is clamped to the largest one Adam can take with its own moments
+((1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), 1.7 for the demo's betas): a coordinate whose
+second moment was small when it froze would otherwise take an unbounded step when its
+gradient grows (on the demo: a divergence at step 1,730 of 7,078). Where the clamp acts the
+update is no longer linear; elsewhere it is.
+
+A frozen second moment goes stale as the gradients change scale (on the demo some
+coordinates' root second moment moves 3x in a few epochs, and all of them shrink at the end
+of a run), so every `variance_refresh_steps` sparse steps it is replaced by the ranks' mean
+of a local estimate of the dense second moment, exchanged in bf16: each rank keeps unmasked
+moments m_a, v_a of its own gradient, and since v_a - m_a^2 holds N times the noise of the
+averaged gradient, m_a^2 + (v_a - m_a^2) / N estimates its second moment. Between refreshes
+the update stays linear in the gradient.
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState,
 
 
 def check_variance_freeze(config: DGCConfig, first_full_loss_step: int) -> None:
-    """`frozen_variance` must freeze after every part of the model has had gradients (the
+    """AdamW's second moment must freeze after every part of the model has had gradients (the
     loss's CTC-only warm-up ends at `first_full_loss_step`): a part without a second moment
     would be divided by eps."""
     if config.variance_freeze_step <= first_full_loss_step:
@@ -112,8 +108,8 @@ def adam_step_bound(adam: AdamMoments) -> float:
 
 
 def track_local_moments(state: DGCState, index: int, grad: Tensor) -> None:
-    """Update this rank's unmasked moments of its own gradient (`frozen_variance` with
-    refreshes); they start from the shared moments the dense steps left."""
+    """Update this rank's unmasked moments of its own gradient (for the refreshes); they
+    start from the shared moments the dense steps left."""
     adam = state.adam
     assert adam is not None
     first, second = state.local_first.get(index), state.local_second.get(index)

@@ -10,12 +10,12 @@ the parameters otherwise than its rebuilt ones, as every run's first step does: 
 may send other entries than an uninterrupted run would; nothing is lost.) Only `last.ckpt`
 carries it: the per-epoch checkpoints are kept for averaging, and a copy of every rank's
 state in each would multiply their size by up to 3 x the number of ranks (5 x with
-`frozen_variance` refreshes).
+AdamW's refreshes).
 
 A run resumed from another checkpoint, with another number of processes, or from a file
 that does not match the checkpoint's step starts the state at zero, with a warning that
-says why (the updates still waiting are then lost; training goes on). With `adamw:
-frozen_variance` the dense AdamW steps then begin again, to estimate a second moment.
+says why (the updates still waiting are then lost; training goes on). With AdamW the
+dense steps then begin again, to estimate a second moment.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from asr.config_keys import ConfigError, check_choice
 
 # The paper's exponential warm-up: each stage keeps a quarter of what the previous sent.
 PAPER_WARMUP = (0.75, 0.9375, 0.984375, 0.996)
-ADAMW_MODES = ("direction", "frozen_variance", "gradient")
 
 
 @dataclass(frozen=True)
@@ -30,22 +29,19 @@ class DGCConfig:
     - `sample_fraction`: share of the entries sampled to estimate the top-k threshold.
     - `clip_norm`: local gradient clipping threshold before accumulation (null: the
       trainer's `gradient_clip_val`, which then no longer clips after the exchange).
-    - `adamw`: with an AdamW optimizer, `direction` (its moments move into the hook),
-      `frozen_variance` (dense AdamW for `variance_freeze_step` steps, then its second
-      moment frozen and the first moment in the hook) or `gradient` (error feedback on the
-      gradient, AdamW after the exchange).
-    - `variance_freeze_step`: the dense AdamW steps of `frozen_variance` (past the loss's
-      CTC-only warm-up, so every part of the model has a second moment).
-    - `variance_refresh_steps`: with `frozen_variance`, the sparse steps between two
-      refreshes of the second moment from the ranks' local estimates (0: never; each costs
-      2 bytes per entry, spread over the steps between refreshes).
+    - `variance_freeze_step`: with AdamW, the dense AdamW steps before its second moment
+      freezes and its first moment moves into the hook (past the loss's CTC-only warm-up,
+      so every part of the model has a second moment; `asr.training.distributed.dgc_adam`).
+    - `variance_refresh_steps`: with AdamW, the sparse steps between two refreshes of the
+      frozen second moment from the ranks' local estimates (0: never; each costs 2 bytes
+      per entry, spread over the steps between refreshes).
     - `selection`: `bucket` (one top-k over each DDP bucket: the largest entries wherever
       they are) or `tensor` (each parameter tensor sends its own share, at least one entry:
       the paper's layer-wise threshold).
     - `dense_vectors`: 1-D parameters (biases, normalization scales and shifts) are sent
       whole every step, as the paper's code does.
-    - `momentum_masking`: clear the momentum (SGD's velocity, or AdamW's first moment in
-      `direction` mode) where an entry was sent.
+    - `momentum_masking`: clear the momentum (SGD's velocity, or AdamW's first moment)
+      where an entry was sent.
     - `seed`: of the threshold sampling (each rank adds its rank).
     """
 
@@ -55,7 +51,6 @@ class DGCConfig:
     warmup_steps: int = 0
     sample_fraction: float = 0.01
     clip_norm: float | None = None
-    adamw: str = "frozen_variance"
     variance_freeze_step: int = 500
     variance_refresh_steps: int = 500
     selection: str = "bucket"
@@ -76,7 +71,6 @@ class DGCConfig:
                 f"{self.sample_fraction}"
             )
         check_choice("distributed.compression.kind", self.kind, ["dgc"])
-        check_choice("distributed.compression.adamw", self.adamw, ADAMW_MODES)
         check_choice("distributed.compression.selection", self.selection, ["bucket", "tensor"])
         if self.variance_freeze_step < 1:
             raise ConfigError(
@@ -167,8 +161,7 @@ STATE_KINDS = ("residual", "velocity", "second_moment", "local_first", "local_se
 
 @dataclass(frozen=True)
 class AdamMoments:
-    """AdamW's `betas` and `eps`, for the moments the hook keeps (`adamw: direction`
-    and `frozen_variance`)."""
+    """AdamW's `betas` and `eps`, for the moments the hook keeps in AdamW runs."""
 
     beta1: float = 0.9
     beta2: float = 0.98
@@ -187,11 +180,11 @@ class DGCState:
     total_entries: int = 0  # all gradient entries of the model (for per-bucket clipping)
     process_group: dist.ProcessGroup | None = None
     step: int = 0
-    dense_from: int = 0  # where `frozen_variance`'s dense steps began (a state lost: again)
+    dense_from: int = 0  # where AdamW's dense steps began (a state lost: again)
     residual: dict[int, Tensor] = field(default_factory=dict)
     velocity: dict[int, Tensor] = field(default_factory=dict)
     second_moment: dict[int, Tensor] = field(default_factory=dict)  # Adam's v per bucket
-    # frozen_variance: this rank's unmasked Adam moments of its own gradient (for refreshes)
+    # AdamW: this rank's unmasked Adam moments of its own gradient (for refreshes)
     local_first: dict[int, Tensor] = field(default_factory=dict)
     local_second: dict[int, Tensor] = field(default_factory=dict)
     bucket_steps: dict[int, int] = field(default_factory=dict)  # Adam's t per bucket
@@ -217,28 +210,28 @@ class DGCState:
 
     @property
     def freezes_variance(self) -> bool:
-        """AdamW's `frozen_variance` mode: dense steps, then a frozen second moment."""
-        return self.adam is not None and self.config.adamw == "frozen_variance"
+        """An AdamW run: dense steps, then a frozen second moment."""
+        return self.adam is not None
 
     def sparse_step(self) -> int:
-        """This step counted from the end of `frozen_variance`'s dense steps (negative
-        during them); the step itself in the other modes."""
+        """This step counted from the end of AdamW's dense steps (negative during them);
+        the step itself in SGD runs."""
         if not self.freezes_variance:
             return self.step
         return self.step - self.dense_from - self.config.variance_freeze_step
 
     def in_dense_adam(self) -> bool:
-        """Whether this step is one of `frozen_variance`'s dense AdamW steps."""
+        """Whether this step is one of an AdamW run's dense steps."""
         return self.freezes_variance and self.sparse_step() < 0
 
     def refreshes_variance(self) -> bool:
-        """Whether this step of `frozen_variance` replaces the second moment first."""
+        """Whether this step of an AdamW run replaces the frozen second moment first."""
         every = self.config.variance_refresh_steps
         step = self.sparse_step()
         return self.freezes_variance and every > 0 and step > 0 and step % every == 0
 
     def sparsity(self) -> float:
-        """This step's sparsity (with `frozen_variance` the warm-up follows the dense steps)."""
+        """This step's sparsity (in AdamW runs the warm-up follows the dense steps)."""
         step = self.sparse_step()
         return 0.0 if step < 0 else self.config.sparsity_at(step)
 

@@ -3,8 +3,9 @@ parameters whose gradient is a known random vector per rank and step
 (`loss = sum(p * c)`), with a hook or DDP's own all-reduce. Writes what each rank saw to
 `out_dir/rank{R}.pt`.
 
-`resume-adam`, `resume-momentum`: the DGC state written to a file mid-run and read back
-by a new model and hook, against the same run uninterrupted (records both).
+`resume-adam` (AdamW: 2 dense steps, then a frozen second moment), `resume-momentum`:
+the DGC state written to a file mid-run and read back by a new model and hook, against
+the same run uninterrupted (records both).
 
 AdaScale modes: `adascale-same` (both ranks get the same gradient: no noise),
 `adascale-noise` (independent zero-mean gradients: pure noise), `adascale-mixed` (a
@@ -62,7 +63,9 @@ def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict
     def hooked() -> tuple[DistributedDataParallel, DGCState]:
         model = DistributedDataParallel(Vectors([(n,) for n in sizes]), bucket_cap_mb=0.005)
         state = DGCState(
-            DGCConfig(sparsity=0.9, sample_fraction=0.1, adamw="direction", selection="tensor"),
+            DGCConfig(
+                sparsity=0.9, sample_fraction=0.1, selection="tensor", variance_freeze_step=2
+            ),
             momentum=0.9 if mode == "resume-momentum" else 0.0,
             adam=AdamMoments() if mode == "resume-adam" else None,
             total_entries=sum(sizes),
@@ -143,20 +146,17 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
         torch.save({"gains": gains}, Path(out_dir) / f"rank{rank}.pt")
         return finish()
     if mode != "dense":
-        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0, "dgc-adam0": 0.0, "dgc-frozen0": 0.0}.get(
-            mode, 0.9
-        )
+        sparsity = {"dgc0": 0.0, "dgc0-multi": 0.0, "dgc-frozen0": 0.0}.get(mode, 0.9)
         momentum = 0.9 if mode == "dgc-momentum" else 0.0
         frozen = mode.startswith("dgc-frozen")  # dense AdamW for 2 steps, then v frozen
-        adam = AdamMoments(0.9, 0.98, 1e-8) if mode.startswith("dgc-adam") or frozen else None
+        adam = AdamMoments(0.9, 0.98, 1e-8) if frozen else None
         state = DGCState(
             DGCConfig(
                 sparsity=sparsity,
                 selection="tensor" if mode == "dgc-mixed" else "bucket",
                 dense_vectors=mode == "dgc-mixed",
                 # unmasked: Adam exactly
-                momentum_masking=mode not in ("dgc-adam", "dgc-adam0") and not frozen,
-                adamw="frozen_variance" if frozen else "direction",
+                momentum_masking=not frozen or mode == "dgc-frozen-masked",
                 variance_freeze_step=2,
                 variance_refresh_steps=2 if mode == "dgc-frozen-refresh" else 0,
             ),
@@ -164,7 +164,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
             adam=adam,
             total_entries=sum(sizes),
         )
-        if mode in ("dgc-adam", "dgc-frozen"):  # a rate that changes every step, as a schedule's
+        if mode == "dgc-frozen":  # a rate that changes every step, as a schedule's
             state.learning_rate = lambda: 0.1 * (state.step + 1)
         model.register_comm_hook(state, dgc_hook)
     record: dict[str, list] = {"local": [], "exchanged": [], "sent": [], "masked": []}
