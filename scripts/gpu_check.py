@@ -31,14 +31,15 @@ Code paths that only a GPU executes, and the section that executes each:
   `set_per_process_memory_fraction`, `torch.cuda.OutOfMemoryError` caught, peaks from
   `max_memory_allocated`) and `worst_case_step` under CUDA bf16 autocast -> training.
 - asr/training/precision.py: `native_bf16("cuda")` (trainer.precision=auto on a GPU) -> ddp.
-- asr/training/distributed/ddp.py: `HookedDDPStrategy` over NCCL (`_register_ddp_hooks`,
-  `save_checkpoint` with DGC's per-rank state), and asr/training/distributed/dgc.py,
+- asr/training/distributed/savers/hooked_ddp.py: `HookedDDPStrategy` over NCCL
+  (`_register_ddp_hooks`, `save_checkpoint` with DGC's per-rank state), and
+  asr/training/distributed/savers/dgc.py,
   dgc_adam.py: the DGC hook's all-gathers and its bf16 all-reduce of the refreshed second
   moment on CUDA tensors -> ddp (1 process: the collectives run, with one participant).
 - asr/data/batch.py: `Batch.to(device, non_blocking=True)` to a CUDA device, and
   Lightning's bf16-mixed precision plugin on CUDA -> ddp.
 
-Not executed here: asr/training/distributed/adpsgd.py and gossip.py under NCCL (AD-PSGD
+Not executed here: asr/training/distributed/savers/adpsgd.py and gossip.py under NCCL (AD-PSGD
 needs two processes); asr-decode and asr-transcribe with --device cuda (their searches
 run on CUDA in the aed section, their file handling is device-independent); the
 `--device cuda` branch of asr-oomptimizer's `main` (it calls the same `cuda_probe`).

@@ -90,3 +90,74 @@ def test_the_rules_see_real_imports() -> None:
     assert "asr.frames" in GRAPH["asr.data.dataset"]
     assert "asr.tokens" in GRAPH["asr.models.aed"]
     assert "asr.demo.lexicon" in GRAPH["asr.demo.synth"]
+
+
+SAVERS = "asr.training.distributed.savers"
+# The modules that may import the optional communication savers: the door, and the config
+# that types their keys (and the GPU check, which reads DGC's per-rank state files).
+SAVER_DOORS = {
+    "asr.training.distributed.setup",
+    "asr.training.distributed.config",
+    "asr.gpu_check.ddp",
+}
+
+
+def test_the_savers_enter_through_one_door() -> None:
+    offending = sorted(
+        f"{m} imports {i}"
+        for m, targets in GRAPH.items()
+        if not within(m, SAVERS) and m not in SAVER_DOORS
+        for i in targets
+        if within(i, SAVERS)
+    )
+    assert not offending, offending
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+# Longer on purpose, each with its reason: the one place such exceptions are listed.
+SIZE_EXCEPTIONS = {
+    "asr/demo/synth.py": "the demo corpus end to end (voices, prosody, noise, the writer); "
+    "self-contained so the demo needs nothing else; to split by stage",
+    "asr/losses/samplewise.py": "the sample-wise loss's grouping, chunking and autograd "
+    "function share private state; to split the grouping out",
+    "asr/training/oomptimizer.py": "search state machine, bins and the command line; "
+    "to split the command line out",
+    "asr/data/buckets.py:build_sampler": "one pass over every sampler option, in the order "
+    "lhotse applies them",
+    "asr/decoding/aed.py:beam_search_nbest": "one beam-search loop (expand, prune, finish) "
+    "over a KV cache: split, its state would travel through every piece",
+    "asr/decoding/transducer.py:beam_search": "the same for the transducer's "
+    "time-synchronous beam search",
+    "asr/losses/lattice.py:lattice": "the forward-backward recursion over one lattice, "
+    "written out so its memory is visible",
+    "asr/losses/samplewise.py:samplewise_transducer_loss": "argument checks, grouping and "
+    "the autograd call of the public loss",
+    "asr/losses/samplewise.py:run_chunk": "one chunk's logits, lattice and gradients: the "
+    "place the B x T x U x V tensor is kept from existing",
+}
+
+
+def _sizes() -> list[tuple[str, int, int]]:
+    """(name, lines, limit) of every module and function of the package."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE.parent).as_posix()
+        source = path.read_text()
+        found.append((name, len(source.splitlines()), MAX_MODULE_LINES))
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                found.append((f"{name}:{node.name}", length, MAX_FUNCTION_LINES))
+    return found
+
+
+def test_modules_and_functions_stay_small() -> None:
+    sizes = _sizes()
+    too_long = [f"{n} ({lines} lines)" for n, lines, limit in sizes if lines > limit]
+    assert (
+        sorted(n.split(" (")[0] for n in too_long if n.split(" (")[0] not in SIZE_EXCEPTIONS) == []
+    )
+    within_limits = {n for n, lines, limit in sizes if lines <= limit}
+    stale = sorted(set(SIZE_EXCEPTIONS) & within_limits)
+    assert not stale, f"no longer too long, drop from SIZE_EXCEPTIONS: {stale}"

@@ -154,10 +154,36 @@ def run_section(section: Section, options: SectionOptions, out: Lines) -> str:
     for pump in pumps:
         pump.daemon = True
         pump.start()
+    relayed = _relay(section.name, process, lines, out, began + limit)
+    line = {
+        "section": section.name, "record": "status", "status": relayed.status,
+        "seconds": round(time.monotonic() - began, 1), "limit_s": limit,
+        "exit_code": process.returncode,
+    }  # fmt: skip
+    if relayed.status == "timeout" or (relayed.status == "error" and not relayed.error):
+        line["stderr_tail"] = list(tail)  # what it printed last (no traceback was reported)
+    out.write(line)
+    return relayed.status
+
+
+@dataclass
+class Relayed:
+    """How a section's process ended: `status` (pass, fail, error, timeout) and whether it
+    reported an error record itself."""
+
+    status: str
+    error: bool
+
+
+def _relay(
+    name: str, process: subprocess.Popen, lines: queue.Queue, out: Lines, deadline: float
+) -> Relayed:
+    """Write the section's JSON lines (stray prints as `stray_output`) until both streams
+    close or `deadline` passes (then the process group is stopped)."""
     summary, error, open_streams, timed_out = None, False, 2, False
     while open_streams:
         try:
-            tag, line = lines.get(timeout=max(0.0, began + limit - time.monotonic()))
+            tag, line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             timed_out = True
             _stop(process)
@@ -172,28 +198,18 @@ def run_section(section: Section, options: SectionOptions, out: Lines) -> str:
         if record.get("record") == "summary":
             summary = record
         error = error or record.get("record") == "error"
-        out.write({"section": section.name, **record})
+        out.write({"section": name, **record})
     if not timed_out:
         try:
-            process.wait(max(1.0, began + limit - time.monotonic()))
+            process.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop(process)
     if timed_out:
-        status = "timeout"
-    elif process.returncode != 0 or summary is None:
-        status = "error"
-    else:
-        status = "fail" if summary["failures"] else "pass"
-    line = {
-        "section": section.name, "record": "status", "status": status,
-        "seconds": round(time.monotonic() - began, 1), "limit_s": limit,
-        "exit_code": process.returncode,
-    }  # fmt: skip
-    if status == "timeout" or (status == "error" and not error):
-        line["stderr_tail"] = list(tail)  # what it printed last (no traceback was reported)
-    out.write(line)
-    return status
+        return Relayed("timeout", error)
+    if process.returncode != 0 or summary is None:
+        return Relayed("error", error)
+    return Relayed("fail" if summary["failures"] else "pass", error)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

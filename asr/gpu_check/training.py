@@ -154,21 +154,15 @@ def train_steps(
     }
 
 
-def run(report: Report, options: SectionOptions) -> None:
-    device = options.device
-    case = REHEARSAL_CASE if options.rehearsal else GPU_CASE
-    budget = min(options.memory_budget, case.max_budget or options.memory_budget)
-    cfg = compose_config(case.overrides)
-    setup = replace(ModelSetup.from_config(cfg, case.vocab_size), precision=PRECISION)
-    buckets, keys = synthetic_buckets(case)
-    report.record(
-        "setup",
-        overrides=case.overrides,
-        precision=PRECISION,
-        memory_budget_bytes=budget,
-        bucket_duration_bins=keys["bucket_duration_bins"],
-        max_tokens=[b.max_tokens for b in buckets],
-    )
+def search_batch_sizes(
+    report: Report,
+    case: TrainingCase,
+    setup: ModelSetup,
+    buckets: list[Bucket],
+    budget: int,
+    device: str,
+) -> list:
+    """`asr-oomptimizer`'s search over `buckets` under `budget`, every probe reported."""
 
     def on_probe(bucket: Bucket, size: int, outcome: ProbeResult) -> None:
         report.record(
@@ -193,7 +187,6 @@ def run(report: Report, options: SectionOptions) -> None:
             max_size=case.max_size,
             on_probe=on_probe,
         )
-    lattice = active_lattice(cfg.model.loss.lattice, torch.device(device))
     report.record(
         "batch_sizes",
         bucket_duration_bins=[r.bucket.max_duration for r in results],
@@ -201,8 +194,28 @@ def run(report: Report, options: SectionOptions) -> None:
         peak_bytes=[r.peak_bytes for r in results],
         probes=sum(r.probes for r in results),
         seconds=time.perf_counter() - began,
-        lattice=lattice,
+        lattice=active_lattice(setup.model["loss"]["lattice"], torch.device(device)),
     )
+    return results
+
+
+def run(report: Report, options: SectionOptions) -> None:
+    device = options.device
+    case = REHEARSAL_CASE if options.rehearsal else GPU_CASE
+    budget = min(options.memory_budget, case.max_budget or options.memory_budget)
+    cfg = compose_config(case.overrides)
+    setup = replace(ModelSetup.from_config(cfg, case.vocab_size), precision=PRECISION)
+    buckets, keys = synthetic_buckets(case)
+    report.record(
+        "setup",
+        overrides=case.overrides,
+        precision=PRECISION,
+        memory_budget_bytes=budget,
+        bucket_duration_bins=keys["bucket_duration_bins"],
+        max_tokens=[b.max_tokens for b in buckets],
+    )
+
+    results = search_batch_sizes(report, case, setup, buckets, budget, device)
     largest = results[-1]
     if device == "cuda":
         total = torch.cuda.get_device_properties(0).total_memory

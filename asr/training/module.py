@@ -29,6 +29,7 @@ from asr.decoding.search import SearchOptions, decode
 from asr.export import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import Model
+from asr.training.distributed.features import DENSE, StrategyFeatures
 from asr.training.objective import Objective
 from asr.training.optimizer import OptimConfig, build_optimizer, optim_config
 from asr.training.schedules import build_scheduler
@@ -69,6 +70,10 @@ class AsrLitModule(L.LightningModule):
             with the tokenizer in every checkpoint under `asr_bundle`.
         total_steps: optimizer steps of the whole run, for schedules that need it.
         faults: when a run stops for bad data or non-finite values (`FaultConfig`).
+        search: the search of validation and test (None: greedy).
+        features: what the run's distributed strategy does (`StrategyFeatures`: which
+            ranks decide a step, whether the optimizer's moments, the learning rate or
+            gradient clipping live elsewhere); from `setup_distributed`.
     """
 
     def __init__(
@@ -81,8 +86,10 @@ class AsrLitModule(L.LightningModule):
         total_steps: int | None = None,
         faults: FaultConfig | None = None,
         search: SearchOptions | None = None,
+        features: StrategyFeatures = DENSE,
     ) -> None:
         super().__init__()
+        self.features = features  # what the distributed strategy does for the module
         self.model = model
         self.search = search  # of validation and test; None: greedy
         self.objective = objective
@@ -140,7 +147,7 @@ class AsrLitModule(L.LightningModule):
         (Decentralized training: over the ranks of the replica only, `step_group`.)"""
         tally, self._tally = self._tally, StepTally()
         # the ranks that share this step: all of them, except in decentralized training
-        group = getattr(self.trainer.strategy, "step_group", None)
+        group = self.features.step_group()
         totals = reduce_tally(tally, self.device, group)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         norm = gradient_norm(self.model.parameters())
@@ -262,15 +269,14 @@ class AsrLitModule(L.LightningModule):
         self.skip_budget.check(epoch_end=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        compression = getattr(self.trainer.strategy, "compression", None)
         optimizer = build_optimizer(
             self.model,
             self.optim_cfg,
             fused=self._loss_scaler() is None,
-            moments_in_hook=compression is not None and compression.moments_in_hook,
+            moments_in_hook=self.features.moments_in_hook,
         )
-        if self.optim_cfg.scheduler is None or getattr(self.trainer.strategy, "adascale", None):
-            return {"optimizer": optimizer}  # constant, or set by AdaScale every step
+        if self.optim_cfg.scheduler is None or self.features.sets_learning_rate:
+            return {"optimizer": optimizer}  # constant, or set by a callback every step
         scheduler = build_scheduler(optimizer, self.optim_cfg.scheduler, self.total_steps)
         return {
             "optimizer": optimizer,
@@ -289,7 +295,10 @@ class AsrLitModule(L.LightningModule):
     ) -> None:
         """Lightning's clipping; without a loss scaler (fp32, bf16) it runs directly:
         Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
-        its own gradients (fused AdamW) even when nothing was scaled."""
+        its own gradients (fused AdamW) even when nothing was scaled. Nothing when the
+        strategy clips each rank's gradient in its communication hook (DGC)."""
+        if self.features.clips_in_hook:
+            return
         if not gradient_clip_val or self._loss_scaler() is not None:
             super().configure_gradient_clipping(
                 optimizer, gradient_clip_val, gradient_clip_algorithm

@@ -10,15 +10,15 @@ Running the same command again resumes from `exp_dir/checkpoints/last.ckpt` (`re
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from asr.cli import command
@@ -26,6 +26,7 @@ from asr.config_keys import dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import default_options
+from asr.losses.lattice_choice import active_lattice
 from asr.models.build import build_model, count_parameters, model_config
 from asr.training.callbacks import EmaConfig, EmaWeights
 from asr.training.checkpointing import (
@@ -34,26 +35,14 @@ from asr.training.checkpointing import (
     checkpoint_callbacks,
 )
 from asr.training.cuda_allocator import use_expandable_segments
-from asr.training.distributed.adascale import AdaScaleLearningRate
-from asr.training.distributed.adpsgd import DecentralizedStrategy, GossipMonitor
-from asr.training.distributed.ddp import (
-    DistributedConfig,
-    build_strategy,
-    is_peer_failure,
-    processes_per_node,
-    set_cpu_threads,
-    uses_cpu,
-)
-from asr.training.distributed.dgc_adam import check_variance_freeze
-from asr.training.distributed.dgc_monitor import CompressionMonitor
-from asr.training.distributed.dgc_state import AdamMoments
-from asr.training.distributed.straggler import Straggler
+from asr.training.distributed.config import DistributedConfig
+from asr.training.distributed.ddp import is_peer_failure, uses_cpu
+from asr.training.distributed.setup import DistributedSetup, TrainingFacts, setup_distributed
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
-from asr.training.objective import build_objective, first_full_loss_step
-from asr.training.optimizer import optim_config
+from asr.training.objective import Objective, build_objective, first_full_loss_step
+from asr.training.optimizer import OptimConfig, optim_config
 from asr.training.precision import enlarge_onednn_cache, resolve_precision
-from asr.training.schedules import schedule_function
 from asr.training.step_guard import FaultConfig
 from asr.training.step_times import StepTimes
 
@@ -86,7 +75,17 @@ def estimate_total_steps(trainer: L.Trainer, datamodule: AsrDataModule) -> int:
     return max(1, batches * epochs // trainer.accumulate_grad_batches)
 
 
-def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
+class Built(NamedTuple):
+    """What `build` makes: the trainer, the module, the data, and what the config's
+    `auto`/null keys resolved to (written to `hydra/resolved.yaml`)."""
+
+    trainer: L.Trainer
+    module: AsrLitModule
+    datamodule: AsrDataModule
+    resolved: dict[str, Any]
+
+
+def build(cfg: DictConfig) -> Built:
     """Instantiate tokenizer, model, objective, data, loggers and trainer from `cfg`.
     Every config section is read into its typed config before any file is opened, so a
     mistyped key fails at once."""
@@ -101,41 +100,64 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     tokenizer = Tokenizer.load(cfg.data.tokenizer)
     model = build_model(model_parts, tokenizer.vocab_size)
     log.info("model: %s parameters", f"{count_parameters(model):,}")
-
     exp_dir = Path(cfg.exp_dir)
-    ckpt_dir = exp_dir / "checkpoints"
-    run_config = OmegaConf.to_container(cfg, resolve=True)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_cfg["precision"] = resolve_precision(
-        trainer_cfg["precision"], trainer_cfg["accelerator"]
+    precision = resolve_precision(trainer_cfg.pop("precision"), trainer_cfg["accelerator"])
+    facts = training_facts(cfg, trainer_cfg, objective, model, optim)
+    parallel = setup_distributed(distributed, facts)
+    trainer_cfg["strategy"] = parallel.strategy
+    trainer = L.Trainer(
+        **trainer_cfg,
+        precision=precision,
+        default_root_dir=exp_dir,
+        logger=build_loggers(cfg.logger, exp_dir, OmegaConf.to_container(cfg, resolve=True)),
+        callbacks=[*run_callbacks(cfg), *parallel.callbacks],
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
     )
-    log.info("precision: %s", trainer_cfg["precision"])
-    world_size = processes_per_node(trainer_cfg["accelerator"], trainer_cfg["devices"])
-    world_size *= int(trainer_cfg.get("num_nodes", 1))
-    if uses_cpu(trainer_cfg["accelerator"]):
-        set_cpu_threads(distributed, world_size)
-    strategy = build_strategy(
-        trainer_cfg.pop("strategy"),
-        world_size=world_size,
-        config=distributed,
-        parts_without_gradient=objective.parts_without_gradient(model),
+    needs_total = optim.scheduler is not None and optim.scheduler.kind == "warmup_cosine"
+    module = AsrLitModule(
+        model,
+        objective,
+        tokenizer,
+        optim=optim,
+        bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
+        total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
+        faults=faults,
+        search=default_options(model, int(cfg.get("validation_beam_size", 1))),
+        features=parallel.features,
+    )
+    resolved = resolved_keys(precision, objective, trainer_cfg["accelerator"], parallel)
+    return Built(trainer, module, datamodule, resolved)
+
+
+def training_facts(
+    cfg: DictConfig,
+    trainer_cfg: dict[str, Any],
+    objective: Objective,
+    model: torch.nn.Module,
+    optim: OptimConfig,
+) -> TrainingFacts:
+    """What `setup_distributed` needs from the trainer keys, objective, optimizer, debug."""
+    debug = cfg.get("debug") or {}
+    return TrainingFacts(
+        strategy=trainer_cfg.pop("strategy"),
+        accelerator=trainer_cfg["accelerator"],
+        devices=trainer_cfg["devices"],
+        num_nodes=int(trainer_cfg.get("num_nodes", 1)),
+        gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
+        parts_without_gradient=tuple(objective.parts_without_gradient(model)),
         loss_kind=getattr(objective.config, "kind", None),
-        optimizer_momentum=optim.sgd_momentum,
-        adam_moments=AdamMoments(*optim.betas, optim.eps) if optim.kind == "adamw" else None,
+        first_full_loss_step=first_full_loss_step(objective),
+        optim=optim,
+        straggler_rank=debug.get("straggler_rank"),
+        straggler_slowdown=float(debug.get("straggler_slowdown", 2.0)),
     )
-    compression = getattr(strategy, "compression", None)
-    if compression is not None and compression.freezes_variance:
-        check_variance_freeze(compression.config, first_full_loss_step(objective))
-    if compression is not None and trainer_cfg.get("gradient_clip_val"):
-        # DGC clips each rank's gradient before accumulation, in the hook, instead of the
-        # exchanged sum (which holds accumulated values, or already Adam's directions).
-        if compression.config.clip_norm is None:
-            clip = float(trainer_cfg["gradient_clip_val"])
-            compression.config = dataclasses.replace(compression.config, clip_norm=clip)
-        trainer_cfg["gradient_clip_val"] = None
-        log.info(
-            "gradient clipping moves into the DGC hook: clip_norm=%s", compression.config.clip_norm
-        )
+
+
+def run_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """Checkpoints, the learning-rate monitor, the progress bar, EMA and step times."""
+    ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
     callbacks = [
         *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
         L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
@@ -143,48 +165,38 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     ]
     if cfg.get("ema"):
         callbacks.append(EmaWeights(dataclass_from_keys(EmaConfig, cfg.ema, "ema")))
-    if getattr(strategy, "compression", None) is not None:
-        callbacks.append(CompressionMonitor(strategy.compression))
-    if isinstance(strategy, DecentralizedStrategy):
-        callbacks.append(GossipMonitor(strategy))
-    debug = cfg.get("debug") or {}
-    if debug.get("straggler_rank") is not None:
-        callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))
-    if debug.get("step_times_dir"):
-        callbacks.append(StepTimes(debug.step_times_dir))
-    trainer = L.Trainer(
-        **trainer_cfg,
-        strategy=strategy,
-        default_root_dir=exp_dir,
-        logger=build_loggers(cfg.logger, exp_dir, run_config),
-        callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
-        use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
-    )
-    needs_total = optim.scheduler is not None and optim.scheduler.kind == "warmup_cosine"
-    total_steps = estimate_total_steps(trainer, datamodule) if needs_total else None
-    if getattr(strategy, "adascale", None) is not None:
-        if optim.kind != "sgd":
-            raise ValueError("distributed.adascale is for momentum SGD: set optim=sgd_cosine")
-        # The schedule is the one-rank run's, in steps of one rank's batch.
-        one_rank_steps = total_steps * world_size if total_steps else None
-        schedule = (
-            schedule_function(optim.scheduler, one_rank_steps)
-            if optim.scheduler is not None
-            else lambda _: 1.0
-        )
-        trainer.callbacks.append(AdaScaleLearningRate(strategy.adascale, schedule, one_rank_steps))
-    module = AsrLitModule(
-        model,
-        objective,
-        tokenizer,
-        optim=optim,
-        bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
-        total_steps=total_steps,
-        faults=faults,
-        search=default_options(model, int(cfg.get("validation_beam_size", 1))),
-    )
-    return trainer, module, datamodule
+    step_times_dir = (cfg.get("debug") or {}).get("step_times_dir")
+    if step_times_dir:
+        callbacks.append(StepTimes(step_times_dir))
+    return callbacks
+
+
+def resolved_keys(
+    precision: str, objective: Objective, accelerator: str, parallel: DistributedSetup
+) -> dict[str, Any]:
+    """What the keys left to `auto`/null resolved to in this run, by config section."""
+    resolved: dict[str, Any] = {"trainer": {"precision": precision}}
+    loss = objective.config
+    if getattr(loss, "kind", None) == "samplewise":
+        device = torch.device("cpu" if uses_cpu(accelerator) else "cuda")
+        resolved["model"] = {"loss": {"lattice": active_lattice(loss.lattice, device)}}
+    resolved["distributed"] = parallel.resolved
+    return resolved
+
+
+def write_resolved(resolved: dict[str, Any], exp_dir: Path) -> Path:
+    """`resolved` as `resolved.yaml` beside the `config.yaml` Hydra saved for this run
+    (`exp_dir/hydra/.hydra/`; `exp_dir/hydra/` when run without Hydra), atomically."""
+    folder = exp_dir / "hydra"
+    if HydraConfig.initialized():
+        hydra = HydraConfig.get()
+        folder = Path(hydra.runtime.output_dir) / (hydra.output_subdir or "")
+    path = folder / "resolved.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".yaml.partial")
+    partial.write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    partial.replace(path)
+    return path
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -192,7 +204,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
     enlarge_onednn_cache()
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, resolved = build(cfg)
+    if trainer.is_global_zero:
+        path = write_resolved(resolved, Path(cfg.exp_dir))
+        log.info("resolved: %s (%s)", resolved, path)
     ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))

@@ -97,7 +97,7 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
         "checkpoint.every_n_train_steps=1",
     )
     L.seed_everything(cfg.seed)
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     module.objective = NanFrom(module.objective, step=4)
     with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row .* step 6"):
         trainer.fit(module, datamodule=datamodule)
@@ -123,7 +123,7 @@ def test_too_many_unusable_cuts_stop_the_epoch_naming_the_reason(
     manifest = tmp_path / "train.jsonl.gz"
     CutSet.from_cuts(broken).to_file(manifest)
     cfg = _tiny(compose_train, tmp_path / "exp", f"data.train_cuts=[{manifest}]")
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     with pytest.raises(TrainingStopped) as stopped:
         trainer.fit(module, datamodule=datamodule)
     n = len(cuts[::3])

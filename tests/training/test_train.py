@@ -164,7 +164,7 @@ class BatchRecorder(L.Callback):
 def _fit(cfg: DictConfig) -> tuple[BatchRecorder, dict[str, torch.Tensor], int]:
     """What `run` does for fitting, with a recorder added to the trainer."""
     L.seed_everything(cfg.seed, workers=True)
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     recorder = BatchRecorder()
     trainer.callbacks.append(recorder)
     ckpt = resume_path(cfg, Path(cfg.exp_dir) / "checkpoints")
@@ -319,7 +319,7 @@ def test_samplewise_and_batched_losses_train_alike(
             "run_test=false",
         )
         L.seed_everything(cfg.seed, workers=True)
-        trainer, module, datamodule = build(cfg)
+        trainer, module, datamodule, _ = build(cfg)
         recorder = LossRecorder()
         trainer.callbacks.append(recorder)
         trainer.fit(module, datamodule=datamodule)

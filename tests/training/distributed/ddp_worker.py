@@ -90,7 +90,7 @@ def main() -> None:
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra.compose("train", overrides=args.overrides)
     L.seed_everything(cfg.seed, workers=True)
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     if args.nan_at:
         nan_rank, nan_step = map(int, args.nan_at.split(":"))
         module.objective = NanAt(module.objective, nan_rank, nan_step)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from asr.training.distributed.gossip import Gossip, GossipConfig
+from asr.training.distributed.savers.gossip import Gossip, GossipConfig
 
 
 def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: int, lr: float):

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from asr.training.distributed.dgc import dgc_hook
-from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState
+from asr.training.distributed.savers.dgc import dgc_hook
+from asr.training.distributed.savers.dgc_state import AdamMoments, DGCConfig, DGCState
 
 # adascale and dgc_resume import Lightning (~2 s a process): only the modes that use them
 
@@ -56,7 +56,7 @@ def _resumed(rank: int, world: int, out_dir: str, mode: str, steps: int) -> dict
     bucket) and its rebuilt buckets one in each, so a bucket-wide top-k in the resumed
     run's first step would choose among other entries than the uninterrupted run's (then
     the runs differ in what is sent when, though nothing is lost)."""
-    from asr.training.distributed.dgc_resume import load_rank_state, save_rank_state
+    from asr.training.distributed.savers.dgc_resume import load_rank_state, save_rank_state
 
     sizes = [700, 300, 1500]
 
@@ -125,7 +125,11 @@ def main(rank: int, world: int, init_file: str, out_dir: str, mode: str, steps: 
     model = DistributedDataParallel(Vectors(shapes), bucket_cap_mb=bucket_mb)
     state = None
     if mode.startswith("adascale"):
-        from asr.training.distributed.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
+        from asr.training.distributed.savers.adascale import (
+            AdaScaleConfig,
+            AdaScaleState,
+            adascale_hook,
+        )
 
         adascale = AdaScaleState(AdaScaleConfig(smoothing=0.0))
         model.register_comm_hook(adascale, adascale_hook)

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
-from asr.training.distributed.adpsgd import DecentralizedConfig, DecentralizedStrategy
+from asr.training.distributed.savers.adpsgd import DecentralizedConfig, DecentralizedStrategy
 
 
 class Regression(L.LightningModule):

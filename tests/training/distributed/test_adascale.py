@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.adascale import AdaScaleConfig
+from asr.training.distributed.savers.adascale import AdaScaleConfig
 
 
 def test_gain_is_one_without_noise_and_the_rank_count_for_pure_noise(

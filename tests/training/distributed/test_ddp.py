@@ -231,7 +231,7 @@ def test_a_rank_whose_cuts_are_all_corrupt_still_steps(main_run, main_setup) -> 
 def _validate_one_process(overrides: list[str], ckpt: Path) -> dict[str, float]:
     cfg = compose([*overrides, "trainer.devices=1", "trainer.strategy=auto"])
     L.seed_everything(cfg.seed)
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -342,7 +342,7 @@ def test_resuming_inside_an_epoch_with_another_world_size_fails_clearly(
 ) -> None:
     overrides = [*main_run["overrides"], "trainer.devices=1", "trainer.strategy=auto"]
     cfg = compose(overrides)
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     ckpt = killed_two_process_run["root"] / "stopped.ckpt"
     with pytest.raises(ValueError, match=r"stopped inside epoch 1 after \d+ steps of 2 data-par"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt))
@@ -359,7 +359,7 @@ def test_an_end_of_epoch_checkpoint_resumes_with_any_world_size(
     exp = tmp_path / "exp"
     overrides = [o for o in main_run["overrides"] if not o.startswith("exp_dir=")]
     cfg = compose([*overrides, f"exp_dir={exp}", "trainer.devices=1", "trainer.strategy=auto"])
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     recorder: list[list[str]] = []
     trainer.callbacks.append(_BatchIds(recorder))
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(epoch0))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from asr.config_keys import ConfigError, dataclass_from_keys
-from asr.training.distributed.dgc import top_k_indices
-from asr.training.distributed.dgc_adam import adam_step_bound, check_variance_freeze
-from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState
+from asr.training.distributed.savers.dgc import top_k_indices
+from asr.training.distributed.savers.dgc_adam import adam_step_bound, check_variance_freeze
+from asr.training.distributed.savers.dgc_state import AdamMoments, DGCConfig, DGCState
 
 
 def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path: Path) -> None:

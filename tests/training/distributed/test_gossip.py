@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.training.distributed.gossip import GossipConfig, askers_of, peer_of, random_ring
+from asr.training.distributed.savers.gossip import GossipConfig, askers_of, peer_of, random_ring
 
 STRATEGY_WORKER = Path(__file__).with_name("strategy_worker.py")
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 
 @pytest.mark.slow
@@ -51,6 +52,17 @@ def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> Non
     assert saved["global_step"] == 1 + len(steps) and saved["rank"] == 1
     residual = sum(float(t["residual"].abs().sum()) for t in saved["parameters"].values())
     assert residual > 0  # what waits to be sent
+    # the config saved is the one given; what its null and auto keys became lies beside it
+    hydra = tmp_path / "exp" / "hydra" / ".hydra"
+    config, resolved = (OmegaConf.load(hydra / name) for name in ("config.yaml", "resolved.yaml"))
+    assert config.trainer.gradient_clip_val == 5.0  # clips each rank's gradient in the hook
+    assert config.distributed.compression.clip_norm is None
+    assert resolved.distributed.compression.clip_norm == 5.0
+    assert resolved.distributed.world_size == 2 and resolved.distributed.cpu_threads == 1
+    assert resolved.distributed.strategy == "HookedDDPStrategy"
+    assert resolved.distributed.find_unused_parameters is False
+    assert resolved.trainer.precision in ("32-true", "bf16-mixed")
+    assert resolved.model.loss.lattice == "torch"  # auto, on a CPU
 
 
 FROZEN_VARIANCE = (  # the defaults (99.6 %, every parameter sparse), but for their lengths

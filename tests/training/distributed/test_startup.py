@@ -12,18 +12,14 @@ import pytest
 import torch
 
 from asr.models.build import build_model
-from asr.training.distributed.adascale import AdaScaleConfig
-from asr.training.distributed.adpsgd import DecentralizedConfig
-from asr.training.distributed.ddp import (
-    DistributedConfig,
-    HookedDDPStrategy,
-    build_strategy,
-    is_peer_failure,
-    processes_per_node,
-    set_cpu_threads,
-)
-from asr.training.distributed.dgc_state import DGCConfig
-from asr.training.distributed.straggler import Straggler
+from asr.training.distributed.config import DistributedConfig
+from asr.training.distributed.ddp import is_peer_failure, processes_per_node, set_cpu_threads
+from asr.training.distributed.savers.adascale import AdaScaleConfig
+from asr.training.distributed.savers.adpsgd import DecentralizedConfig
+from asr.training.distributed.savers.dgc_state import DGCConfig
+from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
+from asr.training.distributed.savers.straggler import Straggler
+from asr.training.distributed.setup import build_strategy
 from asr.training.objective import build_objective
 
 

@@ -32,7 +32,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.hooks import comm_hook
+from asr.training.distributed.savers.hooks import comm_hook
+from asr.training.schedules import SchedulerConfig, schedule_function
 
 
 @dataclass(frozen=True)
@@ -109,21 +110,26 @@ def adascale_hook(state: AdaScaleState, bucket: dist.GradBucket) -> torch.future
 
 class AdaScaleLearningRate(Callback):
     """Sets each step's learning rate to gain x peak x schedule(progress), advances the
-    progress by the gain, logs both, and stops the run when the schedule is done."""
+    progress by the gain, logs both, and stops the run when the schedule is done. The
+    schedule is the one-rank run's (`scheduler`, null: constant), in steps of one rank's
+    batch: the module's `total_steps` x `world_size` of them."""
 
     def __init__(
-        self,
-        state: AdaScaleState,
-        schedule: Callable[[float], float],
-        total_steps: int | None,
+        self, state: AdaScaleState, scheduler: SchedulerConfig | None, world_size: int
     ) -> None:
         self.state = state
-        self.schedule = schedule
-        self.total_steps = total_steps  # of the one-rank schedule; None: no end
+        self.scheduler = scheduler
+        self.world_size = world_size
+        self.schedule: Callable[[float], float] = lambda _: 1.0
+        self.total_steps: int | None = None  # of the one-rank schedule; None: no end
         self.peak: list[float] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.peak = [group.get("initial_lr", group["lr"]) for group in _groups(trainer)]
+        run_steps = getattr(pl_module, "total_steps", None)  # AsrLitModule's; None: unknown
+        self.total_steps = run_steps * self.world_size if run_steps else None
+        if self.scheduler is not None:
+            self.schedule = schedule_function(self.scheduler, self.total_steps)
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer

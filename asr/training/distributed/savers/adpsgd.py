@@ -5,7 +5,7 @@ arXiv 1907.05701).
 Lightning's DDP process setup (one process per device, gloo or NCCL, the bucketing
 sampler's split of the data) without DDP's gradient all-reduce: each process trains its own
 replica, and after each optimizer step averages its weights with one peer
-(`asr.training.distributed.gossip`). With `node_size` = k > 1 every k consecutive ranks are
+(`asr.training.distributed.savers.gossip`). With `node_size` = k > 1 every k consecutive ranks are
 one "super-learner": they all-reduce their gradients after each backward (a node-local
 group: NVLink or shared memory on a real node), the first of them (the node's leader)
 gossips with the other leaders, then sends the result to its node, so the replicas of a node
@@ -40,7 +40,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.gossip import (
+from asr.training.distributed.savers.gossip import (
     Gossip,
     GossipConfig,
     assign,
@@ -101,10 +101,14 @@ class DecentralizedStrategy(DDPStrategy):
         self.node_leader = 0
         self.last_spread: float | None = None
 
-    @property
+    # --- StrategyFeatures: what the module may ask ---
     def step_group(self) -> Any:
         """The ranks that share an optimizer step: the node's (H-ADPSGD), or this one."""
         return self.node_group if self.node_group is not None else LOCAL
+
+    moments_in_hook = False  # each replica's own optimizer
+    sets_learning_rate = False
+    clips_in_hook = False
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model  # no DistributedDataParallel: no gradient all-reduce

@@ -1,5 +1,5 @@
 """The Deep Gradient Compression hook's configuration (`distributed.compression`) and
-per-rank state (`asr.training.distributed.dgc` is the hook)."""
+per-rank state (`asr.training.distributed.savers.dgc` is the hook)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class DGCConfig:
       trainer's `gradient_clip_val`, which then no longer clips after the exchange).
     - `variance_freeze_step`: with AdamW, the dense AdamW steps before its second moment
       freezes and its first moment moves into the hook (past the loss's CTC-only warm-up,
-      so every part of the model has a second moment; `asr.training.distributed.dgc_adam`).
+      so every part of the model has a second moment; `asr.training.distributed.savers.dgc_adam`).
     - `variance_refresh_steps`: with AdamW, the sparse steps between two refreshes of the
       frozen second moment from the ranks' local estimates (0: never; each costs 2 bytes
       per entry, spread over the steps between refreshes).

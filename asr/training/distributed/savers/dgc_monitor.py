@@ -1,5 +1,5 @@
 """The Lightning side of the DGC hook: logs what each optimizer step exchanged and hands
-the hook the optimizer's step and learning rate (`asr.training.distributed.dgc` itself
+the hook the optimizer's step and learning rate (`asr.training.distributed.savers.dgc` itself
 needs no Lightning)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from asr.training.distributed.dgc_state import DGCState
+from asr.training.distributed.savers.dgc_state import DGCState
 
 
 class CompressionMonitor(Callback):

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from asr.training.checkpointing import RESUME_CHECKPOINT, save_atomically
-from asr.training.distributed.dgc import clear_buckets, per_parameter
-from asr.training.distributed.dgc_state import DGCState
+from asr.training.distributed.savers.dgc import clear_buckets, per_parameter
+from asr.training.distributed.savers.dgc_state import DGCState
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ so no gradient is lost, only delayed. Following the paper and its code:
   masking** (`momentum_masking`) clears u and v where they were sent, so stale momentum
   does not push a coordinate again.
 - **AdamW runs**: dense AdamW for `variance_freeze_step` steps, then its second moment
-  frozen and its first moment in the hook (`asr.training.distributed.dgc_adam`).
+  frozen and its first moment in the hook (`asr.training.distributed.savers.dgc_adam`).
 - **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
   (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
   so each bucket is clipped at that threshold times the square root of its share of all
@@ -31,10 +31,10 @@ so no gradient is lost, only delayed. Following the paper and its code:
 At sparsity 0 the hook all-reduces, giving exactly DDP's averaged gradient. Each step's
 bytes are counted: `sent_bytes` what this rank contributes (indices as int32 plus values),
 `dense_bytes` the bucket bytes a dense all-reduce exchanges; their ratio is the
-compression ratio (logged by `asr.training.distributed.dgc_monitor`). Residual, velocity
+compression ratio (logged by `asr.training.distributed.savers.dgc_monitor`). Residual, velocity
 and the hook's Adam moments are per-rank state: the state is kept per bucket, moved to
 the new buckets when DDP rebuilds them, and written
-beside `last.ckpt` by every rank (`asr.training.distributed.dgc_resume`), so a resumed run
+beside `last.ckpt` by every rank (`asr.training.distributed.savers.dgc_resume`), so a resumed run
 continues with what still waited in the residual.
 """
 
@@ -46,19 +46,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from asr.training.distributed.dgc_adam import (
+from asr.training.distributed.savers.dgc_adam import (
     adam_direction,
     refresh_second_moment,
     track_local_moments,
 )
-from asr.training.distributed.dgc_state import (
+from asr.training.distributed.savers.dgc_state import (
     STATE_KINDS,
     BucketLayout,
     DGCState,
     bucket_buffer,
     bucket_layout,
 )
-from asr.training.distributed.hooks import comm_hook
+from asr.training.distributed.savers.hooks import comm_hook
 
 INDEX_DTYPE = torch.int32
 

@@ -43,7 +43,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.dgc_state import AdamMoments, DGCConfig, DGCState, bucket_buffer
+from asr.training.distributed.savers.dgc_state import (
+    AdamMoments,
+    DGCConfig,
+    DGCState,
+    bucket_buffer,
+)
 
 
 def check_variance_freeze(config: DGCConfig, first_full_loss_step: int) -> None:

@@ -1,0 +1,100 @@
+"""The one door (`setup_distributed`): which strategy, callbacks and module features each
+`distributed` config gives, and what it records as resolved. No process starts here (the
+accelerator is named `gpu` so that nothing sets this process's CPU threads; nothing touches
+CUDA while a strategy is built); the runs with real processes are in test_ddp.py and
+test_savers.py."""
+
+from __future__ import annotations
+
+import pytest
+from lightning.pytorch.strategies import DDPStrategy
+
+from asr.training.distributed.config import DistributedConfig
+from asr.training.distributed.features import DENSE
+from asr.training.distributed.savers.adascale import AdaScaleConfig, AdaScaleLearningRate
+from asr.training.distributed.savers.adpsgd import DecentralizedStrategy, GossipMonitor
+from asr.training.distributed.savers.dgc_monitor import CompressionMonitor
+from asr.training.distributed.savers.dgc_state import DGCConfig
+from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
+from asr.training.distributed.savers.straggler import Straggler
+from asr.training.distributed.setup import TrainingFacts, setup_distributed
+from asr.training.optimizer import optim_config
+from asr.training.step_guard import LOCAL
+
+ADAMW = optim_config({"lr": 1e-3})
+SGD = optim_config({"lr": 0.05, "kind": "sgd"})
+
+
+def facts(**changes) -> TrainingFacts:
+    base = {"strategy": "ddp", "accelerator": "gpu", "devices": 2, "optim": ADAMW}
+    return TrainingFacts(**{**base, **changes})
+
+
+def test_one_process_keeps_lightnings_strategy_and_asks_nothing_special() -> None:
+    setup = setup_distributed(DistributedConfig(), facts(strategy="auto", devices=1))
+    assert setup.strategy == "auto" and setup.features is DENSE and setup.callbacks == []
+    assert setup.resolved == {"world_size": 1, "strategy": "auto"}
+
+
+def test_plain_ddp_is_lightnings_with_its_unused_parameter_search_resolved() -> None:
+    warm_up = facts(parts_without_gradient=("predictor", "joiner"), num_nodes=2)
+    setup = setup_distributed(DistributedConfig(), warm_up)
+    assert type(setup.strategy) is DDPStrategy and setup.features is DENSE
+    assert setup.resolved == {
+        "world_size": 4,
+        "find_unused_parameters": True,
+        "strategy": "DDPStrategy",
+    }
+    assert setup.features.step_group() is None and not setup.features.clips_in_hook
+
+
+def test_dgc_takes_the_trainers_clipping_into_its_hook_and_says_so() -> None:
+    config = DistributedConfig(compression=DGCConfig())
+    setup = setup_distributed(config, facts(gradient_clip_val=5.0))
+    strategy = setup.strategy
+    assert isinstance(strategy, HookedDDPStrategy) and setup.features is strategy
+    assert strategy.compression is not None and strategy.compression.config.clip_norm == 5.0
+    assert setup.features.clips_in_hook and setup.features.moments_in_hook  # AdamW's
+    assert not setup.features.sets_learning_rate
+    assert [type(c) for c in setup.callbacks] == [CompressionMonitor]
+    assert setup.resolved["compression"] == {"clip_norm": 5.0}
+    assert setup.resolved["find_unused_parameters"] is False
+    # a clip_norm of its own wins; the config object given is not changed
+    own = DistributedConfig(compression=DGCConfig(clip_norm=1.0))
+    assert setup_distributed(own, facts(gradient_clip_val=5.0)).resolved["compression"] == {
+        "clip_norm": 1.0
+    }
+    assert config.compression is not None and config.compression.clip_norm is None
+    # SGD without momentum: error feedback only, the optimizer keeps nothing in the hook
+    plain_sgd = optim_config({"lr": 0.05, "kind": "sgd", "momentum": 0.0})
+    assert not setup_distributed(config, facts(optim=plain_sgd)).features.moments_in_hook
+
+
+def test_dgc_checks_the_variance_freeze_against_the_ctc_warm_up() -> None:
+    config = DistributedConfig(compression=DGCConfig(variance_freeze_step=100))
+    with pytest.raises(ValueError, match="transducer_start_step"):
+        setup_distributed(config, facts(first_full_loss_step=280))
+
+
+def test_adascale_sets_the_learning_rate_and_wants_momentum_sgd() -> None:
+    config = DistributedConfig(adascale=AdaScaleConfig())
+    setup = setup_distributed(config, facts(optim=SGD))
+    assert setup.features.sets_learning_rate and not setup.features.clips_in_hook
+    (callback,) = setup.callbacks
+    assert isinstance(callback, AdaScaleLearningRate) and callback.world_size == 2
+    with pytest.raises(ValueError, match="momentum SGD"):
+        setup_distributed(config, facts(optim=ADAMW))
+
+
+def test_decentralized_training_decides_steps_within_the_replica() -> None:
+    setup = setup_distributed(DistributedConfig(), facts(strategy="adpsgd"))
+    assert isinstance(setup.strategy, DecentralizedStrategy) and setup.features is setup.strategy
+    assert setup.features.step_group() == LOCAL  # before H-ADPSGD's node groups exist
+    assert [type(c) for c in setup.callbacks] == [GossipMonitor]
+    assert "find_unused_parameters" not in setup.resolved
+
+
+def test_the_straggler_is_a_callback_of_the_door() -> None:
+    setup = setup_distributed(DistributedConfig(), facts(straggler_rank=1, straggler_slowdown=3))
+    (straggler,) = setup.callbacks
+    assert isinstance(straggler, Straggler) and (straggler.rank, straggler.slowdown) == (1, 3.0)
