@@ -24,13 +24,15 @@ import torch
 from asr.config_keys import dataclass_from_keys
 from asr.data.batch import Batch
 from asr.data.dataset import SKIP_REASONS
+from asr.errors import InputFault
 from asr.frames import FRAMES_PER_SECOND
 
 MIN_CUTS_MID_EPOCH = 2000
 
 
-class TrainingStopped(RuntimeError):
-    """A fault that training cannot outrun; the message says what and what to do."""
+class TrainingStopped(InputFault):
+    """A fault that training cannot outrun; the message says what and what to do (`asr-train`
+    ends on it with that one line and exit status 1)."""
 
 
 @dataclass(frozen=True)

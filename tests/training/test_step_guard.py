@@ -1,3 +1,6 @@
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -5,9 +8,12 @@ import lightning as L
 import pytest
 import torch
 from lhotse import CutSet
+from omegaconf import OmegaConf
 
-from asr.data.corpus import load_cuts
+from asr.data.buckets import build_sampler
+from asr.data.corpus import load_cuts, open_cuts
 from asr.data.dataset import SKIP_REASONS, UNREADABLE
+from asr.data.tokenizer import Tokenizer
 from asr.training.step_guard import (
     MIN_CUTS_MID_EPOCH,
     FaultConfig,
@@ -19,6 +25,8 @@ from asr.training.step_guard import (
 from asr.training.train import build
 
 TRAIN = "train-clean-100"
+ASR_TRAIN = Path(sys.executable).with_name("asr-train")
+TIMEOUT = 120  # seconds for any one asr-train run: a hang fails the test, not the suite
 
 
 def totals(used: int, **skipped: int) -> StepTotals:
@@ -130,3 +138,75 @@ def test_too_many_unusable_cuts_stop_the_epoch_naming_the_reason(
     assert f"{n} of the {len(cuts)} cuts seen this epoch" in str(stopped.value)
     assert f"commonest reason: '{UNREADABLE}' ({n} cuts)" in str(stopped.value)
     assert trainer.current_epoch == 0
+
+
+# --- asr-train's own stops, as a user meets them ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def skip_budget_run(compose_train, train_overrides, feature_manifests, tmp_path_factory) -> dict:
+    """An `asr-train` command whose run stops for its skip budget at the end of epoch 0: every
+    cut of the epoch's first two batches (about 13 % of the cuts) has a missing feature file,
+    `faults.max_skipped_fraction=0.05`, `last.ckpt` every 2 steps (`command(exp)`), and its
+    uninterrupted run: `whole` (the finished process), `whole_last` (its last.ckpt), `stop`
+    (the counts its message names)."""
+    root = tmp_path_factory.mktemp("skip_budget")
+    overrides = [
+        "experiment=demo",
+        "trainer.check_val_every_n_epoch=100",
+        "run_test=false",
+        "trainer.max_epochs=2",  # an epoch more than the stop needs: a miscount runs on
+        "checkpoint.every_n_train_steps=2",
+        "faults.max_skipped_fraction=0.05",
+    ]
+    data = OmegaConf.to_container(compose_train(root / "probe", *overrides).data, resolve=True)
+    sampler = build_sampler(
+        open_cuts(data["train_cuts"]), data["sampler"], tokenizer=Tokenizer.load(data["tokenizer"])
+    )
+    sampler.set_epoch(0)
+    batches = [list(batch.ids) for batch in sampler]
+    victims = set(batches[0] + batches[1])  # trained on before the first checkpoint
+    cuts = list(load_cuts(feature_manifests[TRAIN]))
+    assert 0.05 < len(victims) / len(cuts) < 0.2, (len(victims), len(cuts))
+    missing = str(root / "missing.lca")
+    broken = [
+        replace(c, features=replace(c.features, storage_path=missing)) if c.id in victims else c
+        for c in cuts
+    ]
+    manifest = root / "train-broken.jsonl.gz"
+    CutSet.from_cuts(broken).to_file(manifest)
+
+    def command(exp: str) -> list[str]:
+        args = [*train_overrides(root / exp), *overrides, f"data.train_cuts=[{manifest}]"]
+        return [str(ASR_TRAIN), *args]
+
+    done = asr_train(command("whole"))
+    last = torch.load(root / "whole" / "checkpoints" / "last.ckpt", weights_only=False)
+    stop = f"{len(victims)} of the {len(cuts)} cuts seen this epoch"
+    return {"root": root, "command": command, "whole": done, "whole_last": last, "stop": stop}
+
+
+def asr_train(command: list[str], **env: str) -> subprocess.CompletedProcess:
+    """Run `command` to its end with one torch thread; stdout and stderr are captured."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT)
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """The one line of stderr that names the skip budget; no traceback anywhere."""
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Error executing job" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "max_skipped_fraction" in line]
+    assert len(lines) == 1 and lines[0] == done.stderr.strip().splitlines()[-1], done.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_asr_train_ends_its_own_stop_with_one_line(skip_budget_run) -> None:
+    stop = skip_budget_run["stop"]
+    line = error_line(skip_budget_run["whole"])
+    assert line.startswith(f"asr-train: error: {stop} (")
+    assert f"commonest reason: '{UNREADABLE}' ({stop.split()[0]} cuts)" in line
+    debug = asr_train(skip_budget_run["command"]("debug"), ASR_DEBUG="1")
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and f"TrainingStopped: {stop}" in debug.stderr
