@@ -1,6 +1,8 @@
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,6 +57,18 @@ def test_skip_budget_names_the_commonest_reason_and_resets_per_epoch() -> None:
     budget.check(epoch_end=True)
 
 
+def test_skip_budget_state_carries_an_unfinished_epoch_only() -> None:
+    budget = SkipBudget(max_fraction=0.05)
+    budget.add(totals(100, unreadable_audio=3, empty_transcript=1))
+    resumed = SkipBudget(max_fraction=0.05)
+    resumed.load_state_dict(budget.state_dict())
+    assert (resumed.used, resumed.skipped, resumed.fraction) == (100, budget.skipped, 4 / 104)
+    budget.end_epoch()  # 3.8 %: within the limit
+    next_epoch = SkipBudget(max_fraction=0.05)
+    next_epoch.load_state_dict(budget.state_dict())
+    assert next_epoch.seen == 0
+
+
 def test_nonfinite_guard_stops_after_k_in_a_row_only() -> None:
     guard = NonFiniteGuard(max_consecutive=3)
     for step, bad in enumerate([True, True, False, True, True]):
@@ -95,6 +109,7 @@ def _tiny(compose_train, exp: Path, *overrides: str):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
     compose_train, feature_manifests, tmp_path, single_thread
 ) -> None:
@@ -109,12 +124,18 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
     module.objective = NanFrom(module.objective, step=4)
     with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row .* step 6"):
         trainer.fit(module, datamodule=datamodule)
-    last = torch.load(tmp_path / "exp" / "checkpoints" / "last.ckpt", weights_only=False)
+    last_path = tmp_path / "exp" / "checkpoints" / "last.ckpt"
+    last = torch.load(last_path, weights_only=False)
     assert last["global_step"] == 6  # steps 4 and 5 were skipped, and checkpointed
     weights = {k[len("model.") :]: v for k, v in last["state_dict"].items()}
     params = dict(module.model.named_parameters())
     for name, param in params.items():
         assert torch.isfinite(param).all() and torch.equal(param, weights[name]), name
+    # Resumed, the run counts on from the checkpoint: its first step is the third in a row.
+    trainer, module, datamodule = build(cfg)
+    module.objective = NanFrom(module.objective, step=4)
+    with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row .* step 6"):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=last_path)
 
 
 @pytest.mark.slow
@@ -210,3 +231,41 @@ def test_asr_train_ends_its_own_stop_with_one_line(skip_budget_run) -> None:
     debug = asr_train(skip_budget_run["command"]("debug"), ASR_DEBUG="1")
     assert debug.returncode == 1
     assert "Traceback" in debug.stderr and f"TrainingStopped: {stop}" in debug.stderr
+
+
+def kill_after_first_checkpoint(command: list[str], last: Path) -> None:
+    """Start `command` in its own session and kill -9 it once `last` exists."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None and not last.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_skip_budget_counts_on_after_kill_and_resume(skip_budget_run) -> None:
+    """Killed after a mid-epoch checkpoint and run again, the run stops where the
+    uninterrupted one did, with the same counts (not a budget started afresh at the resume,
+    which sees none of the broken cuts and trains through another epoch)."""
+    command, root = skip_budget_run["command"]("killed"), skip_budget_run["root"]
+    last = root / "killed" / "checkpoints" / "last.ckpt"
+    kill_after_first_checkpoint(command, last)
+    killed = torch.load(last, weights_only=False)
+    whole = skip_budget_run["whole_last"]
+    assert killed["AsrDataModule"]["epoch"] == 0 and killed["global_step"] < whole["global_step"]
+    assert killed["AsrDataModule"]["batches_done"] >= 2  # the broken batches are behind it
+    resumed = asr_train(command)  # the same command again: resume=auto
+    assert error_line(resumed) == error_line(skip_budget_run["whole"])
+    last = torch.load(last, weights_only=False)
+    assert (last["global_step"], last["epoch"]) == (whole["global_step"], whole["epoch"])
