@@ -2,7 +2,8 @@
 key or value at fault, exit status 1, and no traceback (``ASR_DEBUG=1`` shows it).
 
 Only errors about the user's input are shortened this way (a missing or unreadable file,
-a bad value or key); anything else is a bug and keeps its traceback.
+a bad value or key, and a run's own stop for a fault in its data or settings,
+`asr.errors.InputFault`); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from asr.errors import joined_lines
+from asr.errors import InputFault, joined_lines
 
 # OSError covers missing, unreadable and truncated files; ValueError and KeyError bad
-# values and config keys.
-INPUT_ERRORS = (OSError, ValueError, KeyError)
+# values and config keys; InputFault a run's own stops (asr-train's fault limits).
+INPUT_ERRORS = (OSError, ValueError, KeyError, InputFault)
 DEBUG_ENV = "ASR_DEBUG"
 
 Main = TypeVar("Main", bound=Callable[..., None])

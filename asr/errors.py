@@ -1,6 +1,14 @@
-"""Error messages shortened to one line, for logs, skip counts and the command line."""
+"""Error messages shortened to one line, for logs, skip counts and the command line, and
+the one error class of a run that stops on purpose."""
 
 from __future__ import annotations
+
+
+class InputFault(RuntimeError):
+    """A fault in what the user gave (data, settings) found while running, on which a
+    program stops on purpose (e.g. too many unreadable cuts, a diverging loss); the message
+    says what happened and what to do. Console scripts end on it as on a bad file or value
+    (`asr.cli.command`): one line, exit status 1."""
 
 
 def first_line(err: BaseException, *, with_type: bool = True) -> str:

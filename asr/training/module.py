@@ -266,7 +266,7 @@ class AsrLitModule(L.LightningModule):
         if self.skipped:
             counts = {reason: len(ids) for reason, ids in self.skipped.items()}
             log.warning("distinct cuts skipped so far (this rank): %s", counts)
-        self.skip_budget.check(epoch_end=True)
+        self.skip_budget.end_epoch()
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(
@@ -313,7 +313,9 @@ class AsrLitModule(L.LightningModule):
         checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": self.tokenizer.to_bytes()}
         checkpoint["skipped_cuts"] = {k: sorted(v) for k, v in self.skipped.items()}
         checkpoint["nonfinite_steps"] = self.nonfinite.state_dict()
+        checkpoint["skip_budget"] = self.skip_budget.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped = {k: set(v) for k, v in checkpoint.get("skipped_cuts", {}).items()}
         self.nonfinite.load_state_dict(checkpoint.get("nonfinite_steps", {}))
+        self.skip_budget.load_state_dict(checkpoint.get("skip_budget", {}))

@@ -24,13 +24,15 @@ import torch
 from asr.config_keys import dataclass_from_keys
 from asr.data.batch import Batch
 from asr.data.dataset import SKIP_REASONS
+from asr.errors import InputFault
 from asr.frames import FRAMES_PER_SECOND
 
 MIN_CUTS_MID_EPOCH = 2000
 
 
-class TrainingStopped(RuntimeError):
-    """A fault that training cannot outrun; the message says what and what to do."""
+class TrainingStopped(InputFault):
+    """A fault that training cannot outrun; the message says what and what to do (`asr-train`
+    ends on it with that one line and exit status 1)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,11 @@ class NonFiniteGuard:
 
 
 class SkipBudget:
-    """Cuts used and skipped in the current epoch over all ranks, against a limit."""
+    """Cuts used and skipped in the current epoch over all ranks, against a limit.
+
+    The counts of an unfinished epoch travel in checkpoints (`state_dict`), so that a run
+    resumed inside an epoch judges the whole epoch, as an uninterrupted run does. They are
+    totals over the ranks that share the optimizer step, the same on each of them."""
 
     def __init__(self, max_fraction: float) -> None:
         self.max_fraction = max_fraction
@@ -177,6 +183,24 @@ class SkipBudget:
     def start_epoch(self) -> None:
         self.used = 0
         self.skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self.epoch_ended = False
+
+    def end_epoch(self) -> None:
+        """The epoch's last check; a checkpoint written after it carries no counts (the next
+        epoch starts from zero, whether or not Lightning calls its epoch-start hook on
+        resume)."""
+        self.epoch_ended = True
+        self.check(epoch_end=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.epoch_ended:
+            return {}
+        return {"used": self.used, "skipped": dict(self.skipped)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.start_epoch()
+        self.used = state.get("used", 0)
+        self.skipped.update(state.get("skipped", {}))
 
     def add(self, totals: StepTotals) -> None:
         self.used += totals.utterances

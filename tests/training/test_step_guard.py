@@ -1,3 +1,8 @@
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -5,9 +10,12 @@ import lightning as L
 import pytest
 import torch
 from lhotse import CutSet
+from omegaconf import OmegaConf
 
-from asr.data.corpus import load_cuts
+from asr.data.buckets import build_sampler
+from asr.data.corpus import load_cuts, open_cuts
 from asr.data.dataset import SKIP_REASONS, UNREADABLE
+from asr.data.tokenizer import Tokenizer
 from asr.training.step_guard import (
     MIN_CUTS_MID_EPOCH,
     FaultConfig,
@@ -19,6 +27,8 @@ from asr.training.step_guard import (
 from asr.training.train import build
 
 TRAIN = "train-clean-100"
+ASR_TRAIN = Path(sys.executable).with_name("asr-train")
+TIMEOUT = 120  # seconds for any one asr-train run: a hang fails the test, not the suite
 
 
 def totals(used: int, **skipped: int) -> StepTotals:
@@ -45,6 +55,18 @@ def test_skip_budget_names_the_commonest_reason_and_resets_per_epoch() -> None:
     budget.start_epoch()
     budget.add(totals(MIN_CUTS_MID_EPOCH, empty_transcript=100))  # 4.8 %: within the limit
     budget.check(epoch_end=True)
+
+
+def test_skip_budget_state_carries_an_unfinished_epoch_only() -> None:
+    budget = SkipBudget(max_fraction=0.05)
+    budget.add(totals(100, unreadable_audio=3, empty_transcript=1))
+    resumed = SkipBudget(max_fraction=0.05)
+    resumed.load_state_dict(budget.state_dict())
+    assert (resumed.used, resumed.skipped, resumed.fraction) == (100, budget.skipped, 4 / 104)
+    budget.end_epoch()  # 3.8 %: within the limit
+    next_epoch = SkipBudget(max_fraction=0.05)
+    next_epoch.load_state_dict(budget.state_dict())
+    assert next_epoch.seen == 0
 
 
 def test_nonfinite_guard_stops_after_k_in_a_row_only() -> None:
@@ -87,6 +109,7 @@ def _tiny(compose_train, exp: Path, *overrides: str):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
     compose_train, feature_manifests, tmp_path, single_thread
 ) -> None:
@@ -101,12 +124,18 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
     module.objective = NanFrom(module.objective, step=4)
     with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row .* step 6"):
         trainer.fit(module, datamodule=datamodule)
-    last = torch.load(tmp_path / "exp" / "checkpoints" / "last.ckpt", weights_only=False)
+    last_path = tmp_path / "exp" / "checkpoints" / "last.ckpt"
+    last = torch.load(last_path, weights_only=False)
     assert last["global_step"] == 6  # steps 4 and 5 were skipped, and checkpointed
     weights = {k[len("model.") :]: v for k, v in last["state_dict"].items()}
     params = dict(module.model.named_parameters())
     for name, param in params.items():
         assert torch.isfinite(param).all() and torch.equal(param, weights[name]), name
+    # Resumed, the run counts on from the checkpoint: its first step is the third in a row.
+    trainer, module, datamodule = build(cfg)
+    module.objective = NanFrom(module.objective, step=4)
+    with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row .* step 6"):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=last_path)
 
 
 @pytest.mark.slow
@@ -130,3 +159,113 @@ def test_too_many_unusable_cuts_stop_the_epoch_naming_the_reason(
     assert f"{n} of the {len(cuts)} cuts seen this epoch" in str(stopped.value)
     assert f"commonest reason: '{UNREADABLE}' ({n} cuts)" in str(stopped.value)
     assert trainer.current_epoch == 0
+
+
+# --- asr-train's own stops, as a user meets them ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def skip_budget_run(compose_train, train_overrides, feature_manifests, tmp_path_factory) -> dict:
+    """An `asr-train` command whose run stops for its skip budget at the end of epoch 0: every
+    cut of the epoch's first two batches (about 13 % of the cuts) has a missing feature file,
+    `faults.max_skipped_fraction=0.05`, `last.ckpt` every 2 steps (`command(exp)`), and its
+    uninterrupted run: `whole` (the finished process), `whole_last` (its last.ckpt), `stop`
+    (the counts its message names)."""
+    root = tmp_path_factory.mktemp("skip_budget")
+    overrides = [
+        "experiment=demo",
+        "trainer.check_val_every_n_epoch=100",
+        "run_test=false",
+        "trainer.max_epochs=2",  # an epoch more than the stop needs: a miscount runs on
+        "checkpoint.every_n_train_steps=2",
+        "faults.max_skipped_fraction=0.05",
+    ]
+    data = OmegaConf.to_container(compose_train(root / "probe", *overrides).data, resolve=True)
+    sampler = build_sampler(
+        open_cuts(data["train_cuts"]), data["sampler"], tokenizer=Tokenizer.load(data["tokenizer"])
+    )
+    sampler.set_epoch(0)
+    batches = [list(batch.ids) for batch in sampler]
+    victims = set(batches[0] + batches[1])  # trained on before the first checkpoint
+    cuts = list(load_cuts(feature_manifests[TRAIN]))
+    assert 0.05 < len(victims) / len(cuts) < 0.2, (len(victims), len(cuts))
+    missing = str(root / "missing.lca")
+    broken = [
+        replace(c, features=replace(c.features, storage_path=missing)) if c.id in victims else c
+        for c in cuts
+    ]
+    manifest = root / "train-broken.jsonl.gz"
+    CutSet.from_cuts(broken).to_file(manifest)
+
+    def command(exp: str) -> list[str]:
+        args = [*train_overrides(root / exp), *overrides, f"data.train_cuts=[{manifest}]"]
+        return [str(ASR_TRAIN), *args]
+
+    done = asr_train(command("whole"))
+    last = torch.load(root / "whole" / "checkpoints" / "last.ckpt", weights_only=False)
+    stop = f"{len(victims)} of the {len(cuts)} cuts seen this epoch"
+    return {"root": root, "command": command, "whole": done, "whole_last": last, "stop": stop}
+
+
+def asr_train(command: list[str], **env: str) -> subprocess.CompletedProcess:
+    """Run `command` to its end with one torch thread; stdout and stderr are captured."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT)
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """The one line of stderr that names the skip budget; no traceback anywhere."""
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Error executing job" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "max_skipped_fraction" in line]
+    assert len(lines) == 1 and lines[0] == done.stderr.strip().splitlines()[-1], done.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_asr_train_ends_its_own_stop_with_one_line(skip_budget_run) -> None:
+    stop = skip_budget_run["stop"]
+    line = error_line(skip_budget_run["whole"])
+    assert line.startswith(f"asr-train: error: {stop} (")
+    assert f"commonest reason: '{UNREADABLE}' ({stop.split()[0]} cuts)" in line
+    debug = asr_train(skip_budget_run["command"]("debug"), ASR_DEBUG="1")
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and f"TrainingStopped: {stop}" in debug.stderr
+
+
+def kill_after_first_checkpoint(command: list[str], last: Path) -> None:
+    """Start `command` in its own session and kill -9 it once `last` exists."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None and not last.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_skip_budget_counts_on_after_kill_and_resume(skip_budget_run) -> None:
+    """Killed after a mid-epoch checkpoint and run again, the run stops where the
+    uninterrupted one did, with the same counts (not a budget started afresh at the resume,
+    which sees none of the broken cuts and trains through another epoch)."""
+    command, root = skip_budget_run["command"]("killed"), skip_budget_run["root"]
+    last = root / "killed" / "checkpoints" / "last.ckpt"
+    kill_after_first_checkpoint(command, last)
+    killed = torch.load(last, weights_only=False)
+    whole = skip_budget_run["whole_last"]
+    assert killed["AsrDataModule"]["epoch"] == 0 and killed["global_step"] < whole["global_step"]
+    assert killed["AsrDataModule"]["batches_done"] >= 2  # the broken batches are behind it
+    resumed = asr_train(command)  # the same command again: resume=auto
+    assert error_line(resumed) == error_line(skip_budget_run["whole"])
+    last = torch.load(last, weights_only=False)
+    assert (last["global_step"], last["epoch"]) == (whole["global_step"], whole["epoch"])
