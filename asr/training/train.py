@@ -26,6 +26,7 @@ from asr.config_keys import dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import default_options
+from asr.inference.bundle import BEST_CHECKPOINT, CHECKPOINT_DIR
 from asr.models.build import build_model, count_parameters, model_config
 from asr.training.callbacks import EmaConfig, EmaWeights
 from asr.training.checkpointing import (
@@ -103,7 +104,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, AsrLitModule, AsrDataModule]:
     log.info("model: %s parameters", f"{count_parameters(model):,}")
 
     exp_dir = Path(cfg.exp_dir)
-    ckpt_dir = exp_dir / "checkpoints"
+    ckpt_dir = exp_dir / CHECKPOINT_DIR
     run_config = OmegaConf.to_container(cfg, resolve=True)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_cfg["precision"] = resolve_precision(
@@ -193,7 +194,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     trainer, module, datamodule = build(cfg)
-    ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
+    ckpt_dir = Path(cfg.exp_dir) / CHECKPOINT_DIR
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))
     except Exception as err:
@@ -208,7 +209,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     if cfg.run_test and datamodule.test_cuts:
-        best = ckpt_dir / "best.ckpt"
+        best = ckpt_dir / BEST_CHECKPOINT
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=str(best) if best.is_file() else None
         )
