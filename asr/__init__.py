@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from asr.transcribe import Recognizer
+    from asr.inference.recognizer import Recognizer
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,6 @@ def load_model(path: str | Path, device: str = "cpu", beam_size: int = 1) -> Rec
     `.transcribe(audio) -> list[str]` takes file paths or 16 kHz mono arrays. `beam_size`
     above 1: beam search (for transducers up to 3 tokens per frame, as greedy search).
     Needs neither Hydra nor Lightning."""
-    from asr.transcribe import load_recognizer
+    from asr.inference.recognizer import load_recognizer
 
     return load_recognizer(path, device, beam_size)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from asr.export import epoch_checkpoints
+from asr.inference.bundle import epoch_checkpoints
 
 QUANTILE_SAMPLE = 1_000_000  # torch.quantile takes at most 16 M values; a sample is plenty
 

@@ -32,9 +32,9 @@ from benchmark_rtfx import (  # noqa: E402
 
 from asr.decoding.search import SearchOptions  # noqa: E402
 from asr.decoding.transducer import BeamOptions, GreedyOptions  # noqa: E402
+from asr.inference.recognizer import Recognizer, load_recognizer  # noqa: E402
 from asr.metrics import ErrorCounts, word_errors  # noqa: E402
 from asr.models.transducer import Transducer  # noqa: E402
-from asr.transcribe import Recognizer, load_recognizer  # noqa: E402
 
 
 def measure(recognizer: Recognizer, utterances: list[dict], batch_size: int, beam: int) -> dict:

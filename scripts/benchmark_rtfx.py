@@ -31,10 +31,10 @@ from asr.data.corpus import load_cuts  # noqa: E402
 from asr.data.features import normalize_features  # noqa: E402
 from asr.decoding.aed import AedSearchOptions  # noqa: E402
 from asr.decoding.search import SearchOptions, decode  # noqa: E402
+from asr.inference.recognizer import Recognizer, load_recognizer  # noqa: E402
 from asr.metrics import ErrorCounts, word_errors  # noqa: E402
 from asr.models.aed import EncoderDecoder  # noqa: E402
 from asr.models.build import count_parameters  # noqa: E402
-from asr.transcribe import Recognizer, load_recognizer  # noqa: E402
 
 
 def utterance_features(recognizer: Recognizer, manifest: Path, limit: int | None) -> list[dict]:

@@ -1,2 +1,2 @@
 """From encoder output to token ids: greedy and beam search for each model kind
-(`search.decode` picks one), and `asr-decode` over a manifest."""
+(`search.decode` picks one). `asr-decode` over a manifest lives in `asr.inference.cli`."""

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from asr.config_keys import ConfigError
-from asr.export import EMA_STATE_KEY
+from asr.inference.bundle import EMA_STATE_KEY
 
 
 @dataclass(frozen=True)

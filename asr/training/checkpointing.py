@@ -10,8 +10,15 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from asr.inference.bundle import (
+    BEST_CHECKPOINT,
+    CHECKPOINT_SUFFIX,
+    EPOCH_CHECKPOINT,
+    LAST_CHECKPOINT,
+)
+
 # The checkpoint a run resumes from (`resume=auto`); only it carries per-rank state.
-RESUME_CHECKPOINT = "last.ckpt"
+RESUME_CHECKPOINT = LAST_CHECKPOINT
 
 
 def save_atomically(obj: Any, path: str | Path) -> None:
@@ -56,7 +63,7 @@ def checkpoint_callbacks(
     """
     per_epoch = ModelCheckpoint(
         dirpath=dirpath,
-        filename="epoch={epoch:02d}",
+        filename=_stem(EPOCH_CHECKPOINT),
         auto_insert_metric_name=False,
         save_top_k=-1,
         save_last=not every_n_train_steps,
@@ -66,7 +73,7 @@ def checkpoint_callbacks(
     )
     best = ModelCheckpoint(
         dirpath=dirpath,
-        filename="best",
+        filename=_stem(BEST_CHECKPOINT),
         monitor="val/wer",
         mode="min",
         save_top_k=1,
@@ -85,4 +92,12 @@ def checkpoint_callbacks(
                 enable_version_counter=False,
             )
         )
+    for callback in callbacks:  # asr.inference.bundle's names, not Lightning's defaults
+        callback.CHECKPOINT_NAME_LAST = _stem(LAST_CHECKPOINT)
+        callback.FILE_EXTENSION = CHECKPOINT_SUFFIX
     return callbacks
+
+
+def _stem(name: str) -> str:
+    """A checkpoint file name as Lightning's `filename` wants it: without the suffix."""
+    return name.removesuffix(CHECKPOINT_SUFFIX)

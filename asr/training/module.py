@@ -26,7 +26,7 @@ from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.ctc import ctc_greedy_search
 from asr.decoding.search import SearchOptions, decode
-from asr.export import BUNDLE_KEY
+from asr.inference.bundle import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import Model
 from asr.training.distributed.features import DENSE, StrategyFeatures

@@ -26,6 +26,7 @@ from asr.config_keys import dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import default_options
+from asr.inference.bundle import BEST_CHECKPOINT, CHECKPOINT_DIR
 from asr.losses.lattice_choice import active_lattice
 from asr.models.build import build_model, count_parameters, model_config
 from asr.training.callbacks import EmaConfig, EmaWeights
@@ -157,7 +158,7 @@ def training_facts(
 
 def run_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """Checkpoints, the learning-rate monitor, the progress bar, EMA and step times."""
-    ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
+    ckpt_dir = Path(cfg.exp_dir) / CHECKPOINT_DIR
     callbacks = [
         *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
         L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
@@ -208,7 +209,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if trainer.is_global_zero:
         path = write_resolved(resolved, Path(cfg.exp_dir))
         log.info("resolved: %s (%s)", resolved, path)
-    ckpt_dir = Path(cfg.exp_dir) / "checkpoints"
+    ckpt_dir = Path(cfg.exp_dir) / CHECKPOINT_DIR
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))
     except Exception as err:
@@ -223,7 +224,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     if cfg.run_test and datamodule.test_cuts:
-        best = ckpt_dir / "best.ckpt"
+        best = ckpt_dir / BEST_CHECKPOINT
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=str(best) if best.is_file() else None
         )

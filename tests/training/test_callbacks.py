@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asr.config_keys import ConfigError
-from asr.export import bundle_from_checkpoints
+from asr.inference.bundle import bundle_from_checkpoints
 from asr.training.callbacks import EmaConfig, EmaWeights, update
 from asr.training.train import run
 

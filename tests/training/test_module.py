@@ -8,7 +8,7 @@ from lhotse import CutSet
 from asr.data.corpus import load_cuts
 from asr.data.dataset import AsrDataset
 from asr.decoding.transducer import greedy_search
-from asr.export import BUNDLE_KEY
+from asr.inference.bundle import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import build_model
 from asr.training.module import AsrLitModule

@@ -1,15 +1,14 @@
-"""Checkpoint (optionally averaged over the last N epochs) -> self-contained inference bundle.
+"""Checkpoint(s) -> self-contained inference bundle -> model.
 
 A bundle is one file, loadable with `torch.load(weights_only=True)`, holding the model
-weights, the model config, the feature config and the serialized SentencePiece model.
-`load_bundle` rebuilds the network from it without Hydra or Lightning.
-
-    asr-export exp/demo/checkpoints/last.ckpt --average 3 -o exp/demo/model.bundle.pt
+weights (optionally averaged over epochs, icefall's `--epoch/--avg`, or the EMA), the model
+config, the feature config and the serialized SentencePiece model. `load_bundle` rebuilds
+the network from it without Hydra or Lightning. The checkpoint file names live here too, so
+that training (which writes them) and inference (which reads them) spell them once.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import re
@@ -18,15 +17,24 @@ from typing import Any
 
 import torch
 
-from asr.cli import command
 from asr.data.tokenizer import Tokenizer
 from asr.errors import first_line
 from asr.models.build import Model, build_model
 
+# File names of a run: asr.training.checkpointing writes them, this module reads them.
+CHECKPOINT_DIR = "checkpoints"  # in the run's exp_dir
+CHECKPOINT_SUFFIX = ".ckpt"
+LAST_CHECKPOINT = "last" + CHECKPOINT_SUFFIX  # the newest state (resume=auto continues it)
+BEST_CHECKPOINT = "best" + CHECKPOINT_SUFFIX  # lowest val/wer
+_EPOCH_PREFIX = "epoch="
+# one per epoch, kept for averaging; a str.format template (and Lightning's `filename` one)
+EPOCH_CHECKPOINT = _EPOCH_PREFIX + "{epoch:02d}" + CHECKPOINT_SUFFIX
+_EPOCH_FILE = re.compile(re.escape(_EPOCH_PREFIX) + r"(\d+)" + re.escape(CHECKPOINT_SUFFIX) + "$")
+BUNDLE_FILE = "model.bundle.pt"  # asr-export's default output, in the run's exp_dir
+
 BUNDLE_FORMAT = "asr-bundle-1"
 BUNDLE_KEY = "asr_bundle"  # where asr-train puts model config + tokenizer in checkpoints
 EMA_STATE_KEY = "EmaWeights"  # the callback state asr.training.callbacks keeps
-_EPOCH_FILE = re.compile(r"epoch=(\d+)\.ckpt$")
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -44,12 +52,18 @@ def _torch_load(path: Path, *, weights_only: bool) -> Any:
         raise ValueError(f"cannot read {path}: truncated or not a torch file ({reason})") from err
 
 
+def epoch_of(path: str | Path) -> int | None:
+    """The NN of an `epoch=NN.ckpt` path; None for any other name."""
+    match = _EPOCH_FILE.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
 def epoch_checkpoints(directory: Path) -> dict[int, Path]:
     """The `epoch=NN.ckpt` files of `directory`, by epoch number."""
     return {
-        int(m.group(1)): p
-        for p in directory.glob("epoch=*.ckpt")
-        if (m := _EPOCH_FILE.search(p.name))
+        epoch: p
+        for p in directory.glob(f"{_EPOCH_PREFIX}*{CHECKPOINT_SUFFIX}")
+        if (epoch := epoch_of(p)) is not None
     }
 
 
@@ -62,8 +76,9 @@ def checkpoints_to_average(ckpt: str | Path, n: int) -> list[Path]:
     ckpt = Path(ckpt)
     if n <= 1:
         return [ckpt]
-    match = _EPOCH_FILE.search(ckpt.name)
-    end = int(match.group(1)) if match else int(_load(ckpt)["epoch"])
+    end = epoch_of(ckpt)
+    if end is None:
+        end = int(_load(ckpt)["epoch"])
     wanted = range(end - n + 1, end + 1)
     found = epoch_checkpoints(ckpt.parent)
     missing = [e for e in wanted if e not in found]
@@ -89,17 +104,17 @@ def select_checkpoints(
         return checkpoints_to_average(source, avg)
     if epoch is not None and best:
         raise ValueError("--epoch and --best exclude each other")
-    directory = source if source.name == "checkpoints" else source / "checkpoints"
+    directory = source if source.name == CHECKPOINT_DIR else source / CHECKPOINT_DIR
     if not directory.is_dir():
         directory = source
     if best:
         if avg > 1:
             raise ValueError("--best is one checkpoint: it cannot be averaged (--avg 1)")
-        return [directory / "best.ckpt"]
+        return [directory / BEST_CHECKPOINT]
     assert epoch is not None
     if epoch < 0:
         raise ValueError(f"--epoch must be >= 0 (the NN of epoch=NN.ckpt), got {epoch}")
-    return checkpoints_to_average(directory / f"epoch={epoch:02d}.ckpt", avg)
+    return checkpoints_to_average(directory / EPOCH_CHECKPOINT.format(epoch=epoch), avg)
 
 
 def _model_state(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, torch.Tensor]:
@@ -176,7 +191,7 @@ def load_bundle(path: str | Path | list[Path]) -> tuple[Model, Tokenizer, dict[s
             raise FileNotFoundError(
                 f"model file not found: {path} (made by asr-export or asr-train)"
             )
-        if path.suffix == ".ckpt":
+        if path.suffix == CHECKPOINT_SUFFIX:
             bundle = bundle_from_checkpoints([path])
         else:
             bundle = _torch_load(path, weights_only=True)
@@ -186,41 +201,3 @@ def load_bundle(path: str | Path | list[Path]) -> tuple[Model, Tokenizer, dict[s
     model = build_model(bundle["model"], tokenizer.vocab_size)
     model.load_state_dict(bundle["state_dict"])
     return model.eval(), tokenizer, dict(bundle["features"])
-
-
-@command
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
-    parser.add_argument(
-        "checkpoint", type=Path, help="a .ckpt, or a run's checkpoints/ (or exp) directory"
-    )
-    add_checkpoint_arguments(parser)
-    parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
-    parser.add_argument(
-        "-o", "--output", type=Path, default=None, help="default: beside the exp dir"
-    )
-    args = parser.parse_args(argv)
-    paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
-    output = args.output or paths[-1].parent.parent / "model.bundle.pt"
-    path = export_bundle(paths, output, ema=args.ema)
-    weights = "EMA weights" if args.ema else "weights"
-    print(
-        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {weights} averaged over "
-        f"{len(paths)} checkpoint(s))"
-    )
-
-
-def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--epoch E --avg N` / `--best` (and `--average`, `--avg`'s old name) of asr-export
-    and asr-decode, so that a recipe decodes exactly the model it exports."""
-    parser.add_argument(
-        "--epoch", type=int, default=None, help="end at epoch=EE.ckpt (0-based, as the files)"
-    )
-    parser.add_argument(
-        "--avg", "--average", type=int, default=1, help="average N epochs ending there"
-    )
-    parser.add_argument("--best", action="store_true", help="best.ckpt (lowest dev WER)")
-
-
-if __name__ == "__main__":
-    main()

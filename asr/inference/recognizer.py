@@ -1,11 +1,11 @@
-"""Transcribe audio with an exported bundle: `asr-transcribe BUNDLE a.flac b.wav`.
+"""Recognizer: audio -> text, with a model loaded from a bundle or checkpoint(s).
 
-Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`.
+Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`
+(`asr-transcribe BUNDLE a.flac b.wav` on the command line).
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,13 +14,12 @@ import numpy as np
 import torch
 from lhotse import Recording
 
-from asr.cli import command
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import SearchOptions, decode, decode_nbest, default_options
 from asr.errors import first_line
-from asr.export import load_bundle
 from asr.frames import SAMPLE_RATE
+from asr.inference.bundle import load_bundle
 from asr.models.build import Model
 
 AudioInput = str | Path | np.ndarray
@@ -121,25 +120,3 @@ def load_recognizer(
     model, tokenizer, features = load_bundle(path)
     options = default_options(model, beam_size)
     return Recognizer(model, tokenizer, FeatureConfig(**features), device, options)
-
-
-@command
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Transcribe audio files with an asr bundle.")
-    parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")
-    parser.add_argument("audio", type=Path, nargs="+", help="audio files (flac, wav, ...)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--beam-size",
-        type=int,
-        default=1,
-        help="1: greedy search; more: beam search of that width",
-    )
-    args = parser.parse_args(argv)
-    recognizer = load_recognizer(args.bundle, args.device, args.beam_size)
-    for path, text in zip(args.audio, recognizer.transcribe(args.audio), strict=True):
-        print(f"{path}\t{text}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,248 @@
+"""The inference command lines: `asr-export`, `asr-transcribe` and `asr-decode`.
+
+    asr-export exp/demo/checkpoints/last.ckpt --average 3 -o exp/demo/model.bundle.pt
+    asr-transcribe exp/demo/model.bundle.pt a.flac b.wav --beam-size 4
+    asr-decode exp/demo/model.bundle.pt data/demo/manifests/librispeech_cuts_test-clean.jsonl.gz
+
+`asr-decode MODEL MANIFEST` decodes a cut manifest, writes hypotheses and prints the WER.
+MODEL is a bundle (asr-export) or a training checkpoint. It writes into `--output-dir`:
+`hyps.jsonl` (one line per utterance: id, ref, hyp, substitutions, deletions,
+insertions, ref_words) and `wer.json` (corpus totals). An utterance whose audio cannot be
+read is never left out of the WER: it counts as all deletions (an empty hypothesis, marked
+`"unreadable"` in hyps.jsonl), and the number of such utterances is printed. Errors that are
+not about one file (a wrong sample rate, a bug) stop the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from lhotse import CutSet
+from lhotse.cut import Cut
+from rich.progress import Progress
+
+from asr.cli import command
+from asr.data.buckets import build_eval_sampler
+from asr.data.corpus import cut_text, load_cuts
+from asr.data.dataset import FILE_ERRORS
+from asr.data.features import check_sample_rate
+from asr.errors import first_line
+from asr.inference.bundle import BUNDLE_FILE, epoch_of, export_bundle, select_checkpoints
+from asr.inference.recognizer import Recognizer, load_recognizer
+from asr.metrics import ErrorCounts, word_errors
+
+log = logging.getLogger(__name__)
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--epoch E --avg N` / `--best` (and `--average`, `--avg`'s old name) of asr-export
+    and asr-decode, so that a recipe decodes exactly the model it exports."""
+    parser.add_argument(
+        "--epoch", type=int, default=None, help="end at epoch=EE.ckpt (0-based, as the files)"
+    )
+    parser.add_argument(
+        "--avg", "--average", type=int, default=1, help="average N epochs ending there"
+    )
+    parser.add_argument("--best", action="store_true", help="best.ckpt (lowest dev WER)")
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--device` and `--beam-size` of asr-transcribe and asr-decode."""
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="1: greedy search; more: beam search of that width",
+    )
+
+
+@command
+def export_main(argv: list[str] | None = None) -> None:
+    """`asr-export`: checkpoint(s) -> bundle."""
+    parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
+    parser.add_argument(
+        "checkpoint", type=Path, help="a .ckpt, or a run's checkpoints/ (or exp) directory"
+    )
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="default: beside the exp dir"
+    )
+    args = parser.parse_args(argv)
+    paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
+    output = args.output or paths[-1].parent.parent / BUNDLE_FILE
+    path = export_bundle(paths, output, ema=args.ema)
+    weights = "EMA weights" if args.ema else "weights"
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {weights} averaged over "
+        f"{len(paths)} checkpoint(s))"
+    )
+
+
+@command
+def transcribe_main(argv: list[str] | None = None) -> None:
+    """`asr-transcribe`: one line `path<TAB>text` per audio file."""
+    parser = argparse.ArgumentParser(description="Transcribe audio files with an asr bundle.")
+    parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")
+    parser.add_argument("audio", type=Path, nargs="+", help="audio files (flac, wav, ...)")
+    _add_search_arguments(parser)
+    args = parser.parse_args(argv)
+    recognizer = load_recognizer(args.bundle, args.device, args.beam_size)
+    for path, text in zip(args.audio, recognizer.transcribe(args.audio), strict=True):
+        print(f"{path}\t{text}")
+
+
+# One hyps.jsonl line before it is scored: the cut, its hypothesis, and why its audio could
+# not be read (None when it could).
+_Line = tuple[Cut, str, str | None]
+
+
+def _read_batch(
+    recognizer: Recognizer, batch: CutSet
+) -> tuple[list[torch.Tensor], list[Cut], list[_Line]]:
+    """(features, cuts) of the cuts of `batch` whose audio reads, and a line with an empty
+    hypothesis for each of the others."""
+    feats: list[torch.Tensor] = []
+    kept: list[Cut] = []
+    unreadable: list[_Line] = []
+    for cut in batch:
+        check_sample_rate(cut.id, cut.sampling_rate)
+        try:
+            audio = cut.load_audio()
+        except FILE_ERRORS as err:
+            log.warning(
+                "%s: unreadable audio, counted as all deletions (%s)", cut.id, first_line(err)
+            )
+            unreadable.append((cut, "", first_line(err)))
+            continue
+        feats.append(recognizer.features_of(audio))
+        kept.append(cut)
+    return feats, kept, unreadable
+
+
+def _recognize(
+    recognizer: Recognizer, feats: list[torch.Tensor], kept: list[Cut], nbest: int
+) -> tuple[list[str], dict[str, list[tuple[str, float]]]]:
+    """The best hypothesis of each kept cut and, with `nbest` > 1, its n best by cut id."""
+    if nbest > 1:
+        lists = recognizer.nbest_features(feats, nbest) if kept else []
+        hyps = [h[0][0] if h else "" for h in lists]
+    else:
+        lists, hyps = [], recognizer.transcribe_features(feats) if kept else []
+    return hyps, dict(zip([cut.id for cut in kept], lists, strict=False))
+
+
+def _hyp_line(
+    line: _Line, ref: str, errors: ErrorCounts, alternatives: dict[str, list[tuple[str, float]]]
+) -> dict:
+    """One line of hyps.jsonl."""
+    cut, hyp, unreadable = line
+    out = {"id": cut.id, "ref": ref, "hyp": hyp, **errors.__dict__}
+    if unreadable:
+        out["unreadable"] = unreadable
+    if cut.id in alternatives:
+        out["nbest"] = [
+            {"hyp": text, "score": round(score, 4)} for text, score in alternatives[cut.id]
+        ]
+    return out
+
+
+def decode_manifest(
+    recognizer: Recognizer,
+    manifest: str | Path,
+    output_dir: str | Path,
+    max_duration: float = 200.0,
+    nbest: int = 1,
+) -> dict:
+    """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals.
+    With `nbest` > 1 each line of hyps.jsonl also lists the n best hypotheses and their
+    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first)."""
+    cuts = load_cuts(manifest)
+    sampler = build_eval_sampler(cuts, max_duration)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    total, skipped, utterances, audio_seconds = ErrorCounts(), 0, 0, 0.0
+    start = time.perf_counter()
+    with open(output_dir / "hyps.jsonl", "w") as out, Progress(transient=True) as progress:
+        task = progress.add_task(f"Decoding {Path(manifest).name}", total=None)
+        for batch in sampler:
+            feats, kept, lines = _read_batch(recognizer, batch)
+            skipped += len(lines)
+            hyps, alternatives = _recognize(recognizer, feats, kept, nbest)
+            lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
+            for line in lines:
+                cut, hyp, unreadable = line
+                ref = cut_text(cut)
+                errors = word_errors(ref, hyp)
+                total = total + errors
+                utterances += 1
+                audio_seconds += 0.0 if unreadable else cut.duration
+                out.write(json.dumps(_hyp_line(line, ref, errors, alternatives)) + "\n")
+            progress.update(
+                task, advance=len(lines), description=f"Decoding: WER {100 * total.wer:.2f}%"
+            )
+    elapsed = time.perf_counter() - start
+    summary = {
+        "manifest": str(manifest),
+        "wer": round(100 * total.wer, 3),
+        **total.__dict__,
+        "utterances": utterances,
+        "utterances_skipped": skipped,  # unreadable: counted as all deletions
+        "audio_seconds": round(audio_seconds, 1),
+        "decode_seconds": round(elapsed, 2),
+        "rtfx": round(audio_seconds / elapsed, 1) if elapsed > 0 else None,
+    }
+    (output_dir / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+@command
+def decode_main(argv: list[str] | None = None) -> None:
+    """`asr-decode`: decode a manifest, write hyps.jsonl and wer.json, print the WER."""
+    parser = argparse.ArgumentParser(description="Decode a cut manifest and report WER.")
+    parser.add_argument(
+        "model", type=Path, help="bundle (asr-export), .ckpt, or a run's checkpoints/ directory"
+    )
+    parser.add_argument("manifest", type=Path, help="lhotse cut manifest (.jsonl.gz)")
+    parser.add_argument(
+        "-o", "--output-dir", type=Path, default=None, help="default: beside the model"
+    )
+    parser.add_argument("--max-duration", type=float, default=200.0, help="seconds per batch")
+    _add_search_arguments(parser)
+    parser.add_argument(
+        "--nbest", type=int, default=1, help="also list the N best hypotheses (N <= beam size)"
+    )
+    add_checkpoint_arguments(parser)
+    args = parser.parse_args(argv)
+    if not 1 <= args.nbest <= args.beam_size:
+        parser.error(f"--nbest {args.nbest} needs --beam-size of at least {args.nbest}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    source: Path | list[Path] = args.model
+    name = f"decode-{args.manifest.name.split('.')[0]}"
+    if args.epoch is not None or args.best or args.avg > 1:  # checkpoints, averaged
+        source = select_checkpoints(args.model, args.epoch, args.avg, args.best)
+        name += "-best" if args.best else f"-epoch{epoch_of(source[-1]):02d}-avg{len(source)}"
+    if args.beam_size > 1:
+        name += f"-beam{args.beam_size}"
+    model_dir = args.model if args.model.is_dir() else args.model.parent
+    output_dir = args.output_dir or model_dir / name
+    summary = decode_manifest(
+        load_recognizer(source, args.device, args.beam_size),
+        args.manifest,
+        output_dir,
+        args.max_duration,
+        args.nbest,
+    )
+    print(json.dumps(summary))
+    print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")
+    if summary["utterances_skipped"]:
+        print(
+            f"{summary['utterances_skipped']} utterance(s) had unreadable audio and count as all "
+            "deletions (see the warnings above; 'unreadable' in hyps.jsonl)"
+        )
