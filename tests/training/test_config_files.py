@@ -1,10 +1,14 @@
 """asr.training.config_files: the YAML group files are generated from the config
-dataclasses."""
+dataclasses, and the hand-written files (presets, adjustments of a generated file) only
+override."""
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
+import hydra
 import pytest
+from omegaconf import OmegaConf
 
 from asr.config_keys import ConfigError
 from asr.training.config_files import (
@@ -28,6 +32,8 @@ HAND_WRITTEN = sorted(
     for path in CONFIG_DIR.rglob("*.yaml")
     if str(path.relative_to(CONFIG_DIR)) not in GENERATED
 )
+PRESETS = [path for path in HAND_WRITTEN if path.startswith("experiment/")]
+ADJUSTMENTS = [path for path in HAND_WRITTEN if not path.startswith("experiment/")]
 
 
 def test_the_committed_files_are_as_generated(tmp_path: Path) -> None:
@@ -124,6 +130,52 @@ def test_every_key_needs_one_docstring_line() -> None:
     with pytest.raises(ValueError, match=r"undocumented \['depth'\], not keys \['colour'\]"):
         key_docs(Undocumented)
     assert key_docs(Inner) == {"size": "a width.", "names": "some strings."}
+
+
+def leaf_overrides(override: dict, base: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(key, override's value, base's value) for every leaf of `override`; a key the base
+    lacks has the base value `KeyError`."""
+    out = []
+    for key, value in override.items():
+        base_value = base.get(key, KeyError) if isinstance(base, dict) else KeyError
+        if isinstance(value, dict) and isinstance(base_value, dict):
+            out += leaf_overrides(value, base_value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value, base_value))
+    return out
+
+
+def restated(override: dict, base: dict) -> list[str]:
+    """The keys of `override` that the base lacks or holds with the same value."""
+    return [
+        f"{key}={value!r} ({'no such key' if was is KeyError else 'the same value'} in the base)"
+        for key, value, was in leaf_overrides(override, base)
+        if was is KeyError or value == was
+    ]
+
+
+@pytest.mark.parametrize("path", ADJUSTMENTS)
+def test_a_hand_written_group_file_adjusts_a_generated_one(path: str) -> None:
+    """`trainer/gpu.yaml` and the like: their generated base first, then only overrides."""
+    own = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / path))
+    defaults = own.pop("defaults")
+    base = f"{Path(path).parent}/{defaults[0]}.yaml"
+    assert defaults == [defaults[0], "_self_"] and base in GENERATED, defaults
+    assert restated(own, OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / base))) == []
+
+
+@pytest.mark.parametrize("path", PRESETS)
+def test_a_preset_only_overrides(path: str) -> None:
+    """Each key a preset sets differs from the config of its groups without it."""
+    preset = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / path))
+    groups = [
+        f"{key.removeprefix('override /')}={value}"
+        for entry in preset.pop("defaults")
+        for key, value in entry.items()
+    ]
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        base = OmegaConf.to_container(hydra.compose("train", overrides=groups))
+    assert restated(preset, base) == []
 
 
 def test_the_gossip_keys_share_their_defaults() -> None:
