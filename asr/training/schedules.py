@@ -24,7 +24,7 @@ def warmup_cosine(
     warmup_steps: int,
     total_steps: int,
     hold_steps: int = 0,
-    min_ratio: float = 0.01,
+    min_ratio: float,
 ) -> float:
     """Linear warm-up to 1, hold at 1 for `hold_steps`, then cosine decay to `min_ratio`
     at `total_steps` (and `min_ratio` after)."""
