@@ -12,8 +12,8 @@ def test_nested_sections_are_read_into_their_dataclasses() -> None:
         {"encoder": {"d_model": 32, "num_heads": 4}, "predictor": {"embed_dim": 8, "hidden_dim": 8}}
     )
     assert isinstance(config, TransducerConfig)
-    assert config.encoder.d_model == 32 and config.encoder.num_layers == 6  # default kept
-    assert config.predictor.hidden_dim == 8 and config.joiner.joint_dim == 256
+    assert config.encoder.d_model == 32 and config.encoder.num_layers == 12  # default kept
+    assert config.predictor.hidden_dim == 8 and config.joiner.joint_dim == 320
     assert isinstance(model_config({"kind": "aed"}), AedConfig)
 
 
@@ -26,10 +26,10 @@ def test_an_unknown_nested_key_is_named_with_its_section_and_the_valid_keys() ->
 
 
 def test_a_missing_required_key_is_named() -> None:
-    with pytest.raises(ConfigError, match="config key model.predictor.hidden_dim is required"):
-        model_config({"predictor": {"embed_dim": 8}})
-    with pytest.raises(ConfigError, match="config key model.predictor.embed_dim is required"):
-        model_config({})
+    with pytest.raises(ConfigError, match="config key optim.lr is required"):
+        dataclass_from_keys(OptimConfig, {}, "optim")
+    with pytest.raises(ConfigError, match="config key optim.scheduler.warmup_steps is required"):
+        dataclass_from_keys(OptimConfig, {"lr": 1.0, "scheduler": {"kind": "noam"}}, "optim")
 
 
 def test_an_optional_section_may_be_null_and_a_section_must_be_a_mapping() -> None:

@@ -144,11 +144,13 @@ def test_the_rules_see_real_imports() -> None:
 
 
 SAVERS = "asr.training.distributed.savers"
-# The modules that may import the optional communication savers: the door, and the config
-# that types their keys (and the GPU check, which reads DGC's per-rank state files).
+# The modules that may import the optional communication savers: the door, the config that
+# types their keys, the generator that writes their YAML from it, and the GPU check (which
+# reads DGC's per-rank state files).
 SAVER_DOORS = {
     "asr.training.distributed.setup",
     "asr.training.distributed.config",
+    "asr.training.config_files",
     "asr.gpu_check.ddp",
 }
 

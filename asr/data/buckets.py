@@ -42,28 +42,33 @@ class SamplerConfig:
     - `bins_file`: a YAML file written by `asr-estimate-bins` or `asr-oomptimizer`; its
       `bucket_duration_bins`, `bucket_batch_size` and `max_tps` apply unless given here.
     - `bucket_batch_size`: a fixed batch size per bucket (same length as the bins).
-    - `max_tps` / `min_tps`: tokens per second above / below which a cut is dropped
-      (counted); `max_tps` may be one number or one per bucket.
-    - `min_cut_duration` / `max_cut_duration`: utterances outside are not sampled.
+    - `max_tps`: tokens per second above which a cut is dropped (counted); one number or
+      one per bucket.
+    - `min_tps`: tokens per second below which a cut is dropped (counted).
+    - `min_cut_duration`: shorter utterances are not sampled (seconds).
+    - `max_cut_duration`: longer utterances are not sampled (seconds).
+    - `sync_buckets`: every data-parallel rank draws from the same bucket at each step.
+    - `shuffle`: shuffle the cuts (within the buffer) and the buckets' batches.
+    - `drop_last`: drop the last, incomplete batches of an epoch.
     - `buffer_size`: cuts held in memory to fill the buckets.
     - `quadratic_duration`: seconds at which attention's quadratic cost doubles an
-      utterance's weight (None: linear), keeping long-utterance batches in memory.
-    - `sync_buckets`: every data-parallel rank draws from the same bucket at each step.
+      utterance's weight (null: linear), keeping long-utterance batches in memory.
+    - `seed`: of the shuffling (the same on every rank).
     """
 
-    max_duration: float | None = 200.0
-    num_buckets: int = 10
+    max_duration: float | None = 600.0
+    num_buckets: int = 30
     bucket_duration_bins: tuple[Bin, ...] | None = None
     bins_file: str | None = None
     bucket_batch_size: tuple[int, ...] | None = None
     max_tps: float | tuple[float, ...] | None = None
     min_tps: float | None = None
-    min_cut_duration: float = 0.3
+    min_cut_duration: float = 0.5
     max_cut_duration: float = 30.0
     sync_buckets: bool = True
     shuffle: bool = True
     drop_last: bool = False
-    buffer_size: int = 10_000
+    buffer_size: int = 20_000
     quadratic_duration: float | None = None
     seed: int = 0
 

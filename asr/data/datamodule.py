@@ -83,12 +83,21 @@ def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.
 
 
 class AsrDataModule(L.LightningDataModule):
-    """Training/validation/test loaders for one corpus.
+    """Training/validation/test loaders for one corpus. The arguments are the keys of the
+    `data` group (`asr/configs/data/*.yaml`):
 
-    Args mirror `asr/configs/data/*.yaml`: manifest paths, the tokenizer model, feature and
-    SpecAugment settings, sampler settings (`asr.data.buckets.SamplerConfig`), the
-    validation batch size in seconds, loader workers, and the encoder's subsampling
-    factor (to drop transcripts the encoder cannot carry).
+    - `train_cuts`: lhotse cut manifests of the training data (interleaved).
+    - `valid_cuts`: cut manifests of the validation data.
+    - `test_cuts`: cut manifests tested after fitting (may be empty).
+    - `tokenizer`: the SentencePiece model.
+    - `features`: filterbank settings (`asr.data.features.FeatureConfig`).
+    - `spec_augment`: SpecAugment of training batches (`asr.data.dataset.SpecAugmentConfig`;
+      null: none).
+    - `sampler`: the training batches (`asr.data.buckets.SamplerConfig`).
+    - `valid_max_duration`: seconds of audio per validation and test batch.
+    - `num_workers`: data loader processes (0: load in the training process).
+    - `subsampling_factor`: the encoder's; cuts with more tokens than encoder frames are
+      dropped.
     """
 
     def __init__(
@@ -101,8 +110,8 @@ class AsrDataModule(L.LightningDataModule):
         features: Mapping[str, Any] | None = None,
         spec_augment: Mapping[str, Any] | None = None,
         sampler: Mapping[str, Any] | None = None,
-        valid_max_duration: float = 300.0,
-        num_workers: int = 2,
+        valid_max_duration: float = 600.0,
+        num_workers: int = 8,
         subsampling_factor: int = 4,
     ) -> None:
         super().__init__()

@@ -63,7 +63,17 @@ FEATURE_FILE_ERRORS = (*FILE_ERRORS, ValueError)
 
 @dataclass(frozen=True)
 class SpecAugmentConfig:
-    """SpecAugment settings (keys of the `data.spec_augment` config)."""
+    """SpecAugment settings (keys of the `data.spec_augment` config; lhotse's `SpecAugment`).
+
+    - `num_feature_masks`: frequency masks per utterance.
+    - `features_mask_size`: the widest frequency mask (bins).
+    - `num_frame_masks`: time masks per utterance.
+    - `frames_mask_size`: the widest time mask (frames).
+    - `max_frames_mask_fraction`: a time mask covers at most this fraction of the
+      utterance.
+    - `time_warp_factor`: time warping's largest shift in frames (null: no warping).
+    - `p`: the probability that an utterance is augmented.
+    """
 
     num_feature_masks: int = 2
     features_mask_size: int = 27

@@ -23,14 +23,19 @@ from asr.frames import SAMPLE_RATE
 
 @dataclass(frozen=True)
 class FeatureConfig:
-    """Log-mel filterbank settings (keys of the `data.features` config)."""
+    """Log-mel filterbank settings (keys of the `data.features` config).
+
+    - `num_mel_bins`: filterbank bins per frame.
+    - `source`: `on_the_fly` (from audio) or `precomputed` (stored lhotse features where a
+      cut has them, `asr.data.features.precompute_features`; from audio otherwise).
+    - `dither`: Kaldi-style dither added to the samples (0: none).
+    - `normalize`: `per_utterance` (mean and variance of each utterance) or `none`.
+    """
 
     num_mel_bins: int = 80
-    # "on_the_fly": from audio; "precomputed": stored lhotse features where a cut has them
-    # (asr.data.features.precompute_features), from audio otherwise.
     source: str = "on_the_fly"
     dither: float = 0.0
-    normalize: str = "per_utterance"  # "per_utterance" mean/variance, or "none"
+    normalize: str = "per_utterance"
 
     def __post_init__(self) -> None:
         if self.source not in ("on_the_fly", "precomputed"):

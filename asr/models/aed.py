@@ -138,10 +138,17 @@ class DecoderLayer(nn.Module):
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The keys of the Hydra group ``model.decoder``.
+    """The keys of ``model.decoder``.
 
-    `positions`: "sinusoidal" (any length) or "learned" (up to `max_positions`).
-    `tie_embeddings` shares the embedding matrix with the output layer.
+    - `d_model`: the decoder's width (a projection maps the encoder output when the widths
+      differ).
+    - `num_layers`: pre-norm Transformer decoder layers.
+    - `num_heads`: attention heads (`d_model` must be a multiple).
+    - `ff_expansion`: the feed-forward hidden width, in multiples of `d_model`.
+    - `dropout`: dropout rate of every sublayer.
+    - `positions`: `sinusoidal` (any length) or `learned` (up to `max_positions` tokens).
+    - `max_positions`: the longest token sequence of `learned` positions.
+    - `tie_embeddings`: the output layer is the embedding matrix.
     """
 
     d_model: int = 256

@@ -20,32 +20,45 @@ from asr.config_keys import check_choice, dataclass_from_keys
 from asr.models.aed import DecoderConfig, EncoderDecoder, TransformerDecoder
 from asr.models.conformer import ConformerConfig, ConformerEncoder
 from asr.models.transducer import Joiner, JoinerConfig, Predictor, PredictorConfig, Transducer
+from asr.tokens import BLANK_ID
 
 Model = Transducer | EncoderDecoder
 
 
 @dataclass(frozen=True)
 class TransducerConfig:
-    """``model`` with ``kind: transducer``: Conformer encoder, predictor, joiner, and an
-    optional CTC head on the encoder (`ctc_head`); `blank_id` is the transducer's blank."""
+    """``model`` with ``kind: transducer``.
 
-    predictor: PredictorConfig
+    - `kind`: `transducer` (this) or `aed` (`AedConfig`).
+    - `encoder`: the Conformer encoder (`ConformerConfig`).
+    - `predictor`: the label-side network (`PredictorConfig`).
+    - `joiner`: combines encoder and predictor outputs into logits (`JoinerConfig`).
+    - `ctc_head`: a linear CTC output layer on the encoder (for `model.loss.ctc_weight`).
+    - `blank_id`: the transducer's blank token id.
+    """
+
     kind: str = "transducer"
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
     joiner: JoinerConfig = field(default_factory=JoinerConfig)
-    ctc_head: bool = False
-    blank_id: int = 0
+    ctc_head: bool = True
+    blank_id: int = BLANK_ID
 
 
 @dataclass(frozen=True)
 class AedConfig:
-    """``model`` with ``kind: aed``: Conformer encoder, Transformer decoder, and an
-    optional CTC head on the encoder."""
+    """``model`` with ``kind: aed``.
+
+    - `kind`: `aed` (this) or `transducer` (`TransducerConfig`).
+    - `encoder`: the Conformer encoder (`ConformerConfig`).
+    - `decoder`: the Transformer decoder with a KV cache (`DecoderConfig`).
+    - `ctc_head`: a linear CTC output layer on the encoder (for `model.loss.ctc_weight`).
+    """
 
     kind: str = "aed"
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
-    ctc_head: bool = False
+    ctc_head: bool = True
 
 
 MODEL_CONFIGS = {"transducer": TransducerConfig, "aed": AedConfig}

@@ -290,18 +290,28 @@ class ConformerLayer(nn.Module):
 
 @dataclass(frozen=True)
 class ConformerConfig:
-    """The keys of the Hydra group ``model.encoder``.
+    """The keys of ``model.encoder``.
 
-    ``subsampling_channels``: channels of the subsampling convolutions (None: ``d_model``;
-    fewer make the full-resolution convolutions much cheaper). ``pad_frames_to``: the
-    batch is padded inside so that the subsampled frames are a multiple of it; batches of
-    similar length then share tensor shapes, so kernels compiled per shape (oneDNN's
-    bfloat16 kernels on CPUs) are reused, and GPUs favour multiples of 8.
+    - `input_dim`: features per input frame F (the filterbank's bins).
+    - `d_model`: the model width D.
+    - `num_layers`: Conformer layers.
+    - `num_heads`: attention heads H (`d_model` must be a multiple).
+    - `ff_expansion`: the feed-forward modules' hidden width, in multiples of `d_model`.
+    - `conv_kernel_size`: the convolution module's depthwise kernel (odd).
+    - `subsampling_factor`: frames in per encoder frame out (4 or 8).
+    - `dropout`: dropout rate of every sublayer.
+    - `conv_norm`: the convolution module's normalization, `layer_norm` or `batch_norm`.
+    - `subsampling_channels`: channels of the subsampling convolutions (null: `d_model`;
+      fewer make the full-resolution convolutions much cheaper).
+    - `pad_frames_to`: the batch is padded inside so that the subsampled frames are a
+      multiple of it; batches of similar length then share tensor shapes, so kernels
+      compiled per shape (oneDNN's bfloat16 kernels on CPUs) are reused, and GPUs favour
+      multiples of 8.
     """
 
     input_dim: int = 80
-    d_model: int = 144
-    num_layers: int = 6
+    d_model: int = 256
+    num_layers: int = 12
     num_heads: int = 4
     ff_expansion: int = 4
     conv_kernel_size: int = 31

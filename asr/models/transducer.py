@@ -23,11 +23,21 @@ PREDICTOR_KINDS = ("lstm", "stateless")
 
 @dataclass(frozen=True)
 class PredictorConfig:
-    """The keys of the Hydra group ``model.predictor`` (see `Predictor`)."""
+    """The keys of ``model.predictor`` (see `Predictor`).
 
-    embed_dim: int
-    hidden_dim: int
+    - `kind`: `lstm` (an embedding, then an LSTM) or `stateless` (the last `context_size`
+      tokens through an embedding and a convolution).
+    - `embed_dim`: width of the token embedding.
+    - `hidden_dim`: width of the output (the LSTM's hidden state, or the stateless
+      predictor's last linear layer).
+    - `num_layers`: LSTM layers.
+    - `context_size`: `stateless`: the tokens it sees.
+    - `dropout`: on the embedding and the output (and between LSTM layers).
+    """
+
     kind: str = "lstm"
+    embed_dim: int = 320
+    hidden_dim: int = 320
     num_layers: int = 1
     context_size: int = 2
     dropout: float = 0.1
@@ -40,10 +50,13 @@ class PredictorConfig:
 
 @dataclass(frozen=True)
 class JoinerConfig:
-    """The keys of the Hydra group ``model.joiner``; the input widths and the vocabulary
-    size follow from the other parts."""
+    """The keys of ``model.joiner``; the input widths and the vocabulary size follow from
+    the other parts.
 
-    joint_dim: int = 256
+    - `joint_dim`: width of the joint space the encoder and predictor outputs are projected to.
+    """
+
+    joint_dim: int = 320
 
 
 class Predictor(nn.Module):

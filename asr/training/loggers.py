@@ -13,6 +13,7 @@ import netrc
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -24,6 +25,35 @@ from asr.config_keys import check_choice
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Keys of `logger.wandb` (`WandbLogger`'s arguments, and `mode`).
+
+    - `mode`: `auto` (online when an API key is known and the server answers, else
+      offline), `online`, `offline` or `disabled`; `WANDB_MODE` in the environment wins.
+    - `project`: the W&B project.
+    - `name`: the run's name (null: the name of `exp_dir`).
+    - `entity`: the W&B user or team (null: the key's default).
+    """
+
+    mode: str = "auto"
+    project: str = "asr"
+    name: str | None = None
+    entity: str | None = None
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    """Keys of the `logger` group.
+
+    - `csv`: write `metrics.csv` under `exp_dir/csv` (one version per run and resume).
+    - `wandb`: log to Weights & Biases too (`WandbConfig`; null: not).
+    """
+
+    csv: bool = True
+    wandb: WandbConfig | None = field(default_factory=WandbConfig)
 
 
 def _has_wandb_key(host: str) -> bool:
@@ -65,13 +95,13 @@ def build_loggers(cfg: Mapping[str, Any], save_dir: str | Path, run_config: dict
     """CSV logger (if `csv`) plus a WandbLogger from `cfg["wandb"]` (if not null)."""
     save_dir = Path(save_dir)
     loggers: list[Logger] = []
-    if cfg.get("csv", True):
+    if cfg.get("csv", LoggerConfig.csv):
         # One version_N directory per run and per resume: with a fixed directory Lightning
         # deletes the previous metrics.csv when a resumed run starts logging.
         loggers.append(CSVLogger(save_dir, name="csv"))
     wandb_cfg = dict(cfg.get("wandb") or {})
     if wandb_cfg:
-        mode = resolve_wandb_mode(wandb_cfg.pop("mode", "auto"))
+        mode = resolve_wandb_mode(wandb_cfg.pop("mode", WandbConfig.mode))
         if mode != "disabled":
             os.environ["WANDB_MODE"] = mode  # also seen by wandb's own service process
             os.environ.setdefault("WANDB_SILENT", "true")

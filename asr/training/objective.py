@@ -36,19 +36,23 @@ class TransducerLossConfig:
 
     - `kind`: which transducer loss implementation: `samplewise` (one sample's logits at
       a time, the default) or `batched` (the whole B x T x U x V at once; the reference).
-    - `ctc_weight`: weight of the auxiliary CTC loss (needs `model.ctc_head: true`).
+    - `ctc_weight`: weight of the auxiliary CTC loss on the encoder (needs
+      `model.ctc_head: true`).
     - `transducer_start_step`: optimizer steps of CTC-only training before the
       transducer loss is switched on (0: from the start).
-    - `logits_dtype` (`bfloat16`/`float16`/`float32`; null: as autocast): the precision
-      of the joiner's matmuls, for either kind.
-    - `group_size`, `max_group_nodes`, `grad_clamp`, `lattice` (`auto`: Triton kernels on
-      CUDA, falling back to PyTorch ops with a warning if they fail, PyTorch ops elsewhere;
-      `torch`; `triton`: the kernels or an error): options of the sample-wise loss (see
-      `asr.losses.samplewise` and `asr.losses.lattice_choice`).
+    - `group_size`: `samplewise`: samples of similar size per joiner call (at most).
+    - `max_group_nodes`: `samplewise`: ... and at most this many padded T x (U+1) nodes
+      per call (null: no limit).
+    - `logits_dtype`: the precision of the joiner's matmuls, `bfloat16`, `float16` or
+      `float32` (null: as autocast), for either kind.
+    - `grad_clamp`: `samplewise`: clamp each logit's gradient to [-c, c] (null: no clamp).
+    - `lattice`: `samplewise`: `auto` (Triton kernels on CUDA, falling back to PyTorch ops
+      with a warning if they fail; PyTorch ops elsewhere), `torch`, or `triton` (the
+      kernels or an error). See `asr.losses.samplewise` and `asr.losses.lattice_choice`.
     """
 
     kind: str = "samplewise"
-    ctc_weight: float = 0.0
+    ctc_weight: float = 0.3
     transducer_start_step: int = 0
     group_size: int = 1
     max_group_nodes: int | None = None
@@ -139,7 +143,7 @@ class AedLossConfig:
     """
 
     label_smoothing: float = 0.1
-    ctc_weight: float = 0.0
+    ctc_weight: float = 0.3
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ctc_weight < 1.0:

@@ -20,18 +20,26 @@ SGD_ONLY = ("momentum", "nesterov")
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The keys of the Hydra group ``optim``: the optimizer `kind` (`adamw` or `sgd`), its
-    peak `lr` and `weight_decay`, AdamW's `betas` and `eps` or SGD's `momentum` and
-    `nesterov`, and the learning-rate `scheduler` (`SchedulerConfig`; null: constant)."""
+    """The keys of the Hydra group ``optim``.
+
+    - `lr`: the peak learning rate.
+    - `kind`: `adamw` or `sgd` (momentum SGD; with DGC the hook applies the momentum).
+    - `scheduler`: the learning-rate schedule (`SchedulerConfig`; null: constant).
+    - `betas`: AdamW's moment decay rates.
+    - `eps`: AdamW's epsilon.
+    - `momentum`: SGD's (null: 0.9).
+    - `nesterov`: SGD's Nesterov momentum (null: false).
+    - `weight_decay`: decoupled weight decay of matrices (biases and norms are not decayed).
+    """
 
     lr: float
     kind: str = "adamw"
     scheduler: SchedulerConfig | None = None
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
-    momentum: float | None = None  # SGD's; null: 0.9
-    nesterov: bool | None = None  # SGD's; null: false
-    weight_decay: float = 0.0
+    momentum: float | None = None
+    nesterov: bool | None = None
+    weight_decay: float = 1e-3
 
     def __post_init__(self) -> None:
         check_choice("optim.kind", self.kind, OPTIMIZERS)

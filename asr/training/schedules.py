@@ -24,7 +24,7 @@ def warmup_cosine(
     warmup_steps: int,
     total_steps: int,
     hold_steps: int = 0,
-    min_ratio: float = 0.01,
+    min_ratio: float,
 ) -> float:
     """Linear warm-up to 1, hold at 1 for `hold_steps`, then cosine decay to `min_ratio`
     at `total_steps` (and `min_ratio` after)."""
@@ -45,16 +45,19 @@ SCHEDULES = ("noam", "warmup_cosine")
 class SchedulerConfig:
     """The keys of ``optim.scheduler``.
 
-    `kind: noam` takes `warmup_steps`; `kind: warmup_cosine` takes `warmup_steps`,
-    `hold_fraction` (of the total, held at the peak) and `min_ratio` (the final fraction
-    of the peak rate), and needs the total number of steps (from `trainer.max_steps` or
-    estimated from the data).
+    - `kind`: `noam` (linear warm-up, then 1/sqrt(step)) or `warmup_cosine` (linear
+      warm-up, hold, cosine decay to `min_ratio` times the peak rate; needs the total
+      number of steps, from `trainer.max_steps` or estimated from the data).
+    - `warmup_steps`: optimizer steps of the linear warm-up to the peak rate.
+    - `hold_fraction`: `warmup_cosine`: fraction of all steps held at the peak after the
+      warm-up.
+    - `min_ratio`: `warmup_cosine`: the final fraction of the peak rate.
     """
 
     kind: str
     warmup_steps: int
     hold_fraction: float = 0.0
-    min_ratio: float = 0.01
+    min_ratio: float = 0.02
 
     def __post_init__(self) -> None:
         check_choice("optim.scheduler.kind", self.kind, SCHEDULES)

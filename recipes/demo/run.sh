@@ -26,7 +26,6 @@ experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
 train_hours=${TRAIN_HOURS:-2}
 batch_memory=${BATCH_MEMORY:-}
-vocab_size=128
 train_args=()
 
 names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe plots)
@@ -47,6 +46,16 @@ run() { [[ $stage -le $1 && $stop_stage -ge $1 ]]; }
 say() { printf '\n=== stage %s: %s (%d s elapsed) ===\n' "$1" "${names[$1]}" "$SECONDS"; }
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
+if run 2 || run 4; then
+  # The tokenizer is the experiment's data.tokenizer (asr/configs/data/demo.yaml), whose name
+  # bpe<N>.model gives the vocabulary size: the config is the one place for both.
+  tokenizer=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+    --cfg job --resolve -p data.tokenizer)
+  vocab_size=$(basename "$tokenizer" .model)
+  vocab_size=${vocab_size#bpe}
+  [[ $vocab_size =~ ^[0-9]+$ ]] || {
+    echo "data.tokenizer=$tokenizer: expected a name bpe<vocabulary size>.model" >&2; exit 2; }
+fi
 
 if run 0; then say 0
   asr-make-demo-corpus "$data" --train-hours "$train_hours"
@@ -55,9 +64,9 @@ if run 1; then say 1
   asr-prepare-manifests --corpus-dir "$data/LibriSpeech" --output-dir "$manifests"
 fi
 if run 2; then say 2
-  model=$data/tokenizer/bpe$vocab_size.model
-  if [[ -f $model ]]; then echo "$model exists"; else
-    asr-train-tokenizer --cuts "$(cuts train-clean-100)" --vocab-size $vocab_size --output "$model"
+  if [[ -f $tokenizer ]]; then echo "$tokenizer exists"; else
+    asr-train-tokenizer --cuts "$(cuts train-clean-100)" --vocab-size "$vocab_size" \
+      --output "$tokenizer"
   fi
 fi
 if run 3; then say 3
@@ -70,7 +79,7 @@ batch_sizes=$exp/batch_sizes.yaml
 if run 4; then say 4
   if [[ -f $bins ]]; then echo "$bins exists"; else
     # 6 duration bins x 2 token bins of equal totals, per-bucket tokens-per-second limits
-    asr-estimate-bins "$(cuts train-clean-100)" --tokenizer "$data/tokenizer/bpe$vocab_size.model" \
+    asr-estimate-bins "$(cuts train-clean-100)" --tokenizer "$tokenizer" \
       --num-buckets 6 --num-token-buckets 2 -o "$bins"
   fi
 fi

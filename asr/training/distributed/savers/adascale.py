@@ -38,8 +38,11 @@ from asr.training.schedules import SchedulerConfig, schedule_function
 
 @dataclass(frozen=True)
 class AdaScaleConfig:
-    """Keys of `distributed.adascale`: `smoothing` of the moment estimates (an
-    exponential average over about 1 / (1 - smoothing) steps)."""
+    """Keys of `distributed.adascale`.
+
+    - `smoothing`: the smoothing of the gradient moment estimates (an exponential average
+      over about 1 / (1 - smoothing) steps).
+    """
 
     smoothing: float = 0.9
 

@@ -54,9 +54,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DecentralizedConfig:
-    """Keys of `distributed.gossip`: those of `GossipConfig` (`ring`, `delay_by_one`,
-    `seed`, `synchronous`) and
+    """Keys of `distributed.gossip`: those of `GossipConfig` and two more.
 
+    - `ring`: `fixed` or `random` (a fresh bipartite ring per step from `seed`).
+    - `delay_by_one`: overlap each average with the next step's computation.
+    - `seed`: of the random rings (the same on every rank).
+    - `synchronous`: passives wait for their averages after each step (no staleness, no
+      straggler tolerance).
     - `node_size`: processes per node that act as one learner (H-ADPSGD); 1: AD-PSGD.
     - `spread_every_n_steps`: also measure the replicas' spread every N steps (0: only
       before each validation).

@@ -22,10 +22,11 @@ class DGCConfig:
     measured closest to dense DDP on the demo (recipes/demo/RESULTS.md: 99.6 %, AdamW's
     second moment frozen and refreshed, every parameter sparse; 111x).
 
+    - `kind`: `dgc`, the one gradient compression.
     - `sparsity`: fraction of the entries not sent per step after warm-up (of each
       bucket's or each tensor's, as `selection` says; besides the `dense_vectors`).
-    - `warmup_sparsities`, `warmup_steps`: the sparsities of the warm-up stages and the
-      optimizer steps each lasts (0: no warm-up).
+    - `warmup_sparsities`: the sparsities of the warm-up stages (the paper's by default).
+    - `warmup_steps`: the optimizer steps each warm-up stage lasts (0: no warm-up).
     - `sample_fraction`: share of the entries sampled to estimate the top-k threshold.
     - `clip_norm`: local gradient clipping threshold before accumulation (null: the
       trainer's `gradient_clip_val`, which then no longer clips after the exchange).

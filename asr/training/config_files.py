@@ -1,0 +1,398 @@
+"""The Hydra group files of `asr/configs`, written from the config dataclasses.
+
+Every default lives in a config dataclass and every key is documented there, one line
+`- `key`: text` per key in the class docstring (continued on indented lines). The YAML
+files that hold defaults are generated from them, so a default is written once:
+
+    python -m asr.training.config_files            # rewrite asr/configs
+    python -m asr.training.config_files --check    # exit 1 if a file is not as generated
+
+`FILES` says what each generated file holds. Its keys are those of one or more `Part`s: a
+config class (a dataclass, or a class whose keyword-only constructor arguments are the
+keys), with the class defaults unless the part overrides them; each key's docstring line
+becomes the comment above it. The rules:
+
+- A group that selects between alternatives with different values (`optim=adamw_noam`,
+  `adamw_cosine`, `sgd_cosine`; `logger=wandb_csv`, `csv`) has one generated file per
+  alternative: a named variant, the class defaults plus the few overrides its `Part`
+  declares below. A key without a default (`optim.lr`) is given by every variant.
+- `links` are Hydra interpolations that tie a key to another group's value
+  (`model.encoder.input_dim: ${data.features.num_mel_bins}`): composition, not defaults.
+- `omit` leaves out keys that do not apply to a variant (SGD's momentum in an AdamW file);
+  the class defaults then apply, and the dataclass rejects a value given for them.
+- A file that only adjusts a generated one is written by hand and lists that one first in
+  its defaults list (`trainer/gpu.yaml`, `trainer/cpu_ddp.yaml`, `data/demo.yaml`), as the
+  presets (`experiment/*.yaml`) are. They hold overrides only: none may restate the value
+  of the config it adjusts (tests/training/test_config_files.py checks both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from asr.config_keys import ConfigError, dataclass_from_keys
+from asr.data.buckets import SamplerConfig
+from asr.data.datamodule import AsrDataModule
+from asr.data.dataset import SpecAugmentConfig
+from asr.data.features import FeatureConfig
+from asr.models.build import AedConfig, TransducerConfig
+from asr.training.callbacks import EmaConfig
+from asr.training.distributed.savers.adascale import AdaScaleConfig
+from asr.training.distributed.savers.dgc_state import DGCConfig
+from asr.training.loggers import LoggerConfig
+from asr.training.objective import AedLossConfig, TransducerLossConfig
+from asr.training.optimizer import OptimConfig
+from asr.training.run_config import RunConfig, TrainerConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+WIDTH = 100  # of the comment lines
+KEY_LINE = re.compile(r"- `(\w+)`: (.*)")
+
+
+@dataclass(frozen=True)
+class Part:
+    """The keys of `cls` with `overrides` in place of its defaults; under `key` with the
+    comment `doc` when given (else at the top level of the file)."""
+
+    cls: type
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """One generated file: `path` under `asr/configs`, the comment `header` (what the file
+    is, how to select it), the parts' keys, and Hydra's own lines verbatim: the `package`
+    directive, a defaults list (`head`) and settings after the keys (`tail`)."""
+
+    path: str
+    header: str
+    parts: tuple[Part, ...]
+    package: str | None = None
+    head: str = ""
+    tail: str = ""
+    links: Mapping[str, str] = field(default_factory=dict)
+    omit: tuple[str, ...] = ()
+
+
+NOTE = (
+    "Generated from the config dataclasses by `python -m asr.training.config_files`: change a\n"
+    "default or a comment there, not here (docs/configuration.md)."
+)
+OBJECTIVE = "the training objective (asr/training/objective.py)."
+MODEL_INPUT = {"encoder.input_dim": "${data.features.num_mel_bins}"}
+WARMUP_COSINE = {"kind": "warmup_cosine", "warmup_steps": 500}
+ADAMW_ONLY, SGD_ONLY = ("betas", "eps"), ("momentum", "nesterov")
+COSINE_ONLY = ("scheduler.hold_fraction", "scheduler.min_ratio")
+LIBRISPEECH = "${data_dir}/manifests/librispeech_cuts_"
+
+FILES = (
+    ConfigFile(
+        "train.yaml",
+        "asr-train entry config: a defaults list and the run-level keys.\n"
+        "Override anything from the command line, e.g.\n"
+        "  asr-train experiment=demo trainer.max_epochs=2 model.encoder.num_layers=4",
+        (Part(RunConfig),),
+        head="""defaults:
+  - _self_                      # first, so that experiment presets can override the keys below
+  - model: conformer_transducer
+  - data: librispeech
+  - trainer: default
+  - optim: adamw_noam
+  - logger: wandb_csv
+  - distributed/compression: null  # dgc: Deep Gradient Compression (multi-process runs)
+  - distributed/adascale: null  # enabled: AdaScale's learning-rate gain (momentum SGD)
+  - ema: null                   # scaled: EMA of the weights following the batch size
+  - experiment: null
+""",
+        tail="""
+hydra:
+  run:
+    dir: ${exp_dir}/hydra
+  job:
+    chdir: false
+""",
+    ),
+    ConfigFile(
+        "model/conformer_transducer.yaml",
+        "Conformer-Transducer (asr/models/transducer.py; built by asr/models/build.py) and its\n"
+        "loss (asr/training/objective.py).",
+        (
+            Part(TransducerConfig),
+            Part(TransducerLossConfig, key="loss", doc=OBJECTIVE),
+        ),
+        links=MODEL_INPUT,
+    ),
+    ConfigFile(
+        "model/aed.yaml",
+        "Attention encoder-decoder: Conformer encoder, pre-norm Transformer decoder with a KV\n"
+        "cache (asr/models/aed.py; built by asr/models/build.py), and its loss.",
+        (
+            Part(AedConfig),
+            Part(AedLossConfig, key="loss", doc=OBJECTIVE),
+        ),
+        links=MODEL_INPUT,
+    ),
+    ConfigFile(
+        "data/librispeech.yaml",
+        "LibriSpeech 960 h (manifests from recipes/librispeech/run.sh).",
+        (
+            Part(
+                AsrDataModule,
+                {
+                    "train_cuts": [
+                        f"{LIBRISPEECH}{part}.jsonl.gz"
+                        for part in ("train-clean-100", "train-clean-360", "train-other-500")
+                    ],
+                    "valid_cuts": [
+                        f"{LIBRISPEECH}{part}.jsonl.gz" for part in ("dev-clean", "dev-other")
+                    ],
+                    "test_cuts": [f"{LIBRISPEECH}test-clean.jsonl.gz"],
+                    "tokenizer": "${data_dir}/tokenizer/bpe1024.model",
+                    "features": FeatureConfig(),
+                    "spec_augment": SpecAugmentConfig(),
+                    "sampler": SamplerConfig(),
+                },
+            ),
+        ),
+        links={
+            "sampler.seed": "${seed}",
+            "subsampling_factor": "${model.encoder.subsampling_factor}",
+        },
+    ),
+    ConfigFile("trainer/default.yaml", "lightning.Trainer's arguments.", (Part(TrainerConfig),)),
+    ConfigFile(
+        "optim/adamw_noam.yaml",
+        "AdamW with the Transformer's schedule: linear warm-up, then 1/sqrt(step).",
+        (Part(OptimConfig, {"lr": 2.0e-3, "scheduler": {"kind": "noam", "warmup_steps": 10000}}),),
+        omit=SGD_ONLY + COSINE_ONLY,
+    ),
+    ConfigFile(
+        "optim/adamw_cosine.yaml",
+        "AdamW with a linear warm-up, a hold at the peak and a cosine decay.",
+        (Part(OptimConfig, {"lr": 1.5e-3, "scheduler": WARMUP_COSINE}),),
+        omit=SGD_ONLY,
+    ),
+    ConfigFile(
+        "optim/sgd_cosine.yaml",
+        "Momentum SGD with a linear warm-up, a hold at the peak and a cosine decay (for\n"
+        "AdaScale: distributed/adascale=enabled).",
+        (
+            Part(
+                OptimConfig,
+                {
+                    "kind": "sgd",
+                    "lr": 0.05,
+                    "momentum": 0.9,
+                    "nesterov": False,
+                    "scheduler": WARMUP_COSINE,
+                },
+            ),
+        ),
+        omit=ADAMW_ONLY,
+    ),
+    ConfigFile("logger/wandb_csv.yaml", "Weights & Biases and a CSV file.", (Part(LoggerConfig),)),
+    ConfigFile(
+        "logger/csv.yaml", "A CSV file only (no W&B).", (Part(LoggerConfig, {"wandb": None}),)
+    ),
+    ConfigFile(
+        "distributed/compression/dgc.yaml",
+        "Deep Gradient Compression (asr/training/distributed/savers/dgc.py): each rank sends\n"
+        "the top 0.4 % of its accumulated gradient (or AdamW update) per bucket; what is not\n"
+        "sent waits in a residual. The defaults are the setting measured within 1 point of\n"
+        "dense DDP's test WER at 111x fewer bytes (recipes/demo/RESULTS.md), but for the\n"
+        "sparsity warm-up: those runs added the paper's four stages of 75 steps each\n"
+        "(distributed.compression.warmup_steps=75). The paper's final sparsity is 0.999.\n"
+        "Select with: asr-train ... trainer=cpu_ddp distributed/compression=dgc",
+        (Part(DGCConfig),),
+        package="distributed.compression",
+    ),
+    ConfigFile(
+        "distributed/adascale/enabled.yaml",
+        "AdaScale (asr/training/distributed/savers/adascale.py): the learning rate is scaled by\n"
+        "the gain r_t in [1, number of ranks] measured from the ranks' gradients, and the\n"
+        "schedule advances r_t steps per step. For momentum SGD:\n"
+        "  asr-train ... optim=sgd_cosine distributed/adascale=enabled",
+        (Part(AdaScaleConfig),),
+        package="distributed.adascale",
+    ),
+    ConfigFile(
+        "ema/scaled.yaml",
+        "EMA of the weights whose momentum follows the batch size (asr/training/callbacks.py):\n"
+        "rho_t = decay ^ (B_t / reference_batch_seconds), B_t the step's seconds of audio over\n"
+        "all ranks and accumulated micro-batches. Select with: asr-train ... ema=scaled",
+        (Part(EmaConfig),),
+    ),
+)
+
+
+def render(file: ConfigFile) -> str:
+    """The text of `file`."""
+    lines = [f"# @package {file.package}"] if file.package else []
+    for text in (file.header, NOTE):
+        lines += [f"# {line}".rstrip() for line in text.splitlines()]
+    lines += file.head.splitlines()
+    seen: set[str] = set()
+    for part in file.parts:
+        values = part_values(part.cls, part.overrides, part.key or file.path)
+        if part.key is None:
+            lines += _mapping(part.cls, values, 0, "", file, seen)
+        else:
+            lines += [*_comment(part.doc, 0), f"{part.key}:"]
+            lines += _mapping(part.cls, values, 2, f"{part.key}.", file, seen)
+    lines += file.tail.splitlines()
+    unknown = sorted(set(file.links) - seen) + sorted(set(file.omit) - seen)
+    if unknown:
+        raise ConfigError(f"{file.path}: links or omit name keys it does not have: {unknown}")
+    return "\n".join(lines) + "\n"
+
+
+def part_values(cls: type, overrides: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """Each key of `cls` with its value: the override, else the default. A dataclass is
+    built from the overrides (`dataclass_from_keys`), so a variant is checked as a config."""
+    if dataclasses.is_dataclass(cls):
+        config = dataclass_from_keys(cls, overrides, section)
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(cls)}
+    parameters = _keyword_arguments(cls)
+    unknown = sorted(set(overrides) - set(parameters))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {unknown} of {section}")
+    values = {name: overrides.get(name, p.default) for name, p in parameters.items()}
+    missing = [name for name, value in values.items() if value is inspect.Parameter.empty]
+    if missing:
+        raise ConfigError(f"config key(s) {missing} of {section} are required")
+    return values
+
+
+def key_docs(cls: type) -> dict[str, str]:
+    """Key -> the text of its `- `key`: text` line in `cls`'s docstring (continuation
+    lines joined); an error names a key without one, or one for a key `cls` lacks."""
+    docs, key = {}, None
+    for line in inspect.cleandoc(cls.__doc__ or "").splitlines():
+        match = KEY_LINE.fullmatch(line)
+        if match:
+            key = match.group(1)
+            docs[key] = match.group(2)
+        elif key is not None and line.startswith("  "):
+            docs[key] += " " + line.strip()
+        else:
+            key = None
+    keys = _keys(cls)
+    undocumented = [k for k in keys if k not in docs]
+    unknown = [k for k in docs if k not in keys]
+    if undocumented or unknown:
+        raise ValueError(
+            f"{cls.__qualname__}'s docstring needs one line `- `key`: text` per key: "
+            f"undocumented {undocumented}, not keys {unknown}"
+        )
+    return docs
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Write every file of `FILES` under `out_dir`; returns their paths."""
+    written = []
+    for file in FILES:
+        path = out_dir / file.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(file))
+        written.append(path)
+    return written
+
+
+def stale_files(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The generated files that `config_dir` lacks or holds in another version."""
+    return [
+        file.path
+        for file in FILES
+        if not (config_dir / file.path).is_file()
+        or (config_dir / file.path).read_text() != render(file)
+    ]
+
+
+def _mapping(
+    cls: type,
+    values: Mapping[str, Any],
+    indent: int,
+    prefix: str,
+    file: ConfigFile,
+    seen: set[str],
+) -> list[str]:
+    """The lines of `values`, the keys of `cls`, each under its comment; the full keys
+    go into `seen`."""
+    docs, pad, lines = key_docs(cls), " " * indent, []
+    for name, value in values.items():
+        key = prefix + name
+        seen.add(key)
+        if key in file.omit:
+            continue
+        lines += _comment(docs[name], indent)
+        value = file.links.get(key, value)
+        if dataclasses.is_dataclass(value):
+            nested = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            lines.append(f"{pad}{name}:")
+            lines += _mapping(type(value), nested, indent + 2, f"{key}.", file, seen)
+        elif _is_sequence(value) and any(isinstance(item, str) for item in value):
+            lines.append(f"{pad}{name}:")
+            lines += [f"{pad}  - {_scalar(item)}" for item in value]
+        else:
+            lines.append(f"{pad}{name}: {_scalar(value)}")
+    return lines
+
+
+def _comment(text: str, indent: int) -> list[str]:
+    pad = " " * indent + "# "
+    return textwrap.wrap(text, WIDTH, initial_indent=pad, subsequent_indent=pad)
+
+
+def _scalar(value: Any) -> str:
+    """`value` in YAML, in one line (a sequence of numbers in flow style)."""
+    if _is_sequence(value):
+        value = [list(v) if _is_sequence(v) else v for v in value]
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+    return text.removesuffix("\n").removesuffix("\n...")
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def _keys(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return list(_keyword_arguments(cls))
+
+
+def _keyword_arguments(cls: type) -> dict[str, inspect.Parameter]:
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=CONFIG_DIR, help="default: asr/configs")
+    parser.add_argument("--check", action="store_true", help="only report files not as generated")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files(args.out)
+        for path in stale:
+            print(f"{args.out / path} is not as generated: python -m asr.training.config_files")
+        return 1 if stale else 0
+    for path in generate(args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

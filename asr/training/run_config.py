@@ -1,0 +1,109 @@
+"""The keys of `asr/configs/train.yaml` that `asr-train` reads itself, and the `trainer`
+group it hands to `lightning.Trainer`: their schema, defaults and documentation.
+
+`asr.training.config_files` writes `train.yaml` and `trainer/default.yaml` from these
+dataclasses, as it writes every other group file from its part's config dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asr.training.distributed.config import DistributedConfig
+from asr.training.step_guard import FaultConfig
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Keys of `checkpoint` (`asr.training.checkpointing.checkpoint_callbacks`).
+
+    - `every_n_train_steps`: also refresh `last.ckpt` every N optimizer steps, so that a
+      stopped run resumes inside the epoch (null: at epoch ends only).
+    """
+
+    every_n_train_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Keys of `debug`: measurements of multi-process training.
+
+    - `straggler_rank`: make this rank slower (`asr.training.distributed.savers.straggler`): each
+      step it sleeps (slowdown - 1) x its own step time (null: none).
+    - `straggler_slowdown`: how many times slower the straggler is (>= 1).
+    - `step_times_dir`: each rank appends (step, time, audio seconds) to
+      `DIR/rank<R>.jsonl` (`asr.training.step_times`; null: not recorded).
+    """
+
+    straggler_rank: int | None = None
+    straggler_slowdown: float = 2.0
+    step_times_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run-level keys of `train.yaml` (beside its groups).
+
+    - `seed`: of every random number generator (Lightning's `seed_everything`, the sampler).
+    - `data_dir`: where `manifests/` and `tokenizer/` live.
+    - `exp_dir`: checkpoints, logs and the config used go here (presets set their own).
+    - `resume`: `auto` (continue from `exp_dir/checkpoints/last.ckpt` if present), false or
+      null (start afresh), or a checkpoint's path.
+    - `run_test`: test the best checkpoint on `data.test_cuts` after fitting.
+    - `validation_beam_size`: the search of validation and the final test: 1 greedy, more
+      beam search.
+    - `checkpoint`: when `last.ckpt` is written (`CheckpointConfig`).
+    - `distributed`: multi-process runs (`trainer.strategy=ddp` or `adpsgd`; README
+      "Multi-GPU and multi-node").
+    - `faults`: what stops a run instead of being skipped.
+    - `debug`: measurements of multi-process training (`DebugConfig`).
+    """
+
+    seed: int = 42
+    data_dir: str = "data"
+    exp_dir: str = "exp/default"
+    resume: str | bool | None = "auto"
+    run_test: bool = True
+    validation_beam_size: int = 1
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Keys of the `trainer` group: `lightning.Trainer`'s arguments of the same names.
+
+    - `accelerator`: `auto`, `cpu` or `gpu`.
+    - `devices`: processes per node: a number, -1 or `auto` (every GPU, or one CPU process).
+    - `num_nodes`: machines of a multi-node run.
+    - `strategy`: `auto`, `ddp` or `adpsgd` (decentralized; README); fsdp is not supported.
+    - `precision`: `32-true`, `bf16-mixed`, ..., or `auto`: bf16-mixed where the device has
+      native bf16 (recent GPUs, CPUs with AVX512-BF16 or AMX), else 32-true.
+    - `max_epochs`: epochs of the run.
+    - `max_steps`: optimizer steps of the run (-1: as many as `max_epochs` make).
+    - `max_time`: stop training at this wall time, e.g. "00:12:00:00" (DD:HH:MM:SS; null: no
+      limit).
+    - `gradient_clip_val`: clip the gradient's norm to this (null: no clipping).
+    - `accumulate_grad_batches`: mini-batches per optimizer step.
+    - `log_every_n_steps`: how often training metrics are logged.
+    - `num_sanity_val_steps`: validation batches run before training.
+    - `check_val_every_n_epoch`: validate after every N epochs.
+    - `deterministic`: deterministic algorithms only (slower).
+    """
+
+    accelerator: str = "auto"
+    devices: int | str = "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_epochs: int = 30
+    max_steps: int = -1
+    max_time: str | None = None
+    gradient_clip_val: float | None = 5.0
+    accumulate_grad_batches: int = 1
+    log_every_n_steps: int = 20
+    num_sanity_val_steps: int = 0
+    check_val_every_n_epoch: int = 1
+    deterministic: bool = False
