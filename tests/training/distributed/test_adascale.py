@@ -11,6 +11,7 @@ from asr.config_keys import ConfigError
 from asr.training.distributed.savers.adascale import AdaScaleConfig
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_gain_is_one_without_noise_and_the_rank_count_for_pure_noise(
     run_ranks, tmp_path: Path
 ) -> None:
@@ -22,6 +23,7 @@ def test_gain_is_one_without_noise_and_the_rank_count_for_pure_noise(
     assert same[0]["gains"] == same[1]["gains"] and noise[0]["gains"] == noise[1]["gains"]
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_gain_between_follows_the_noise_to_signal_ratio(run_ranks, tmp_path: Path) -> None:
     # mean and noise of equal squared norm: (s2 + m2) / (s2 / 2 + m2) = 2 / 1.5
     mixed = run_ranks(tmp_path, "adascale-mixed", steps=4)

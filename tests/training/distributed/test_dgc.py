@@ -14,6 +14,7 @@ from asr.training.distributed.savers.dgc_adam import adam_step_bound, check_vari
 from asr.training.distributed.savers.dgc_state import AdamMoments, DGCConfig, DGCState
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path: Path) -> None:
     dense = run_ranks(tmp_path, "dense", steps=3)
     dgc = run_ranks(tmp_path, "dgc0-multi", steps=3)
@@ -24,6 +25,7 @@ def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path:
     assert torch.allclose(dense[0]["exchanged"][0], expected)
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path) -> None:
     steps = 6
     ranks = run_ranks(tmp_path, "dgc", steps=steps)
@@ -40,6 +42,7 @@ def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path
     assert traffic["dense_bytes"] == 3000 * 8
 
 
+@pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("mode", ["dgc-momentum", "dgc-frozen-masked"])
 def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
     run_ranks, tmp_path: Path, mode: str
@@ -54,6 +57,7 @@ def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
         assert bool((residual[unsent] != 0).all())  # everything else is kept
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_every_tensor_sends_its_own_top_k_and_vectors_go_whole(run_ranks, tmp_path: Path) -> None:
     # one bucket: a 30x100 matrix, a 10x100 matrix with gradients 1,000x smaller, a vector
     steps = 4
@@ -133,6 +137,7 @@ def _frozen_variance_directions(
     return out
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
     run_ranks, tmp_path: Path
 ) -> None:
@@ -168,6 +173,7 @@ def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
     assert len(sparse[0]["sent"]) == steps - freeze
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_frozen_variance_is_refreshed_from_the_ranks_local_moments(
     run_ranks, tmp_path: Path
 ) -> None:
@@ -198,6 +204,7 @@ def test_frozen_variance_is_refreshed_from_the_ranks_local_moments(
     assert ranks[0]["traffic"]["sent_bytes"] == 300 * (4 + 8) + 3000 * 2
 
 
+@pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("mode", ["resume-adam", "resume-momentum"])
 def test_a_resumed_hook_exchanges_what_the_uninterrupted_one_does(
     run_ranks, tmp_path: Path, mode: str

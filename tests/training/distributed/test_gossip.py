@@ -16,6 +16,7 @@ STRATEGY_WORKER = Path(__file__).with_name("strategy_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 @pytest.mark.parametrize("ring", ["fixed", "random"])
 def test_training_replicas_never_deadlock_and_lose_no_update(
@@ -39,6 +40,7 @@ def test_training_replicas_never_deadlock_and_lose_no_update(
         assert torch.allclose(rank["consensus"] * world, made, atol=1e-4)
 
 
+@pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("world", [2, 4, 5])
 def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: int) -> None:
     ranks = run_gossip(tmp_path, "random", steps=60, world=world, lr=0.0)
@@ -55,6 +57,7 @@ def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: in
         assert torch.allclose(rank["consensus"], start_mean, atol=1e-5)
 
 
+@pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_synchronous_gossip_averages_the_weights_after_the_same_step(
     run_gossip, tmp_path: Path, world: int
@@ -83,6 +86,7 @@ def test_synchronous_gossip_averages_the_weights_after_the_same_step(
             assert torch.allclose(ranks[0]["after_step"][t], ranks[1]["after_step"][t], atol=1e-6)
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_delay_by_one_applies_each_average_one_step_late(run_gossip, tmp_path: Path) -> None:
     lr, steps = 0.1, 8
     active, passive = run_gossip(tmp_path, "delay", steps=steps, world=2, lr=lr)
@@ -147,6 +151,7 @@ def _run_strategy(run_workers, tmp_path: Path, world: int, node_size: int, steps
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_h_adpsgd_keeps_the_replicas_of_a_node_identical(run_workers, tmp_path: Path) -> None:
     steps = 6
     ranks = _run_strategy(run_workers, tmp_path, 4, 2, steps)  # 2 nodes x 2 processes
@@ -160,6 +165,7 @@ def test_h_adpsgd_keeps_the_replicas_of_a_node_identical(run_workers, tmp_path: 
         assert bool(torch.isfinite(rank["final"]).all())
 
 
+@pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("extra", [("random",), ("fixed", "delay")])
 def test_adpsgd_strategy_trains_and_ends_at_the_consensus(
     run_workers, tmp_path: Path, extra
@@ -171,6 +177,7 @@ def test_adpsgd_strategy_trains_and_ends_at_the_consensus(
     assert not torch.equal(ranks[0]["weights"][0], ranks[2]["weights"][0])  # own replicas
 
 
+@pytest.mark.slow  # real processes over gloo
 def test_two_synchronous_replicas_train_as_ddp_does(run_workers, tmp_path: Path) -> None:
     # momentum SGD through the strategy's whole path (Lightning's optimizer step, the lock,
     # the exchange): two replicas averaged after every step, each without staleness, follow
