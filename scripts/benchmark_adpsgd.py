@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmark_ddp import ROOT, demo_command, ensure_corpus, run_asr_train
+from asr.benchmarks.demo_runs import ROOT, demo_command, ensure_corpus, run_asr_train
 
 RUNS = {  # name: extra asr-train overrides
     "ddp": [],

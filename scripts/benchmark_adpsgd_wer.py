@@ -28,7 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmark_ddp import (
+from asr.benchmarks.demo_runs import (
     ROOT,
     add_variant_arguments,
     demo_command,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,11 +33,10 @@ import yaml
 from lhotse import CutSet
 from lhotse.dataset import DynamicCutSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from asr.data.bins import CutLengths, equal_total_edges, token_sub_bins, write_bins  # noqa: E402
-from asr.data.buckets import build_sampler, count_tokens, num_tokens  # noqa: E402
-from asr.data.synthetic_cuts import synthetic_cuts  # noqa: E402
-from asr.frames import FRAMES_PER_SECOND  # noqa: E402
+from asr.data.bins import CutLengths, equal_total_edges, token_sub_bins, write_bins
+from asr.data.buckets import build_sampler, count_tokens, num_tokens
+from asr.data.synthetic_cuts import synthetic_cuts
+from asr.frames import FRAMES_PER_SECOND
 
 
 def batch_stats(batches: Iterable[CutSet]) -> dict[str, float]:

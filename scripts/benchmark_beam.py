@@ -16,25 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 from rich.progress import track
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmark_rtfx import (  # noqa: E402
+from asr.benchmarks.rtfx import (
     add_decoding_arguments,
     batches,
     decode_batch,
     utterance_features,
 )
-
-from asr.decoding.search import SearchOptions  # noqa: E402
-from asr.decoding.transducer import BeamOptions, GreedyOptions  # noqa: E402
-from asr.inference.recognizer import Recognizer, load_recognizer  # noqa: E402
-from asr.metrics import ErrorCounts, word_errors  # noqa: E402
-from asr.models.transducer import Transducer  # noqa: E402
+from asr.decoding.search import SearchOptions
+from asr.decoding.transducer import BeamOptions, GreedyOptions
+from asr.inference.recognizer import Recognizer, load_recognizer
+from asr.metrics import ErrorCounts, word_errors
+from asr.models.transducer import Transducer
 
 
 def measure(recognizer: Recognizer, utterances: list[dict], batch_size: int, beam: int) -> dict:

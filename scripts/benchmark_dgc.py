@@ -49,14 +49,13 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark_ddp import (
+from asr.benchmarks.demo_runs import (
     ROOT,
     add_variant_arguments,
     demo_command,
     ensure_corpus,
     run_asr_train,
 )
-
 from asr.plot import read_metrics
 
 PAPER = [  # the paper's final sparsity, 1-D parameters whole (the defaults until 2026-11-26)

@@ -19,55 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 
 import torch
 from rich.progress import track
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from asr.data.corpus import load_cuts  # noqa: E402
-from asr.data.features import normalize_features  # noqa: E402
-from asr.decoding.aed import AedSearchOptions  # noqa: E402
-from asr.decoding.search import SearchOptions, decode  # noqa: E402
-from asr.inference.recognizer import Recognizer, load_recognizer  # noqa: E402
-from asr.metrics import ErrorCounts, word_errors  # noqa: E402
-from asr.models.aed import EncoderDecoder  # noqa: E402
-from asr.models.build import count_parameters  # noqa: E402
-
-
-def utterance_features(recognizer: Recognizer, manifest: Path, limit: int | None) -> list[dict]:
-    """Features, duration and reference of the first `limit` cuts (longest first)."""
-    cuts = list(load_cuts(manifest))[:limit]
-    extractor = recognizer.features.extractor()
-    out = []
-    for cut in track(cuts, description="features", transient=True):
-        feats = extractor.extract(cut.load_audio()[0], cut.sampling_rate)
-        feats = normalize_features(feats, recognizer.features.normalize)
-        text = " ".join(s.text for s in cut.supervisions if s.text)
-        out.append({"feats": torch.from_numpy(feats), "seconds": cut.duration, "text": text})
-    return sorted(out, key=lambda u: -u["seconds"])
-
-
-def batches(utterances: list[dict], size: int) -> list[list[dict]]:
-    return [utterances[i : i + size] for i in range(0, len(utterances), size)]
-
-
-@torch.inference_mode()
-def decode_batch(
-    recognizer: Recognizer, batch: list[dict], options: SearchOptions
-) -> tuple[float, float, list[list[int]]]:
-    """(encoder seconds, search seconds, token ids) of one batch."""
-    model = recognizer.model
-    lens = torch.tensor([u["feats"].shape[0] for u in batch])
-    padded = torch.nn.utils.rnn.pad_sequence([u["feats"] for u in batch], batch_first=True)
-    start = time.perf_counter()
-    enc, enc_lens = model.encode(padded, lens)
-    encoded = time.perf_counter()
-    ids = decode(model, enc, enc_lens, options)
-    done = time.perf_counter()
-    return encoded - start, done - encoded, ids
+from asr.benchmarks.rtfx import (
+    add_decoding_arguments,
+    batches,
+    decode_batch,
+    utterance_features,
+)
+from asr.decoding.aed import AedSearchOptions
+from asr.inference.recognizer import Recognizer, load_recognizer
+from asr.metrics import ErrorCounts, word_errors
+from asr.models.aed import EncoderDecoder
+from asr.models.build import count_parameters
 
 
 def measure(
@@ -117,14 +84,6 @@ def measure(
     # The ratio's ceiling: what it would be if both encoders cost nothing.
     line["flash_over_deep_decoder_only"] = round(times["deep"][1] / times["flash"][1], 2)
     return line
-
-
-def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options the decoding-speed benchmarks share."""
-    parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--max-utterances", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,15 +29,12 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-from asr.data.datamodule import AsrDataModule  # noqa: E402
-from asr.frames import FRAMES_PER_SECOND  # noqa: E402
-from asr.profiling import launching_ops  # noqa: E402
-from asr.training.oomptimizer import compose_config  # noqa: E402
-from asr.training.precision import enlarge_onednn_cache, resolve_precision  # noqa: E402
-from asr.training.probes import ModelSetup, build_training  # noqa: E402
+from asr.data.datamodule import AsrDataModule
+from asr.frames import FRAMES_PER_SECOND
+from asr.profiling import launching_ops
+from asr.training.oomptimizer import compose_config
+from asr.training.precision import enlarge_onednn_cache, resolve_precision
+from asr.training.probes import ModelSetup, build_training
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -37,6 +37,9 @@ from pathlib import Path
 
 import torch
 
+# Kept, unlike the other scripts: the workers run this file again under `--python` or, for
+# the source-built peers, .venv-peers/bin/python (PyPI's CPU torch), a venv without `asr`
+# installed; the checkout on the path is how they import it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the peers' venv lacks `asr`
 
 

@@ -109,6 +109,18 @@ def test_training_imports_only_the_bundle_of_inference() -> None:
     assert not offending, offending
 
 
+def test_nothing_in_the_package_imports_the_benchmarks() -> None:
+    """asr.benchmarks holds the scripts' shared helpers: it may import any part, none it."""
+    offending = sorted(
+        f"{m} imports {i}"
+        for m, targets in GRAPH.items()
+        if not within(m, "asr.benchmarks")
+        for i in targets
+        if within(i, "asr.benchmarks")
+    )
+    assert not offending, offending
+
+
 def test_no_import_cycle() -> None:
     """Depth-first search over module imports (a package's __init__ counts as a module)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done

@@ -1,0 +1,1 @@
+"""Helpers the benchmarks under `scripts/` share; nothing in `asr` imports this package."""
