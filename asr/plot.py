@@ -19,10 +19,14 @@ import csv
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from asr.cli import command
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Series = dict[str, list[tuple[int, float]]]  # metric -> (step, value) in step order
 
@@ -71,14 +75,27 @@ def _plot(axis, series: Series, names: Sequence[str], title: str, log: bool = Fa
         axis.text(0.5, 0.5, "not logged", ha="center", va="center", transform=axis.transAxes)
 
 
-def plot_training(run: str | Path, output: str | Path, title: str | None = None) -> Path:
-    """Four panels of a run's curves into `output` (PNG, titled `title`, default the run's
-    path); its path."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig: Figure, output: str | Path) -> Path:
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=100)
+    _pyplot().close(fig)
+    return output
+
+
+def training_figure(run: str | Path, title: str | None = None) -> Figure:
+    """The matplotlib Figure of `plot_training`: four panels of a run's curves, titled
+    `title` (default the run's path)."""
+    plt = _pyplot()
     series = read_metrics(run)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
     losses = [n for n in ("train/loss", "val/loss") if n in series]
@@ -88,21 +105,19 @@ def plot_training(run: str | Path, output: str | Path, title: str | None = None)
     _plot(axes[1, 0], series, sorted(n for n in series if n.startswith("lr-")), "learning rate")
     _plot(axes[1, 1], series, ["train/audio_seconds_per_second"], "audio seconds per second")
     fig.suptitle(title or str(run))
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
-    return output
+    return fig
 
 
-def plot_bins(bins_file: str | Path, output: str | Path, cuts: Sequence[str | Path] = ()) -> Path:
-    """The duration histogram of `cuts` (if given) with the buckets of `bins_file` and
-    their batch sizes into `output` (PNG); its path."""
-    import matplotlib
+def plot_training(run: str | Path, output: str | Path, title: str | None = None) -> Path:
+    """Four panels of a run's curves into `output` (PNG, titled `title`, default the run's
+    path); its path."""
+    return _save(training_figure(run, title), output)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def bins_figure(bins_file: str | Path, cuts: Sequence[str | Path] = ()) -> Figure:
+    """The matplotlib Figure of `plot_bins`: the duration histogram of `cuts` (if given)
+    with the buckets of `bins_file` and their batch sizes."""
+    plt = _pyplot()
     bins_file = Path(bins_file)
     content = yaml.safe_load(bins_file.read_text()) or {}
     edges = content.get("bucket_duration_bins")
@@ -135,11 +150,13 @@ def plot_bins(bins_file: str | Path, output: str | Path, cuts: Sequence[str | Pa
     if sizes[0] is not None:
         title += " (batch size per bucket at each edge)"
     axis.set_title(title)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
-    return output
+    return fig
+
+
+def plot_bins(bins_file: str | Path, output: str | Path, cuts: Sequence[str | Path] = ()) -> Path:
+    """The duration histogram of `cuts` (if given) with the buckets of `bins_file` and
+    their batch sizes into `output` (PNG); its path."""
+    return _save(bins_figure(bins_file, cuts), output)
 
 
 @command

@@ -169,6 +169,7 @@ class TrainedRun:
     exp_dir: Path
     metrics: dict[str, float]  # what `run` returned
     epochs: int
+    overrides: tuple[str, ...]  # after the tiny ones: `compose_train(exp_dir, *overrides)`
 
     @property
     def checkpoints(self) -> Path:
@@ -191,17 +192,17 @@ def trained_run(
     from asr.training.train import run
 
     exp_dir = tmp_path_factory.mktemp("trained") / "exp"
-    cfg = compose_train(
-        exp_dir,
+    overrides = (
         "experiment=demo",
         f"trainer.max_epochs={TRAINED_EPOCHS}",
         "data.sampler.shuffle=false",
         "optim.lr=3e-3",
     )
+    cfg = compose_train(exp_dir, *overrides)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         metrics = run(cfg)
     finally:
         torch.set_num_threads(before)
-    return TrainedRun(exp_dir, metrics, TRAINED_EPOCHS)
+    return TrainedRun(exp_dir, metrics, TRAINED_EPOCHS, overrides)

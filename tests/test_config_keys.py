@@ -4,6 +4,8 @@ import pytest
 
 from asr.config_keys import ConfigError, check_choice, dataclass_from_keys
 from asr.models.build import AedConfig, TransducerConfig, model_config
+from asr.models.conformer import ConformerConfig
+from asr.models.transducer import JoinerConfig
 from asr.training.optimizer import OptimConfig
 
 
@@ -12,8 +14,10 @@ def test_nested_sections_are_read_into_their_dataclasses() -> None:
         {"encoder": {"d_model": 32, "num_heads": 4}, "predictor": {"embed_dim": 8, "hidden_dim": 8}}
     )
     assert isinstance(config, TransducerConfig)
-    assert config.encoder.d_model == 32 and config.encoder.num_layers == 12  # default kept
-    assert config.predictor.hidden_dim == 8 and config.joiner.joint_dim == 320
+    assert config.encoder.d_model == 32  # given
+    assert config.encoder.num_layers == ConformerConfig().num_layers  # default kept
+    assert config.predictor.hidden_dim == 8
+    assert config.joiner.joint_dim == JoinerConfig().joint_dim  # a section not given: defaults
     assert isinstance(model_config({"kind": "aed"}), AedConfig)
 
 

@@ -136,8 +136,26 @@ def test_checkpoints_exist_and_load(trained_run) -> None:
 
 
 @pytest.mark.slow
-def test_run_tests_the_best_checkpoint(trained_run) -> None:
-    assert trained_run.metrics["test/wer"] >= 0 and trained_run.metrics["test/loss"] > 0
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")  # rebuilt in tmp_path, on purpose
+def test_run_tests_the_best_checkpoint(
+    trained_run, compose_train, tmp_path: Path, single_thread
+) -> None:
+    """The test metrics `run` returns are those of `best.ckpt`'s weights, not of the final
+    (`last.ckpt`) ones: a fresh test of each checkpoint tells which was tested."""
+    ckpts = trained_run.checkpoints
+
+    def tested(name: str) -> dict[str, float]:
+        built = build(compose_train(tmp_path / name, *trained_run.overrides))
+        (results,) = built.trainer.test(
+            built.module, datamodule=built.datamodule, ckpt_path=str(ckpts / name)
+        )
+        return results
+
+    best, last = tested("best.ckpt"), tested("last.ckpt")
+    # this run's best epoch is not its last (else the check below could not tell them apart)
+    assert best["test/wer"] != pytest.approx(last["test/wer"])
+    for name in ("test/loss", "test/wer"):
+        assert trained_run.metrics[name] == pytest.approx(best[name], rel=1e-5), name
 
 
 @pytest.mark.slow

@@ -249,7 +249,7 @@ def test_warm_up_schedule_and_config_checks() -> None:
     config = DGCConfig(sparsity=0.999, warmup_steps=10)
     stages = [config.sparsity_at(step) for step in (0, 9, 10, 25, 39, 40, 10_000)]
     assert stages == [0.75, 0.75, 0.9375, 0.984375, 0.996, 0.999, 0.999]
-    assert DGCConfig().sparsity_at(0) == 0.996  # no warm-up
+    assert DGCConfig().sparsity_at(0) == DGCConfig().sparsity  # no warm-up by default
     frozen = DGCState(
         DGCConfig(sparsity=0.999, variance_freeze_step=5, warmup_steps=10),
         adam=AdamMoments(),
