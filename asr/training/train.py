@@ -104,6 +104,7 @@ def build(cfg: DictConfig) -> Built:
     exp_dir = Path(cfg.exp_dir)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision = resolve_precision(trainer_cfg.pop("precision"), trainer_cfg["accelerator"])
+    log.info("precision: %s", precision)
     facts = training_facts(cfg, trainer_cfg, objective, model, optim)
     parallel = setup_distributed(distributed, facts)
     trainer_cfg["strategy"] = parallel.strategy

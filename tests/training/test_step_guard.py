@@ -132,7 +132,7 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
     for name, param in params.items():
         assert torch.isfinite(param).all() and torch.equal(param, weights[name]), name
     # Resumed, the run counts on from the checkpoint: its first step is the third in a row.
-    trainer, module, datamodule = build(cfg)
+    trainer, module, datamodule, _ = build(cfg)
     module.objective = NanFrom(module.objective, step=4)
     with pytest.raises(TrainingStopped, match=r"3 optimizer steps in a row .* step 6"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=last_path)

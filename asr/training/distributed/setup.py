@@ -85,6 +85,9 @@ def setup_distributed(config: DistributedConfig, facts: TrainingFacts) -> Distri
     if config.compression is not None:
         check_variance_freeze(config.compression, facts.first_full_loss_step)
         resolved["compression"] = {"clip_norm": config.compression.clip_norm}
+        if facts.gradient_clip_val:
+            clip_norm = config.compression.clip_norm
+            log.info("gradient clipping moves into the DGC hook: clip_norm=%s", clip_norm)
     if config.adascale is not None and facts.optim.kind != "sgd":
         raise ValueError("distributed.adascale is for momentum SGD: set optim=sgd_cosine")
     strategy = build_strategy(
