@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import csv
+import inspect
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-WORKER = Path(__file__).with_name("hook_worker.py")
-GOSSIP_WORKER = Path(__file__).with_name("gossip_worker.py")
+RANK_RUNNER = Path(__file__).with_name("rank_runner.py")
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -36,21 +39,16 @@ def _run_workers(commands: list[list[str]], timeout: float) -> None:
 
 
 def _run_ranks(
-    tmp_path: Path,
-    mode: str,
-    steps: int,
-    world: int = 2,
-    worker: Path = WORKER,
-    extra: tuple[str, ...] = (),
+    tmp_path: Path, scenario: Callable[..., dict], steps: int, world: int = 2, **params: Any
 ) -> list[dict]:
-    name = f"{worker.stem}-{mode}-{world}"
-    out = tmp_path / name
-    out.mkdir()
-    init = tmp_path / f"{name}.init"
-    command = [sys.executable, str(worker)]
+    out = Path(tempfile.mkdtemp(prefix=f"{scenario.__name__}-{world}-", dir=tmp_path))
+    init = out / "init"
+    source = inspect.getsourcefile(scenario)
+    command = [sys.executable, str(RANK_RUNNER)]
     _run_workers(
         [
-            [*command, str(r), str(world), str(init), str(out), mode, str(steps), *extra]
+            [*command, str(r), str(world), str(init), str(out), source, scenario.__name__]
+            + [str(steps), json.dumps(params)]
             for r in range(world)
         ],
         timeout=120,
@@ -60,20 +58,11 @@ def _run_ranks(
 
 @pytest.fixture
 def run_ranks() -> Callable[..., list[dict]]:
-    """`run_ranks(tmp_path, mode, steps, world=2)`: run hook_worker.py's `mode` on `world`
-    real processes over gloo (2 minutes at most) and return each rank's record."""
+    """`run_ranks(tmp_path, scenario, steps, world=2, **params)`: run the scenario function
+    `scenario(rank, world, out_dir, steps, **params)` (defined in a test module, `params`
+    JSON) on `world` real processes over gloo (2 minutes at most) and return each rank's
+    record."""
     return _run_ranks
-
-
-@pytest.fixture
-def run_gossip() -> Callable[..., list[dict]]:
-    """`run_gossip(tmp_path, mode, steps, world, lr)`: run gossip_worker.py's `mode` on
-    `world` real processes over gloo and return each rank's record."""
-
-    def run(tmp_path: Path, mode: str, steps: int, world: int, lr: float) -> list[dict]:
-        return _run_ranks(tmp_path, mode, steps, world, GOSSIP_WORKER, (str(lr),))
-
-    return run
 
 
 @pytest.fixture

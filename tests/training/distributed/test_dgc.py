@@ -3,21 +3,142 @@ nothing lost at high sparsity, momentum factor masking; and its config and sched
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from asr.config_keys import ConfigError, dataclass_from_keys
-from asr.training.distributed.savers.dgc import top_k_indices
+from asr.training.distributed.savers.dgc import dgc_hook, top_k_indices
 from asr.training.distributed.savers.dgc_adam import adam_step_bound, check_variance_freeze
 from asr.training.distributed.savers.dgc_state import AdamMoments, DGCConfig, DGCState
+
+# Scenarios: each runs on every rank (rank_runner.py, through the `run_ranks` fixture) and
+# returns what that rank saw; the tests below assert on the records.
+
+THREE_PARTS = [(700,), (300,), (1500,)]  # a bucket each (DDP buckets of 5 kB)
+ONE_PART = [(3000,)]
+
+
+def _hooked(shapes, config=None, momentum=0.0, adam=None, bucket_mb=0.005, rate=False):
+    """A DDP model of `shapes` with the DGC hook of `config` (none: DDP's own all-reduce);
+    with `rate`, a learning rate that changes every step, as a schedule's (0.1 x (step + 1))."""
+    from exchange import Vectors
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(Vectors(shapes), bucket_cap_mb=bucket_mb)
+    if config is None:
+        return model, None
+    sizes = [math.prod(shape) for shape in shapes]
+    state = DGCState(config, momentum=momentum, adam=adam, total_entries=sum(sizes))
+    if rate:
+        state.learning_rate = lambda: 0.1 * (state.step + 1)
+    model.register_comm_hook(state, dgc_hook)
+    return model, state
+
+
+def _exchange(rank: int, steps: int, shapes, config=None, scales=None, **hook) -> dict:
+    from exchange import record_exchange
+
+    model, state = _hooked(shapes, config, **hook)
+    return record_exchange(model, rank, steps, shapes, scales, state)
+
+
+def _sparse(sparsity: float = 0.9, **keys) -> DGCConfig:
+    """At 90 % (or `sparsity`) after 2 dense AdamW steps, no refresh, unless `keys` say."""
+    base = {"sparsity": sparsity, "variance_freeze_step": 2, "variance_refresh_steps": 0}
+    return DGCConfig(**{**base, **keys})
+
+
+def dense_ddp(rank: int, world: int, out_dir: Path, steps: int) -> dict:
+    return _exchange(rank, steps, THREE_PARTS)
+
+
+def dgc_sparsity_zero(rank: int, world: int, out_dir: Path, steps: int) -> dict:
+    return _exchange(rank, steps, THREE_PARTS, _sparse(0.0))
+
+
+def dgc_ninety_percent(rank: int, world: int, out_dir: Path, steps: int) -> dict:
+    return _exchange(rank, steps, ONE_PART, _sparse())
+
+
+def dgc_momentum_sgd(rank: int, world: int, out_dir: Path, steps: int) -> dict:
+    return _exchange(rank, steps, ONE_PART, _sparse(), momentum=0.9)
+
+
+def dgc_adamw_masked(rank: int, world: int, out_dir: Path, steps: int) -> dict:
+    """AdamW: 2 dense steps, then sparse ones with the first moment masked."""
+    return _exchange(rank, steps, ONE_PART, _sparse(), adam=AdamMoments())
+
+
+def dgc_mixed_tensors(rank: int, world: int, out_dir: Path, steps: int) -> dict:
+    """One bucket: a 30x100 matrix, a 10x100 matrix with gradients 1,000x smaller, a
+    vector; each tensor its own top-k, vectors whole."""
+    config = _sparse(selection="tensor", dense_vectors=True)
+    shapes, scales = [(30, 100), (10, 100), (50,)], [1.0, 1e-3, 1.0]
+    return _exchange(rank, steps, shapes, config, scales, bucket_mb=1.0)
+
+
+def dgc_adamw_unmasked(rank: int, world: int, out_dir: Path, steps: int, **keys) -> dict:
+    """AdamW's `frozen_variance` without masking (Adam exactly): 2 dense steps, then the
+    second moment frozen; `keys` of DGCConfig, `rate` for a changing learning rate."""
+    rate = keys.pop("rate", False)
+    config = _sparse(**{"momentum_masking": False, **keys})
+    return _exchange(rank, steps, ONE_PART, config, adam=AdamMoments(), rate=rate)
+
+
+def dgc_resumed(rank: int, world: int, out_dir: Path, steps: int, optimizer: str) -> dict:
+    """Exchanged gradients of `steps` steps of a DGC run on three buckets (DDP rebuilds
+    them after the first step), uninterrupted and with the hook state saved after half the
+    steps and restored into a new model and hook. Each tensor takes its own top-k
+    (`selection: tensor`): DDP's first step puts all three in one bucket (its 1 MB first
+    bucket) and its rebuilt buckets one in each, so a bucket-wide top-k in the resumed
+    run's first step would choose among other entries than the uninterrupted run's (then
+    the runs differ in what is sent when, though nothing is lost)."""
+    from exchange import exchanged, rank_gradients
+
+    from asr.training.distributed.savers.dgc_resume import load_rank_state, save_rank_state
+
+    config = DGCConfig(
+        sparsity=0.9, sample_fraction=0.1, selection="tensor", variance_freeze_step=2
+    )
+    hook = {"momentum": 0.9} if optimizer == "momentum" else {"adam": AdamMoments()}
+
+    def hooked():
+        return _hooked(THREE_PARTS, config, rate=True, **hook)
+
+    def run(model, first: int, last: int) -> list[torch.Tensor]:
+        return [exchanged(model, rank_gradients(THREE_PARTS, t, rank)) for t in range(first, last)]
+
+    half = steps // 2
+    uninterrupted = run(hooked()[0], 0, steps)
+    model, state = hooked()
+    before = run(model, 0, half)
+    names = {p.data_ptr(): n for n, p in model.module.named_parameters()}
+    checkpoint = out_dir / "last.ckpt"
+    save_rank_state(state, names, checkpoint, half, rank, world)
+    model, state = hooked()
+    addresses = {n: p.data_ptr() for n, p in model.module.named_parameters()}
+    restored = load_rank_state(state, addresses, checkpoint, half, rank, world)
+    after = run(model, half, steps)
+    refused = [  # another step, another number of processes, no file: start at zero
+        load_rank_state(hooked()[1], addresses, checkpoint, half + 1, rank, world),
+        load_rank_state(hooked()[1], addresses, checkpoint, half, rank, world + 1),
+        load_rank_state(hooked()[1], addresses, out_dir / "best.ckpt", half, rank, world),
+    ]
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": before + after,
+        "restored": [restored],
+        "refused": refused,
+    }
 
 
 @pytest.mark.slow  # real processes over gloo
 def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path: Path) -> None:
-    dense = run_ranks(tmp_path, "dense", steps=3)
-    dgc = run_ranks(tmp_path, "dgc0-multi", steps=3)
+    dense = run_ranks(tmp_path, dense_ddp, steps=3)
+    dgc = run_ranks(tmp_path, dgc_sparsity_zero, steps=3)
     for rank in range(2):
         for step in range(3):
             assert torch.equal(dgc[rank]["exchanged"][step], dense[rank]["exchanged"][step])
@@ -28,7 +149,7 @@ def test_sparsity_zero_gives_exactly_ddps_averaged_gradient(run_ranks, tmp_path:
 @pytest.mark.slow  # real processes over gloo
 def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path) -> None:
     steps = 6
-    ranks = run_ranks(tmp_path, "dgc", steps=steps)
+    ranks = run_ranks(tmp_path, dgc_ninety_percent, steps=steps)
     sent_total = sum(2 * ranks[0]["exchanged"][t] for t in range(steps))  # summed over ranks
     local_total = sum(r["local"][t] for r in ranks for t in range(steps))
     residual_total = sum(r["residual"][0] for r in ranks)
@@ -43,12 +164,12 @@ def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path
 
 
 @pytest.mark.slow  # real processes over gloo
-@pytest.mark.parametrize("mode", ["dgc-momentum", "dgc-frozen-masked"])
+@pytest.mark.parametrize("scenario", [dgc_momentum_sgd, dgc_adamw_masked])
 def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
-    run_ranks, tmp_path: Path, mode: str
+    run_ranks, tmp_path: Path, scenario
 ) -> None:
     # SGD's velocity, or AdamW's first moment (2 dense steps, then 2 sparse ones)
-    ranks = run_ranks(tmp_path, mode, steps=4)
+    ranks = run_ranks(tmp_path, scenario, steps=4)
     for rank in ranks:
         assert rank["masked"] and all(m == (0.0, 0.0) for m in rank["masked"])
         residual = rank["residual"][0]
@@ -61,7 +182,7 @@ def test_momentum_factor_masking_clears_exactly_the_sent_coordinates(
 def test_every_tensor_sends_its_own_top_k_and_vectors_go_whole(run_ranks, tmp_path: Path) -> None:
     # one bucket: a 30x100 matrix, a 10x100 matrix with gradients 1,000x smaller, a vector
     steps = 4
-    ranks = run_ranks(tmp_path, "dgc-mixed", steps=steps)
+    ranks = run_ranks(tmp_path, dgc_mixed_tensors, steps=steps)
     layout = ranks[0]["layout"]
     sizes = sorted(size for _, size in layout["segments"])
     assert sizes == [1000, 3000] and len(layout["dense"]) == 50
@@ -142,7 +263,7 @@ def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
     run_ranks, tmp_path: Path
 ) -> None:
     steps, freeze = 6, 2
-    exact = run_ranks(tmp_path, "dgc-frozen0", steps=steps)
+    exact = run_ranks(tmp_path, dgc_adamw_unmasked, steps=steps, sparsity=0.0)
     local = [rank["local"] for rank in exact]
     mean = [(local[0][t] + local[1][t]) / 2 for t in range(steps)]
     expected = _frozen_variance_directions(local, freeze)
@@ -162,7 +283,7 @@ def test_frozen_variance_is_dense_adamw_then_linear_and_loses_nothing(
     assert 0 < int((~inside).sum()) < inside.numel() // 4  # v from 2 steps: often small
     # at 90 % after the dense steps, with a rate 0.1 x (step + 1): what the optimizer
     # applies (rate x exchanged) plus what waits is every step's frozen-variance update
-    sparse = run_ranks(tmp_path, "dgc-frozen", steps=steps)
+    sparse = run_ranks(tmp_path, dgc_adamw_unmasked, steps=steps, rate=True)
     rates = [0.1 * (t + 1) for t in range(steps)]
     directions = _frozen_variance_directions([rank["local"] for rank in sparse], freeze)
     updates = sum(2 * r * d for r, d in zip(rates, directions, strict=True))
@@ -180,7 +301,7 @@ def test_frozen_variance_is_refreshed_from_the_ranks_local_moments(
     # dense AdamW for 2 steps, then sparse; the second moment refreshed every 2 sparse steps
     # (at steps 4 and 6) from each rank's unmasked moments of its own gradients
     steps = 7
-    ranks = run_ranks(tmp_path, "dgc-frozen-refresh", steps=steps)
+    ranks = run_ranks(tmp_path, dgc_adamw_unmasked, steps=steps, variance_refresh_steps=2)
     local = [rank["local"] for rank in ranks]
     first, second = torch.zeros_like(local[0][0]), torch.zeros_like(local[0][0])
     for t in range(2):  # the dense steps: moments of the mean gradient
@@ -205,14 +326,14 @@ def test_frozen_variance_is_refreshed_from_the_ranks_local_moments(
 
 
 @pytest.mark.slow  # real processes over gloo
-@pytest.mark.parametrize("mode", ["resume-adam", "resume-momentum"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
 def test_a_resumed_hook_exchanges_what_the_uninterrupted_one_does(
-    run_ranks, tmp_path: Path, mode: str
+    run_ranks, tmp_path: Path, optimizer: str
 ) -> None:
     # the residual, the velocity or Adam's moments and step, the hook's step and its
     # sampling generator, saved per parameter after 3 of 8 steps and read back into a new
     # model whose buckets DDP rebuilds again
-    ranks = run_ranks(tmp_path, mode, steps=8)
+    ranks = run_ranks(tmp_path, dgc_resumed, steps=8, optimizer=optimizer)
     for rank in ranks:
         assert rank["restored"] == [True] and rank["refused"] == [False, False, False]
         for resumed, uninterrupted in zip(rank["resumed"], rank["uninterrupted"], strict=True):

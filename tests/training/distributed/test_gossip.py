@@ -10,19 +10,66 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.training.distributed.savers.gossip import GossipConfig, askers_of, peer_of, random_ring
+from asr.training.distributed.savers.gossip import (
+    Gossip,
+    GossipConfig,
+    askers_of,
+    peer_of,
+    random_ring,
+)
 
 STRATEGY_WORKER = Path(__file__).with_name("strategy_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def gossip_replicas(rank: int, world: int, out_dir: Path, steps: int, lr: float, **keys) -> dict:
+    """Scenario (run on every rank by `run_ranks`): replicas of a 16-entry weight vector,
+    each rank starting from its own random weights and pulled towards its own target by
+    `lr` x (w - target) per step, averaged with peers by `Gossip` of GossipConfig `keys`.
+    With `delay_by_one` the passive ranks do not train, so the run is deterministic
+    whatever the timing; `synchronous` is deterministic too."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    group, average_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    weights = torch.randn(16, generator=torch.Generator().manual_seed(rank))
+    target = torch.randn(16, generator=torch.Generator().manual_seed(100 + rank))
+    config = GossipConfig(**keys)
+    gossip = Gossip([weights], config, list(range(world)), group, average_group)
+    trains = lr > 0 and not (config.delay_by_one and not gossip.active)
+    record: dict[str, list] = {"start": [weights.clone()], "after_step": [], "spread": []}
+    applied = torch.zeros_like(weights)  # the sum of this rank's own updates
+    for step in range(steps):
+        if trains:
+            with gossip.lock:
+                update = -lr * (weights - target)
+                weights += update
+                applied += update
+        gossip.after_step()
+        record["after_step"].append(weights.clone())
+        if step % 10 == 9 and not config.delay_by_one:
+            record["spread"].append(gossip.average(write=False))
+    gossip.close()
+    return {
+        **record,
+        "exchanges": gossip.exchanges,
+        "active": gossip.active,
+        "target": target,
+        "applied": applied,
+        "spread_before_consensus": gossip.average(write=True),
+        "consensus": weights.clone(),
+    }
 
 
 @pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 @pytest.mark.parametrize("ring", ["fixed", "random"])
 def test_training_replicas_never_deadlock_and_lose_no_update(
-    run_gossip, tmp_path: Path, world: int, ring: str
+    run_ranks, tmp_path: Path, world: int, ring: str
 ) -> None:
-    ranks = run_gossip(tmp_path, ring, steps=30, world=world, lr=0.05)  # a hang fails in 2 min
+    ranks = run_ranks(
+        tmp_path, gossip_replicas, 30, world, lr=0.05, ring=ring
+    )  # a hang fails in 2 min
     actives = [r for r in ranks if r["active"]]
     passives = [r for r in ranks if not r["active"]]
     assert len(actives) == (world + 1) // 2
@@ -42,8 +89,8 @@ def test_training_replicas_never_deadlock_and_lose_no_update(
 
 @pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("world", [2, 4, 5])
-def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: int) -> None:
-    ranks = run_gossip(tmp_path, "random", steps=60, world=world, lr=0.0)
+def test_pure_gossip_converges_to_the_mean(run_ranks, tmp_path: Path, world: int) -> None:
+    ranks = run_ranks(tmp_path, gossip_replicas, 60, world, lr=0.0, ring="random")
     start_mean = sum(r["start"][0] for r in ranks) / world
     spreads = ranks[0]["spread"]  # after 10, 20, ... 60 steps
     # the spread shrinks at every measurement until float32 rounding (~1e-7 here) is all
@@ -60,12 +107,12 @@ def test_pure_gossip_converges_to_the_mean(run_gossip, tmp_path: Path, world: in
 @pytest.mark.slow  # real processes over gloo
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_synchronous_gossip_averages_the_weights_after_the_same_step(
-    run_gossip, tmp_path: Path, world: int
+    run_ranks, tmp_path: Path, world: int
 ) -> None:
     # every rank trains; each average is of both sides' weights after the same step, the
     # passives answering their actives in rank order: a replay is exact whatever the timing
     lr, steps = 0.1, 12
-    ranks = run_gossip(tmp_path, "sync", steps=steps, world=world, lr=lr)
+    ranks = run_ranks(tmp_path, gossip_replicas, steps, world, lr=lr, synchronous=True)
     config = GossipConfig(ring="fixed", synchronous=True)
     w = [r["start"][0].clone() for r in ranks]
     for t in range(steps):
@@ -87,9 +134,9 @@ def test_synchronous_gossip_averages_the_weights_after_the_same_step(
 
 
 @pytest.mark.slow  # real processes over gloo
-def test_delay_by_one_applies_each_average_one_step_late(run_gossip, tmp_path: Path) -> None:
+def test_delay_by_one_applies_each_average_one_step_late(run_ranks, tmp_path: Path) -> None:
     lr, steps = 0.1, 8
-    active, passive = run_gossip(tmp_path, "delay", steps=steps, world=2, lr=lr)
+    active, passive = run_ranks(tmp_path, gossip_replicas, steps, 2, lr=lr, delay_by_one=True)
     assert active["active"] and not passive["active"]
     # the passive does not train, so it changes only by the averages: replay both sides
     a, p, target = active["start"][0], passive["start"][0], active["target"]
