@@ -1,0 +1,132 @@
+"""Do two commits train the same weights? Trains a preset for a few optimizer steps with
+the code of each commit (a git worktree each, the same Python environment, corpus, batch
+sizes and seed) and compares the checkpoints tensor by tensor. Prints JSON; exits 1 when
+any tensor differs.
+
+    python scripts/compare_weights.py --before 73b5e54 [--after HEAD] [--steps 50] \
+        [--work exp/compare_weights] [-- OVERRIDE...]
+
+The corpus is a small demo corpus (`--train-hours`, default 0.15) made by the demo recipe's
+stages 0-5 under WORK/data (made once, kept). Training uses one CPU thread and no data
+loader workers, so that the arithmetic is the same in both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prepare_corpus(work: Path, experiment: str, train_hours: float) -> tuple[Path, Path]:
+    """The demo recipe's corpus, manifests, tokenizer, features, bins and batch sizes."""
+    data, exp = work / "data", work / "prepare"
+    env = {
+        **os.environ,
+        "DATA": str(data),
+        "EXP": str(exp),
+        "EXPERIMENT": experiment,
+        "TRAIN_HOURS": str(train_hours),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    script = ROOT / "recipes/demo/run.sh"
+    subprocess.run([str(script), "--stop-stage", "batch-sizes"], env=env, cwd=ROOT, check=True)
+    return data, exp / "batch_sizes.yaml"
+
+
+def worktree(work: Path, revision: str) -> tuple[Path, str]:
+    """A detached worktree of `revision` under WORK (made once) and its full commit id."""
+    commit = subprocess.run(
+        ["git", "rev-parse", revision], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tree = work / f"tree-{commit[:10]}"
+    if not tree.exists():
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True
+        )
+    return tree, commit
+
+
+def train(tree: Path, run_dir: Path, data: Path, batch_sizes: Path, args, overrides) -> dict:
+    """`asr-train` of the worktree's code (its package and configs) for `args.steps` steps."""
+    command = [
+        sys.executable,
+        "-m",
+        "asr.training.train",
+        f"experiment={args.experiment}",
+        f"data_dir={data.resolve()}",
+        f"exp_dir={run_dir.resolve()}",
+        f"data.sampler.bins_file={batch_sizes.resolve()}",
+        f"trainer.max_steps={args.steps}",
+        "data.num_workers=0",
+        "resume=false",
+        "run_test=false",
+        "logger=csv",
+        *overrides,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    shutil.rmtree(run_dir, ignore_errors=True)  # no resume, no last-v1.ckpt
+    start = time.monotonic()
+    subprocess.run(command, env=env, cwd=tree, check=True)
+    return {"seconds": round(time.monotonic() - start, 1)}
+
+
+def compare(before: Path, after: Path) -> dict:
+    """Tensor-by-tensor comparison of two Lightning checkpoints' state dicts."""
+    a = torch.load(before, map_location="cpu", weights_only=False)
+    b = torch.load(after, map_location="cpu", weights_only=False)
+    sa, sb = a["state_dict"], b["state_dict"]
+    shared = sorted(set(sa) & set(sb))
+    differing = [k for k in shared if not torch.equal(sa[k], sb[k])]
+    largest = max(
+        (float((sa[k].double() - sb[k].double()).abs().max()) for k in differing), default=0.0
+    )
+    return {
+        "global_step": [a["global_step"], b["global_step"]],
+        "tensors": len(shared),
+        "only_before": sorted(set(sa) - set(sb)),
+        "only_after": sorted(set(sb) - set(sa)),
+        "differing": differing,
+        "largest_difference": largest,
+        "identical": not differing and set(sa) == set(sb),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="a commit, tag or branch")
+    parser.add_argument("--after", default="HEAD")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--experiment", default="demo")
+    parser.add_argument("--train-hours", type=float, default=0.15)
+    parser.add_argument("--work", type=Path, default=ROOT / "exp/compare_weights")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    data, batch_sizes = prepare_corpus(args.work, args.experiment, args.train_hours)
+    result: dict = {"experiment": args.experiment, "steps": args.steps, "overrides": args.overrides}
+    checkpoints = []
+    for side in ("before", "after"):
+        tree, commit = worktree(args.work, getattr(args, side))
+        run_dir = args.work / f"run-{commit[:10]}"
+        result[side] = {
+            "commit": commit,
+            **train(tree, run_dir, data, batch_sizes, args, args.overrides),
+        }
+        checkpoints.append(run_dir / "checkpoints/last.ckpt")
+    result.update(compare(*checkpoints))
+    print(json.dumps(result))
+    sys.exit(0 if result["identical"] else 1)
+
+
+if __name__ == "__main__":
+    main()
