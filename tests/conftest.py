@@ -17,7 +17,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from asr.data.corpus import cuts_path, prepare_manifests
+from asr.data.corpus import CorpusDir, prepare_manifests
 from asr.data.features import precompute_features
 from asr.data.tokenizer import Tokenizer, train_tokenizer
 from asr.demo.synth import make_demo_corpus
@@ -29,51 +29,21 @@ VOCAB_SIZE = 64
 TRAIN, DEV, TEST = "train-clean-100", "dev-clean", "test-clean"
 
 
-@dataclass(frozen=True)
-class TinyCorpus:
-    """`root` is a `data_dir` as the configs expect it: LibriSpeech/, manifests/, tokenizer/."""
-
-    root: Path
-
-    @property
-    def librispeech(self) -> Path:
-        return self.root / "LibriSpeech"
-
-    @property
-    def manifests(self) -> Path:
-        return self.root / "manifests"
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.root / "tokenizer" / f"bpe{VOCAB_SIZE}.model"
-
-    def cuts(self, part: str) -> Path:
-        return cuts_path(self.manifests, part)
-
-    def transcripts(self, part: str) -> dict[str, str]:
-        """Utterance id -> transcript, read from the corpus' *.trans.txt files."""
-        lines = {}
-        for path in sorted((self.librispeech / part).rglob("*.trans.txt")):
-            for line in path.read_text().splitlines():
-                utt_id, _, text = line.partition(" ")
-                lines[utt_id] = text
-        return lines
+TinyCorpus = CorpusDir  # the tiny corpus of the tests: VOCAB_SIZE pieces
 
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> TinyCorpus:
-    corpus = TinyCorpus(tmp_path_factory.mktemp("tiny_corpus"))
+    corpus = CorpusDir(tmp_path_factory.mktemp("tiny_corpus"), VOCAB_SIZE)
     make_demo_corpus(corpus.root, **TINY_CORPUS, num_jobs=2)
     prepare_manifests(corpus.librispeech, corpus.manifests)
-    train_tokenizer(
-        corpus.transcripts(TRAIN).values(), corpus.tokenizer_path, vocab_size=VOCAB_SIZE
-    )
+    train_tokenizer(corpus.transcripts(TRAIN).values(), corpus.tokenizer, vocab_size=VOCAB_SIZE)
     return corpus
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_corpus: TinyCorpus) -> Tokenizer:
-    return Tokenizer.load(tiny_corpus.tokenizer_path)
+    return Tokenizer.load(tiny_corpus.tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +90,7 @@ def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") 
     return [
         f"data_dir={corpus.root}",
         f"exp_dir={exp_dir}",
-        f"data.tokenizer={corpus.tokenizer_path}",
+        f"data.tokenizer={corpus.tokenizer}",
         "logger=csv",
         "trainer.accelerator=cpu",
         "trainer.devices=1",

@@ -54,6 +54,39 @@ def cuts_path(manifest_dir: str | Path, part: str) -> Path:
     return Path(manifest_dir) / f"{PREFIX}_cuts_{part}.jsonl.gz"
 
 
+@dataclass(frozen=True)
+class CorpusDir:
+    """A `data_dir` as the configs expect it: `LibriSpeech/` (the audio and `*.trans.txt`
+    files), `manifests/` and `tokenizer/bpe<vocab_size>.model`."""
+
+    root: Path
+    vocab_size: int
+
+    @property
+    def librispeech(self) -> Path:
+        return self.root / "LibriSpeech"
+
+    @property
+    def manifests(self) -> Path:
+        return self.root / "manifests"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer" / f"bpe{self.vocab_size}.model"
+
+    def cuts(self, part: str) -> Path:
+        return cuts_path(self.manifests, part)
+
+    def transcripts(self, part: str) -> dict[str, str]:
+        """Utterance id -> transcript, read from the part's `*.trans.txt` files."""
+        lines = {}
+        for path in sorted((self.librispeech / part).rglob("*.trans.txt")):
+            for line in path.read_text().splitlines():
+                utt_id, _, text = line.partition(" ")
+                lines[utt_id] = text
+        return lines
+
+
 def load_cuts(path: str | Path) -> CutSet:
     """Open a CutSet manifest lazily, with an error naming the stage that makes it."""
     path = Path(path)

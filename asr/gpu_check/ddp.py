@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from asr.data.corpus import load_cuts
-from asr.gpu_check.noise_corpus import DEV, TRAIN, NoiseCorpus, make_noise_corpus
+from asr.data.corpus import CorpusDir, load_cuts
+from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import SECTIONS
 
@@ -98,7 +98,7 @@ def device_overrides(device: str) -> tuple[str, ...]:
     return ("trainer.accelerator=cpu", "trainer.precision=auto", "distributed.cpu_threads=1")
 
 
-def train_overrides(corpus: NoiseCorpus, exp_dir: Path, device: str) -> list[str]:
+def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
     """The overrides both runs share: the tiny model on the noise corpus (features from the
     audio, not stored), 1-process DDP, `MAX_STEPS` steps, CSV metrics of every step."""
     return [
@@ -278,7 +278,7 @@ def ended(runs: list[Started], deadline: float) -> Iterator[Started]:
 
 
 def start_run(
-    train_run: TrainRun, corpus: NoiseCorpus, options: SectionOptions, port: int
+    train_run: TrainRun, corpus: CorpusDir, options: SectionOptions, port: int
 ) -> Started:
     """`asr-train` with `train_run`'s overrides, its output in WORK/<name>.log."""
     work = Path(options.work_dir)

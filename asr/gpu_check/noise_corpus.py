@@ -10,13 +10,12 @@ espeak-ng nor the network: the GPU machines have neither.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
-from asr.data.corpus import cuts_path, prepare_manifests
+from asr.data.corpus import CorpusDir, prepare_manifests
 from asr.data.tokenizer import train_tokenizer
 from asr.demo.lexicon import ADJECTIVES, ANIMALS, PEOPLE, PLACES, THINGS
 
@@ -28,29 +27,6 @@ NOISE_STD = 0.01  # about -40 dBFS: no digital silence at the log-mel floor
 UTTERANCES_PER_CHAPTER = 6
 
 
-@dataclass(frozen=True)
-class NoiseCorpus:
-    """`root` is a `data_dir` as the configs expect it: LibriSpeech/, manifests/, tokenizer/."""
-
-    root: Path
-    vocab_size: int
-
-    @property
-    def librispeech(self) -> Path:
-        return self.root / "LibriSpeech"
-
-    @property
-    def manifests(self) -> Path:
-        return self.root / "manifests"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.root / "tokenizer" / f"bpe{self.vocab_size}.model"
-
-    def cuts(self, part: str) -> Path:
-        return cuts_path(self.manifests, part)
-
-
 def make_noise_corpus(
     root: Path,
     *,
@@ -60,11 +36,11 @@ def make_noise_corpus(
     max_seconds: float = 4.0,
     vocab_size: int = 64,
     seed: int = 0,
-) -> NoiseCorpus:
+) -> CorpusDir:
     """Write `train` and `dev` utterances of `min_seconds`..`max_seconds` of noise (FLAC,
     16 kHz) under `root/LibriSpeech`, their manifests and a BPE tokenizer of `vocab_size`
     pieces trained on the training transcripts. Same seed, same corpus."""
-    corpus = NoiseCorpus(Path(root), vocab_size)
+    corpus = CorpusDir(Path(root), vocab_size)
     rng = random.Random(seed)
     noise = np.random.default_rng(seed)
     texts: dict[str, list[str]] = {}

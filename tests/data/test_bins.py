@@ -24,7 +24,7 @@ PLANTED = 6
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_corpus) -> Tokenizer:
-    return Tokenizer.load(tiny_corpus.tokenizer_path)
+    return Tokenizer.load(tiny_corpus.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_cli_writes_a_bins_file_the_sampler_reads(tmp_path, cuts_with_outliers, 
     manifest = tmp_path / "cuts.jsonl.gz"
     cuts.to_file(manifest)
     out = tmp_path / "bins.yaml"
-    args = [str(manifest), "--tokenizer", str(tiny_corpus.tokenizer_path), "--num-buckets", "5"]
+    args = [str(manifest), "--tokenizer", str(tiny_corpus.tokenizer), "--num-buckets", "5"]
     main([*args, "--num-token-buckets", "2", "-o", str(out)])
     keys = yaml.safe_load(out.read_text())
     assert len(keys["bucket_duration_bins"]) == len(keys["max_tps"]) <= 10

@@ -15,7 +15,7 @@ def datamodule(tiny_corpus) -> AsrDataModule:
         train_cuts=[str(tiny_corpus.cuts(TRAIN))],
         valid_cuts=[str(tiny_corpus.cuts(DEV))],
         test_cuts=[str(tiny_corpus.cuts(TEST))],
-        tokenizer=str(tiny_corpus.tokenizer_path),
+        tokenizer=str(tiny_corpus.tokenizer),
         sampler=SAMPLER,
         valid_max_duration=60,
         num_workers=0,
@@ -97,14 +97,14 @@ def test_no_test_cuts_is_an_error(tiny_corpus) -> None:
     dm = AsrDataModule(
         train_cuts=[str(tiny_corpus.cuts(TRAIN))],
         valid_cuts=[str(tiny_corpus.cuts(DEV))],
-        tokenizer=str(tiny_corpus.tokenizer_path),
+        tokenizer=str(tiny_corpus.tokenizer),
     )
     with pytest.raises(ValueError, match="data.test_cuts is empty"):
         dm.test_dataloader()
 
 
 def test_bad_settings_fail_at_construction(tiny_corpus) -> None:
-    paths = {"train_cuts": [], "valid_cuts": [], "tokenizer": str(tiny_corpus.tokenizer_path)}
+    paths = {"train_cuts": [], "valid_cuts": [], "tokenizer": str(tiny_corpus.tokenizer)}
     with pytest.raises(ValueError, match="data.features.source .* got 'stored'"):
         AsrDataModule(**paths, features={"source": "stored"})
     with pytest.raises(ValueError, match="unknown config key data.sampler.max_seconds"):

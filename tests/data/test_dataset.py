@@ -78,7 +78,7 @@ def test_spec_augment_only_in_training(tiny_corpus, dev_cuts: CutSet, tokenizer)
     dm = AsrDataModule(
         train_cuts=[manifest],
         valid_cuts=[manifest],
-        tokenizer=str(tiny_corpus.tokenizer_path),
+        tokenizer=str(tiny_corpus.tokenizer),
         spec_augment={"num_frame_masks": 2, "frames_mask_size": 20, "p": 1.0},
         sampler={"max_duration": 10, "max_cut_duration": 10, "num_buckets": 2},
         valid_max_duration=10,

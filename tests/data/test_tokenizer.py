@@ -40,7 +40,7 @@ def test_unknown_character_maps_to_unk(tokenizer: Tokenizer) -> None:
 
 def test_bytes_round_trip_and_load(tiny_corpus, tokenizer: Tokenizer) -> None:
     again = Tokenizer.from_bytes(tokenizer.to_bytes())
-    loaded = Tokenizer.load(tiny_corpus.tokenizer_path)
+    loaded = Tokenizer.load(tiny_corpus.tokenizer)
     text = next(iter(tiny_corpus.transcripts(DEV).values()))
     assert again.encode(text) == loaded.encode(text) == tokenizer.encode(text)
 

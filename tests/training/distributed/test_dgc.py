@@ -17,6 +17,7 @@ from asr.training.distributed.savers.dgc_state import AdamMoments, DGCConfig, DG
 # Scenarios: each runs on every rank (rank_runner.py, through the `run_ranks` fixture) and
 # returns what that rank saw; the tests below assert on the records.
 
+ADAM = AdamMoments(0.9, 0.98, 1e-8)  # the moments _adam_directions computes with
 THREE_PARTS = [(700,), (300,), (1500,)]  # a bucket each (DDP buckets of 5 kB)
 ONE_PART = [(3000,)]
 
@@ -69,7 +70,7 @@ def dgc_momentum_sgd(rank: int, world: int, out_dir: Path, steps: int) -> dict:
 
 def dgc_adamw_masked(rank: int, world: int, out_dir: Path, steps: int) -> dict:
     """AdamW: 2 dense steps, then sparse ones with the first moment masked."""
-    return _exchange(rank, steps, ONE_PART, _sparse(), adam=AdamMoments())
+    return _exchange(rank, steps, ONE_PART, _sparse(), adam=ADAM)
 
 
 def dgc_mixed_tensors(rank: int, world: int, out_dir: Path, steps: int) -> dict:
@@ -85,7 +86,7 @@ def dgc_adamw_unmasked(rank: int, world: int, out_dir: Path, steps: int, **keys)
     second moment frozen; `keys` of DGCConfig, `rate` for a changing learning rate."""
     rate = keys.pop("rate", False)
     config = _sparse(**{"momentum_masking": False, **keys})
-    return _exchange(rank, steps, ONE_PART, config, adam=AdamMoments(), rate=rate)
+    return _exchange(rank, steps, ONE_PART, config, adam=ADAM, rate=rate)
 
 
 def dgc_resumed(rank: int, world: int, out_dir: Path, steps: int, optimizer: str) -> dict:
@@ -103,7 +104,7 @@ def dgc_resumed(rank: int, world: int, out_dir: Path, steps: int, optimizer: str
     config = DGCConfig(
         sparsity=0.9, sample_fraction=0.1, selection="tensor", variance_freeze_step=2
     )
-    hook = {"momentum": 0.9} if optimizer == "momentum" else {"adam": AdamMoments()}
+    hook = {"momentum": 0.9} if optimizer == "momentum" else {"adam": ADAM}
 
     def hooked():
         return _hooked(THREE_PARTS, config, rate=True, **hook)
@@ -237,7 +238,7 @@ def _frozen_variance_directions(
     """Per step, the ranks' mean of `frozen_variance`'s directions for their gradient
     sequences `local` (betas 0.9, 0.98): AdamW on the mean gradient for `freeze` steps, then
     each rank's own first moment over the frozen second moment, clamped to Adam's bound."""
-    bound = adam_step_bound(AdamMoments())
+    bound = adam_step_bound(ADAM)
     first, second = torch.zeros_like(local[0][0]), torch.zeros_like(local[0][0])
     out = []
     for t in range(freeze):
@@ -343,7 +344,7 @@ def test_a_resumed_hook_exchanges_what_the_uninterrupted_one_does(
 
 
 def test_adams_own_directions_stay_within_the_clamp_bound() -> None:
-    bound = adam_step_bound(AdamMoments())
+    bound = adam_step_bound(ADAM)
     assert bound == pytest.approx(1.698, abs=1e-3)
     # heavy-tailed gradients, and the sequence that reaches the bound (g_k ~ (b1 / b2)^k
     # backwards from the last step): AdamW's bias-corrected direction never exceeds it
@@ -373,7 +374,7 @@ def test_warm_up_schedule_and_config_checks() -> None:
     assert DGCConfig().sparsity_at(0) == DGCConfig().sparsity  # no warm-up by default
     frozen = DGCState(
         DGCConfig(sparsity=0.999, variance_freeze_step=5, warmup_steps=10),
-        adam=AdamMoments(),
+        adam=ADAM,
     )
     phases = []
     for step, dense_from in ((0, 0), (4, 0), (5, 0), (44, 0), (45, 0), (50, 48), (53, 48)):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -111,6 +112,13 @@ def adascale_hook(state: AdaScaleState, bucket: dist.GradBucket) -> torch.future
     return work.get_future().then(done)
 
 
+@runtime_checkable
+class KnowsRunLength(Protocol):
+    """A module that knows its run's optimizer steps (AsrLitModule); None: unknown."""
+
+    total_steps: int | None
+
+
 class AdaScaleLearningRate(Callback):
     """Sets each step's learning rate to gain x peak x schedule(progress), advances the
     progress by the gain, logs both, and stops the run when the schedule is done. The
@@ -129,7 +137,7 @@ class AdaScaleLearningRate(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.peak = [group.get("initial_lr", group["lr"]) for group in _groups(trainer)]
-        run_steps = getattr(pl_module, "total_steps", None)  # AsrLitModule's; None: unknown
+        run_steps = pl_module.total_steps if isinstance(pl_module, KnowsRunLength) else None
         self.total_steps = run_steps * self.world_size if run_steps else None
         if self.scheduler is not None:
             self.schedule = schedule_function(self.scheduler, self.total_steps)

@@ -162,11 +162,12 @@ STATE_KINDS = ("residual", "velocity", "second_moment", "local_first", "local_se
 
 @dataclass(frozen=True)
 class AdamMoments:
-    """AdamW's `betas` and `eps`, for the moments the hook keeps in AdamW runs."""
+    """AdamW's `betas` and `eps`, for the moments the hook keeps in AdamW runs: the run's
+    optimizer config gives them (`optim.betas`, `optim.eps`; no defaults of its own)."""
 
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-8
+    beta1: float
+    beta2: float
+    eps: float
 
 
 @dataclass
