@@ -14,6 +14,8 @@ loader workers, so that the arithmetic is the same in both runs.
 from __future__ import annotations
 
 import argparse
+import csv
+import hashlib
 import json
 import os
 import shutil
@@ -77,7 +79,17 @@ def train(tree: Path, run_dir: Path, data: Path, batch_sizes: Path, args, overri
     shutil.rmtree(run_dir, ignore_errors=True)  # no resume, no last-v1.ckpt
     start = time.monotonic()
     subprocess.run(command, env=env, cwd=tree, check=True)
-    return {"seconds": round(time.monotonic() - start, 1)}
+    seconds = round(time.monotonic() - start, 1)
+    return {"seconds": seconds, "logged_groups": logged_groups(run_dir)}
+
+
+def logged_groups(run_dir: Path) -> list[str]:
+    """The metric groups the run logged (`train`, `dgc`, ...): shows what ran."""
+    names = set()
+    for path in run_dir.glob("csv/version_*/metrics.csv"):
+        with open(path) as f:
+            names.update(next(csv.reader(f)))
+    return sorted({name.split("/")[0] for name in names if "/" in name})
 
 
 def compare(before: Path, after: Path) -> dict:
@@ -117,7 +129,8 @@ def main() -> None:
     checkpoints = []
     for side in ("before", "after"):
         tree, commit = worktree(args.work, getattr(args, side))
-        run_dir = args.work / f"run-{commit[:10]}"
+        tag = hashlib.sha256(" ".join(args.overrides).encode()).hexdigest()[:8]
+        run_dir = args.work / f"run-{commit[:10]}-{tag}"
         result[side] = {
             "commit": commit,
             **train(tree, run_dir, data, batch_sizes, args, args.overrides),
