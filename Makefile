@@ -21,10 +21,10 @@ demo: $(STAMP)
 
 ## The whole test suite (slow tests included: a few minutes).
 test: $(STAMP)
-	pytest -q --durations=15
+	pytest -q -n 2 --durations=15
 
 test-fast: $(STAMP)
-	pytest -q -m "not slow" --durations=15
+	pytest -q -n 2 -m "not slow" --durations=15
 
 ## Transducer-loss benchmark: time and peak memory, one JSON line per case (a few minutes).
 bench: $(STAMP)

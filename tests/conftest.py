@@ -8,6 +8,7 @@ need to damage data work on copies, never on these.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,29 @@ from asr.data.features import precompute_features
 from asr.data.tokenizer import Tokenizer, train_tokenizer
 from asr.demo.synth import make_demo_corpus
 from asr.training.train import CONFIG_DIR
+
+# `make test` runs two pytest-xdist workers (one per core). Each test file goes whole to one
+# worker (its module fixtures are built once), and the tests that start several ranks at
+# once all go to the same one, one file after another, so that at most one multi-process
+# test runs beside one single-process test.
+RANK_TESTS = "tests/training/distributed/"
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker, its commands included
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduling with a scope per file, the multi-process files one scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesRanksTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return RANK_TESTS if path.startswith(RANK_TESTS) else path
+
+    return FilesRanksTogether(config, log)
+
 
 # ~30 training, ~11 dev and ~14 test utterances of ~3.5 s: built in a few seconds.
 TINY_CORPUS = {"train_hours": 0.03, "dev_minutes": 0.5, "test_minutes": 0.8, "seed": 0}

@@ -83,15 +83,10 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
             assert f"| {part} | {search} | {wer['wer']:.2f} |" in results
     assert "![training curves](training.png)" in results
     assert (exp / "training.png").stat().st_size > 10_000 and (exp / "bins.png").is_file()
-    # stored features instead of on-the-fly ones, without speed perturbation (the batch
-    # sizes of the first run reused: the search is the slowest stage here)
-    feats_exp = tmp_path / "exp_feats"
-    feats_exp.mkdir()
-    (feats_exp / "batch_sizes.yaml").write_text((exp / "batch_sizes.yaml").read_text())
-    env |= {"FEATURES": "precomputed", "SPEED_PERTURB": "0", "EXP": str(feats_exp)}
-    args = ("--stage", "features", "--stop-stage", "train", "--", *TINY_MODEL)
-    _recipe(env, *args, "trainer.max_epochs=1")
+    # stored features instead of on-the-fly ones, without speed perturbation: the stages
+    # that differ (training on stored features is the demo recipe's way, tested there)
+    env |= {"FEATURES": "precomputed", "SPEED_PERTURB": "0", "EXP": str(tmp_path / "exp_feats")}
+    _recipe(env, "--stage", "features", "--stop-stage", "bins", "--", *TINY_MODEL)
     assert (manifests / "librispeech_cuts_train-other-500-feats.jsonl.gz").is_file()
     assert (manifests / "librispeech_cuts_dev-other-feats.jsonl.gz").is_file()
     assert (data / "bins-train-clean-100,train-clean-360,train-other-500.yaml").is_file()
-    assert (feats_exp / "checkpoints" / "epoch=00.ckpt").is_file()
