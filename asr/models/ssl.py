@@ -47,12 +47,10 @@ class W2vBertConfig:
     - `code_dim`: width of the quantized vectors and of the projected context.
     - `num_codes`: entries of each codebook group.
     - `groups`: codebook groups (the code id of each is predicted).
-    - `num_distractors`: distractors per masked frame, from the same utterance.
-    - `contrastive_temperature`: divides the cosine similarities.
-    - `gumbel_start`, `gumbel_end`, `gumbel_decay`: the Gumbel-softmax temperature,
-      `max(start * decay ** step, end)`.
-    - `diversity_weight`: weight of the codebook diversity loss.
-    - `mlm_weight`: weight of the masked prediction loss (the contrastive loss has 1).
+    - `gumbel_start`: the Gumbel-softmax temperature at step 0; it decays as
+      `max(gumbel_start * gumbel_decay ** step, gumbel_end)`.
+    - `gumbel_end`: the lowest temperature.
+    - `gumbel_decay`: the temperature's factor per optimizer step.
     """
 
     contrastive_layers: int | None = None
@@ -61,13 +59,9 @@ class W2vBertConfig:
     code_dim: int = 256
     num_codes: int = 1024
     groups: int = 1
-    num_distractors: int = 100
-    contrastive_temperature: float = 0.1
     gumbel_start: float = 2.0
     gumbel_end: float = 0.5
     gumbel_decay: float = 0.999995
-    diversity_weight: float = 0.1
-    mlm_weight: float = 1.0
 
     def temperature(self) -> TemperatureSchedule:
         return TemperatureSchedule(self.gumbel_start, self.gumbel_end, self.gumbel_decay)

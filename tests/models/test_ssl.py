@@ -29,9 +29,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_w2v_bert_masks_within_lengths_and_trains_every_part() -> None:
     torch.manual_seed(0)
-    config = W2vBertConfig(
-        code_dim=24, num_codes=12, groups=2, num_distractors=5, mask_prob=0.1, span_length=4
-    )
+    config = W2vBertConfig(code_dim=24, num_codes=12, groups=2, mask_prob=0.1, span_length=4)
     model = W2vBert(ConformerEncoder(ENCODER), config)
     assert model.split == 2
     features, lens = _batch()
@@ -41,9 +39,7 @@ def test_w2v_bert_masks_within_lengths_and_trains_every_part() -> None:
     assert out.codes.shape == (3, t, 2) and out.logits.shape == (3, t, 2, 12)
     assert not (out.masked & ~out.valid).any() and out.masked.sum(dim=1).min() > 0
     assert out.valid.sum(dim=1).tolist() == [100, 63, 25]
-    distractors, valid = sample_distractors(
-        out.masked, config.num_distractors, torch.Generator().manual_seed(2)
-    )
+    distractors, valid = sample_distractors(out.masked, 5, torch.Generator().manual_seed(2))
     contrastive, _ = contrastive_loss(out.context, out.targets, out.masked, distractors, valid)
     mlm, _ = masked_prediction_loss(out.logits, out.codes, out.masked)
     (contrastive + 0.1 * diversity_loss(out.mean_probs) + mlm).backward()
