@@ -103,11 +103,14 @@ def single_thread() -> Iterator[None]:
 
 
 def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") -> list[str]:
-    """Hydra overrides: a ~0.4M-parameter Transducer (or, `kind="aed"`, encoder-decoder)
-    on the tiny corpus, CSV logging only."""
+    """Hydra overrides: a ~0.4M-parameter Transducer (or, `kind="aed"`, encoder-decoder;
+    `kind="ssl"`, a pre-training model) on the tiny corpus, CSV logging only."""
     if kind == "aed":
         model = ["model.decoder.d_model=64", "model.decoder.num_layers=1"]
         model += ["model.decoder.num_heads=2"]
+    elif kind == "ssl":  # BEST-RQ's and w2v-BERT's own parts, shrunk
+        model = ["model.best_rq.num_codes=64", "model.w2v_bert.code_dim=32"]
+        model += ["model.w2v_bert.num_codes=16", "model.loss.num_distractors=10"]
     else:
         model = ["model.predictor.embed_dim=64", "model.predictor.hidden_dim=64"]
         model += ["model.joiner.joint_dim=64"]

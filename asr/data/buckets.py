@@ -90,6 +90,12 @@ class SamplerConfig:
             values["max_tps"] = tuple(float(x) for x in values["max_tps"])
         return cls(**values)
 
+    def uses_tokens(self) -> bool:
+        """Whether batching counts tokens: 2D bins or a tokens-per-second limit."""
+        bins = self.bucket_duration_bins
+        two_d = bool(bins) and isinstance(bins[0], tuple)
+        return two_d or self.max_tps is not None or self.min_tps is not None
+
 
 def _bin(edge: Any) -> Bin:
     if isinstance(edge, Sequence) and not isinstance(edge, str):
@@ -275,8 +281,7 @@ def build_sampler(
     two_d = bins is not None and isinstance(bins[0], tuple)
     if isinstance(cfg.max_tps, tuple) and bins is None:
         raise ValueError("per-bucket data.sampler.max_tps needs bucket_duration_bins")
-    needs_tokens = two_d or cfg.max_tps is not None or cfg.min_tps is not None
-    if needs_tokens and tokenizer is not None:  # else the cuts carry num_tokens already
+    if cfg.uses_tokens() and tokenizer is not None:  # else the cuts carry num_tokens already
         cuts = count_tokens(cuts, tokenizer)
     constraint = None
     if bins is not None and (fixed or two_d):

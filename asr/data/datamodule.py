@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from asr.config_keys import dataclass_from_keys
+from asr.config_keys import ConfigError, dataclass_from_keys
 from asr.data.batch import Batch
 from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import open_cuts
@@ -89,7 +89,8 @@ class AsrDataModule(L.LightningDataModule):
     - `train_cuts`: lhotse cut manifests of the training data (interleaved).
     - `valid_cuts`: cut manifests of the validation data.
     - `test_cuts`: cut manifests tested after fitting (may be empty).
-    - `tokenizer`: the SentencePiece model.
+    - `tokenizer`: the SentencePiece model (null: audio alone, for pre-training; the
+      sampler then bins by duration only).
     - `features`: filterbank settings (`asr.data.features.FeatureConfig`).
     - `spec_augment`: SpecAugment of training batches (`asr.data.dataset.SpecAugmentConfig`;
       null: none).
@@ -106,7 +107,7 @@ class AsrDataModule(L.LightningDataModule):
         train_cuts: Sequence[str],
         valid_cuts: Sequence[str],
         test_cuts: Sequence[str] = (),
-        tokenizer: str,
+        tokenizer: str | None = None,
         features: Mapping[str, Any] | None = None,
         spec_augment: Mapping[str, Any] | None = None,
         sampler: Mapping[str, Any] | None = None,
@@ -128,6 +129,12 @@ class AsrDataModule(L.LightningDataModule):
             else None
         )
         self.sampler_cfg = SamplerConfig.from_mapping(sampler or {})
+        if tokenizer is None and self.sampler_cfg.uses_tokens():
+            raise ConfigError(
+                "data.tokenizer is null (audio alone, for pre-training), but data.sampler "
+                "counts tokens (2D bucket_duration_bins, max_tps or min_tps): bin by "
+                "duration alone"
+            )
         self.valid_max_duration = valid_max_duration
         self.num_workers = num_workers
         self.subsampling_factor = subsampling_factor
@@ -135,8 +142,8 @@ class AsrDataModule(L.LightningDataModule):
         self._resume: dict[str, int] | None = None
 
     @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
+    def tokenizer(self) -> Tokenizer | None:
+        if self._tokenizer is None and self.tokenizer_path is not None:
             self._tokenizer = Tokenizer.load(self.tokenizer_path)
         return self._tokenizer
 

@@ -88,7 +88,8 @@ class AsrDataset(torch.utils.data.Dataset):
     """Map a lhotse CutSet (one sampler mini-batch) to a padded `Batch`.
 
     Args:
-        tokenizer: maps transcripts to token ids.
+        tokenizer: maps transcripts to token ids; None for audio alone (pre-training): the
+            transcripts, if any, are kept as text and neither checked nor tokenized.
         features: where features come from and how they are normalized.
         spec_augment: applied per utterance when given (training only).
         subsampling_factor: the encoder's; cuts with more tokens than encoder frames are dropped.
@@ -96,7 +97,7 @@ class AsrDataset(torch.utils.data.Dataset):
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,
         features: FeatureConfig = FeatureConfig(),
         spec_augment: SpecAugmentConfig | None = None,
         subsampling_factor: int = 4,
@@ -138,6 +139,8 @@ class AsrDataset(torch.utils.data.Dataset):
     def _check_text(self, cut: Cut) -> tuple[str, list[int]] | str:
         """(text, token ids), or the reason the cut is unusable."""
         text = cut_text(cut)
+        if self.tokenizer is None:  # audio alone: any transcript will do, none too
+            return text, []
         if not text:
             return EMPTY_TRANSCRIPT
         ids = self.tokenizer.encode(text)

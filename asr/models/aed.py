@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from asr.config_keys import check_choice
 from asr.frames import FRAME_SHIFT_SECONDS
-from asr.models.conformer import lengths_to_mask, sinusoids
+from asr.models.attention import lengths_to_mask, sinusoids
 from asr.models.ctc_head import ctc_log_probs
 from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, IGNORE_INDEX
 

@@ -19,10 +19,12 @@ from torch import nn
 from asr.config_keys import check_choice, dataclass_from_keys
 from asr.models.aed import DecoderConfig, EncoderDecoder, TransformerDecoder
 from asr.models.conformer import ConformerConfig, ConformerEncoder
+from asr.models.ssl import BestRq, SslConfig, W2vBert, build_ssl_model
 from asr.models.transducer import Joiner, JoinerConfig, Predictor, PredictorConfig, Transducer
 from asr.tokens import BLANK_ID
 
 Model = Transducer | EncoderDecoder
+PretrainingModel = W2vBert | BestRq
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,10 @@ class AedConfig:
     ctc_head: bool = True
 
 
-MODEL_CONFIGS = {"transducer": TransducerConfig, "aed": AedConfig}
+MODEL_CONFIGS = {"transducer": TransducerConfig, "aed": AedConfig, "ssl": SslConfig}
 
 
-def model_config(cfg: Mapping[str, Any]) -> TransducerConfig | AedConfig:
+def model_config(cfg: Mapping[str, Any]) -> TransducerConfig | AedConfig | SslConfig:
     """The ``model`` group read into its typed config; an unknown key or value is an error
     naming it and the valid ones. A ``loss`` key belongs to the objective and is ignored."""
     if not isinstance(cfg, Mapping):
@@ -75,12 +77,19 @@ def model_config(cfg: Mapping[str, Any]) -> TransducerConfig | AedConfig:
     return dataclass_from_keys(MODEL_CONFIGS[kind], parts, "model")
 
 
-def build_model(cfg: Mapping[str, Any] | TransducerConfig | AedConfig, vocab_size: int) -> Model:
+def build_model(
+    cfg: Mapping[str, Any] | TransducerConfig | AedConfig | SslConfig, vocab_size: int | None
+) -> Model | PretrainingModel:
     """cfg like ``{"kind": "transducer", "encoder": {...}, "predictor": {...},
     "joiner": {"joint_dim": 256}, "ctc_head": True}`` -> a Transducer over ``vocab_size``;
     ``{"kind": "aed", "encoder": {...}, "decoder": {...}, "ctc_head": True}`` -> an
-    EncoderDecoder."""
+    EncoderDecoder; ``{"kind": "ssl", "objective": "best_rq", ...}`` -> the pre-training
+    model (no vocabulary)."""
     config = cfg if dataclasses.is_dataclass(cfg) else model_config(cfg)
+    if isinstance(config, SslConfig):
+        return build_ssl_model(config)
+    if vocab_size is None:
+        raise ValueError(f"model.kind={config.kind} needs a tokenizer's vocabulary size")
     # Parts are created in a fixed order: it decides which random numbers initialize which.
     encoder = ConformerEncoder(config.encoder)
     if isinstance(config, AedConfig):

@@ -8,7 +8,6 @@ them, and attention gives padded keys zero weight.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,13 +23,9 @@ from asr.frames import (
     num_subsampling_convs,
     subsampled_length,
 )
+from asr.models.attention import RelPositionMultiHeadAttention, lengths_to_mask, relative_positions
 
 CONV_NORMS = ("batch_norm", "layer_norm")
-
-
-def lengths_to_mask(lens: Tensor, max_len: int) -> Tensor:
-    """(B,) lengths -> (B, T) bool mask, True on valid frames."""
-    return torch.arange(max_len, device=lens.device) < lens[:, None]
 
 
 class ConvSubsampling(nn.Module):
@@ -77,97 +72,6 @@ class ConvSubsampling(nn.Module):
                 x = F.relu(x)
         x = self.linear(x.transpose(1, 2).flatten(2))  # (B, T', C * F') -> (B, T', D)
         return x, lens
-
-
-def sinusoids(positions: Tensor, dim: int) -> Tensor:
-    """Sinusoidal encodings of float positions (L,) -> (L, dim), sin and cos interleaved."""
-    inv_freq = torch.exp(
-        torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
-        * (-math.log(10000.0) / dim)
-    )
-    angles = positions[:, None] * inv_freq[None, :]  # (L, dim/2)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
-
-
-def relative_positions(length: int, d_model: int, device=None, dtype=None) -> Tensor:
-    """Sinusoidal encodings of relative positions T-1, T-2, ..., -(T-1): (2T-1, D)."""
-    pos = torch.arange(length - 1, -length, -1, device=device, dtype=torch.float32)
-    return sinusoids(pos, d_model).to(dtype)
-
-
-def rel_shift(scores: Tensor) -> Tensor:
-    """(..., T, 2T-1) scores against positions T-1..-(T-1) -> (..., T, T) query-key scores.
-
-    out[..., i, j] = scores[..., i, T-1-i+j], the score for relative position i - j. A
-    strided view: row i starts one element earlier than the row above.
-    """
-    *_, t, p = scores.shape
-    if p != 2 * t - 1:
-        raise ValueError(f"rel_shift expects (..., T, 2T-1) scores, got {tuple(scores.shape)}")
-    scores = scores.contiguous()
-    strides = scores.stride()
-    return scores.as_strided(
-        (*scores.shape[:-1], t),
-        (*strides[:-2], strides[-2] - 1, 1),
-        scores.storage_offset() + t - 1,
-    )
-
-
-class RelPositionMultiHeadAttention(nn.Module):
-    """Transformer-XL self-attention: content and position terms with learned biases u, v.
-
-    The position term and the key padding mask are folded into one float ``attn_mask``
-    for ``F.scaled_dot_product_attention``, so a fused kernel computes the softmax.
-    """
-
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        if d_model % num_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
-        self.num_heads, self.head_dim = num_heads, d_model // num_heads
-        self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.pos = nn.Linear(d_model, d_model, bias=False)
-        self.out = nn.Linear(d_model, d_model)
-        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.head_dim))
-        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
-
-    def forward(self, x: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
-        """x (B, T, D), pos_emb (2T-1, D), mask (B, T) True on valid frames -> (B, T, D)."""
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).unbind(2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, Dh)
-        p = self.pos(pos_emb).view(2 * t - 1, self.num_heads, self.head_dim).permute(1, 2, 0)
-        scale = self.head_dim**-0.5
-        # Position term: (q + v) . p over relative positions, shifted to (query, key) pairs.
-        pos_scores = rel_shift(torch.matmul((q + self.pos_bias_v[:, None, :]) * scale, p))
-        q = q + self.pos_bias_u[:, None, :]
-        dropout = self.dropout if self.training else 0.0
-        if x.device.type == "cpu":
-            y = _attention_on_cpu(q * scale, k, v, pos_scores, mask, dropout)
-        else:  # a fused kernel; SDPA scales q.k itself, then adds attn_mask
-            bias = pos_scores.masked_fill(~mask[:, None, None, :], _min(pos_scores))
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout
-            )
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
-
-
-def _min(x: Tensor) -> float:
-    return torch.finfo(x.dtype).min
-
-
-def _attention_on_cpu(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, dropout: float
-) -> Tensor:
-    """softmax(q k^T + bias, keys masked) v with q (B, H, T, Dh) already scaled. On CPUs
-    SDPA with a bias that needs a gradient falls back to its unfused math path, which
-    checks for fully masked rows and copies the bias; this is the same math in fewer
-    passes over the scores."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
-    scores = scores.masked_fill_(~mask[:, None, None, :], _min(scores))
-    weights = F.dropout(scores.softmax(-1), dropout) if dropout else scores.softmax(-1)
-    return torch.matmul(weights, v)
 
 
 class FeedForward(nn.Module):
@@ -338,6 +242,19 @@ class ConformerConfig:
         num_subsampling_convs(self.subsampling_factor)  # names the valid factors
 
 
+@dataclass
+class SubsampledFrames:
+    """The subsampling's output, padded inside to `pad_frames_to` (B, T'', D), with what the
+    layers need: lengths (B,), the valid frames (B, T'') and the relative positions; `count`
+    is T' = ceil(T / subsampling_factor), the frames the encoder returns."""
+
+    x: Tensor
+    lens: Tensor
+    valid: Tensor
+    pos_emb: Tensor
+    count: int
+
+
 class ConformerEncoder(nn.Module):
     """Features (B, T, F) -> encoder output (B, T', D) with T' = ceil(T / subsampling_factor).
 
@@ -372,13 +289,26 @@ class ConformerEncoder(nn.Module):
 
     def forward(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
         """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D), encoder_lens (B,)."""
+        frames = self.subsample(features, feature_lens)
+        x = self.run_layers(self.dropout(frames.x), frames, 0, len(self.layers))
+        return self.output(x, frames), frames.lens
+
+    def subsample(self, features: Tensor, feature_lens: Tensor) -> SubsampledFrames:
+        """The convolutional subsampling alone (no dropout): what pre-training masks."""
         frames = subsampled_length(features.size(1), self.subsampling_factor)
         multiple = self.subsampling_factor * self.pad_frames_to
         features = F.pad(features, (0, 0, 0, -features.size(1) % multiple))
         x, lens = self.subsampling(features, feature_lens)
-        x = self.dropout(x)
         mask = lengths_to_mask(lens, x.size(1))
         pos_emb = relative_positions(x.size(1), self.output_dim, x.device, x.dtype)
-        for layer in self.layers:
-            x = layer(x, pos_emb, mask)
-        return x[:, :frames].masked_fill(~mask[:, :frames, None], 0.0), lens
+        return SubsampledFrames(x, lens, mask, pos_emb, frames)
+
+    def run_layers(self, x: Tensor, frames: SubsampledFrames, start: int, stop: int) -> Tensor:
+        """Layers `start` to `stop - 1` over x (B, T'', D), padded as `frames.x` is."""
+        for layer in self.layers[start:stop]:
+            x = layer(x, frames.pos_emb, frames.valid)
+        return x
+
+    def output(self, x: Tensor, frames: SubsampledFrames) -> Tensor:
+        """The first T' = ceil(T / subsampling_factor) frames, zero beyond each length."""
+        return x[:, : frames.count].masked_fill(~frames.valid[:, : frames.count, None], 0.0)

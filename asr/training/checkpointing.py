@@ -52,7 +52,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def checkpoint_callbacks(
-    dirpath: str | Path, every_n_train_steps: int | None = None
+    dirpath: str | Path, every_n_train_steps: int | None = None, monitor: str = "val/wer"
 ) -> list[ModelCheckpoint]:
     """Callbacks writing `epoch=NN.ckpt` after every epoch (kept, for averaging),
     `best.ckpt` (lowest validation WER) and `last.ckpt` (for resuming).
@@ -74,7 +74,7 @@ def checkpoint_callbacks(
     best = ModelCheckpoint(
         dirpath=dirpath,
         filename=_stem(BEST_CHECKPOINT),
-        monitor="val/wer",
+        monitor=monitor,  # val/wer, or val/loss for pre-training
         mode="min",
         save_top_k=1,
         auto_insert_metric_name=False,

@@ -47,6 +47,7 @@ from asr.data.datamodule import AsrDataModule
 from asr.data.dataset import SpecAugmentConfig
 from asr.data.features import FeatureConfig
 from asr.models.build import AedConfig, TransducerConfig
+from asr.models.ssl import SslConfig
 from asr.training.callbacks import EmaConfig
 from asr.training.distributed.savers.adascale import AdaScaleConfig
 from asr.training.distributed.savers.dgc_state import DGCConfig
@@ -54,6 +55,7 @@ from asr.training.loggers import LoggerConfig
 from asr.training.objective import AedLossConfig, TransducerLossConfig
 from asr.training.optimizer import OptimConfig
 from asr.training.run_config import RunConfig, TrainerConfig
+from asr.training.ssl_objective import SslLossConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 WIDTH = 100  # of the comment lines
@@ -142,6 +144,16 @@ hydra:
         (
             Part(AedConfig),
             Part(AedLossConfig, key="loss", doc=OBJECTIVE),
+        ),
+        links=MODEL_INPUT,
+    ),
+    ConfigFile(
+        "model/ssl.yaml",
+        "Self-supervised pre-training of the Conformer encoder, w2v-BERT or BEST-RQ\n"
+        "(asr/models/ssl.py; docs/ssl.md), and its loss (asr/training/ssl_objective.py).",
+        (
+            Part(SslConfig),
+            Part(SslLossConfig, key="loss", doc=OBJECTIVE),
         ),
         links=MODEL_INPUT,
     ),

@@ -28,8 +28,9 @@ from asr.decoding.ctc import ctc_greedy_search
 from asr.decoding.search import SearchOptions, decode
 from asr.inference.bundle import BUNDLE_KEY
 from asr.metrics import corpus_errors
-from asr.models.build import Model
+from asr.models.build import Model, PretrainingModel
 from asr.training.distributed.features import DENSE, StrategyFeatures
+from asr.training.encoder_init import encoder_group_ids, hold_encoder
 from asr.training.objective import Objective
 from asr.training.optimizer import OptimConfig, build_optimizer, optim_config
 from asr.training.schedules import build_scheduler
@@ -59,12 +60,13 @@ def zero_loss(model: torch.nn.Module) -> torch.Tensor:
 
 class AsrLitModule(L.LightningModule):
     """Train a `Transducer` or an `EncoderDecoder` with `objective`; validate and test by
-    greedy-decoding WER (and the CTC head's, when there is one).
+    greedy-decoding WER (and the CTC head's, when there is one). Pre-training models
+    (`W2vBert`, `BestRq`) validate by their loss and accuracies alone, without a tokenizer.
 
     Args:
         model: the network (a plain nn.Module).
         objective: maps (model, batch, step) to a dict of losses with key `loss`.
-        tokenizer: turns hypotheses back into text for WER.
+        tokenizer: turns hypotheses back into text for WER (None: pre-training).
         optim: the `optim` keys (`asr.training.optimizer.OptimConfig`).
         bundle_meta: what an export needs besides weights (model config, features); saved
             with the tokenizer in every checkpoint under `asr_bundle`.
@@ -74,21 +76,26 @@ class AsrLitModule(L.LightningModule):
         features: what the run's distributed strategy does (`StrategyFeatures`: which
             ranks decide a step, whether the optimizer's moments, the learning rate or
             gradient clipping live elsewhere); from `setup_distributed`.
+        freeze_encoder_steps: the encoder's learning rate is 0 for this many optimizer
+            steps (fine-tuning; `asr.training.encoder_init`).
     """
 
     def __init__(
         self,
-        model: Model,
+        model: Model | PretrainingModel,
         objective: Objective,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,
         optim: Mapping[str, Any] | OptimConfig,
         bundle_meta: Mapping[str, Any],
         total_steps: int | None = None,
         faults: FaultConfig | None = None,
         search: SearchOptions | None = None,
         features: StrategyFeatures = DENSE,
+        freeze_encoder_steps: int = 0,
     ) -> None:
         super().__init__()
+        self.freeze_encoder_steps = freeze_encoder_steps  # asr.training.encoder_init
+        self._encoder_groups: list[int] = []
         self.features = features  # what the distributed strategy does for the module
         self.model = model
         self.search = search  # of validation and test; None: greedy
@@ -136,6 +143,8 @@ class AsrLitModule(L.LightningModule):
         def closure() -> Any:
             loss = optimizer_closure()  # the last micro-batch's forward and backward
             self._guard_step(optimizer)
+            if self.global_step < self.freeze_encoder_steps:
+                hold_encoder(optimizer, self._encoder_groups)  # the schedule restores it
             return loss
 
         optimizer.step(closure=closure)
@@ -193,12 +202,20 @@ class AsrLitModule(L.LightningModule):
         self._last_step_end = None
 
     def _eval_layout(self) -> tuple[str, ...]:
-        """The hypothesis kinds evaluated: `main`, and `ctc` with a CTC head. The sums of a
-        stage are [loss x utterances, utterances, then errors and words per kind]."""
+        """The hypothesis kinds evaluated: `main`, and `ctc` with a CTC head (none for
+        pre-training). The sums of a stage are [loss x utterances, utterances, then errors
+        and words per kind, then each of `_eval_averages` x utterances]."""
+        if self.tokenizer is None:
+            return ()
         return ("main", "ctc") if self.model.ctc_head is not None else ("main",)
 
+    def _eval_averages(self) -> tuple[str, ...]:
+        """The objective's values averaged over the utterances besides the loss."""
+        return self.objective.averaged_metrics(self.model)
+
     def _new_eval_sums(self) -> torch.Tensor:
-        return torch.zeros(2 + 2 * len(self._eval_layout()), dtype=torch.float64)
+        size = 2 + 2 * len(self._eval_layout()) + len(self._eval_averages())
+        return torch.zeros(size, dtype=torch.float64)
 
     def _evaluate(self, batch: Batch, stage: str) -> None:
         self._remember_skipped(batch)
@@ -209,6 +226,11 @@ class AsrLitModule(L.LightningModule):
         losses = self.objective(self.model, batch, self.global_step)
         sums[0] += float(losses["loss"]) * len(batch)
         sums[1] += len(batch)
+        first = 2 + 2 * len(kinds)
+        for i, name in enumerate(self._eval_averages()):
+            sums[first + i] += float(losses[name]) * len(batch)
+        if not kinds:
+            return
         hyps = self.transcribe_batch(batch)
         for i, kind in enumerate(kinds):
             errors = corpus_errors(batch.texts, hyps[kind])
@@ -243,14 +265,18 @@ class AsrLitModule(L.LightningModule):
         sums = self._new_eval_sums() if sums is None else sums
         sums = sum_over_ranks(sums.to(self.device)).tolist()
         nan = float("nan")  # nothing recognized: never a perfect 0 % (best.ckpt minimizes it)
-        self.log(f"{stage}/loss", sums[0] / sums[1] if sums[1] else nan)
+        self.log(f"{stage}/loss", sums[0] / sums[1] if sums[1] else nan, prog_bar=not kinds)
         for i, kind in enumerate(kinds):
             errors, words = sums[2 + 2 * i], sums[3 + 2 * i]
             name = "wer" if kind == "main" else f"{kind}_wer"
             self.log(
                 f"{stage}/{name}", 100 * errors / words if words else nan, prog_bar=kind == "main"
             )
-        self.log(f"{stage}/words", sums[3])
+        if kinds:
+            self.log(f"{stage}/words", sums[3])
+        first = 2 + 2 * len(kinds)
+        for i, name in enumerate(self._eval_averages()):
+            self.log(f"{stage}/{name}", sums[first + i] / sums[1] if sums[1] else nan)
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val")
@@ -274,7 +300,10 @@ class AsrLitModule(L.LightningModule):
             self.optim_cfg,
             fused=self._loss_scaler() is None,
             moments_in_hook=self.features.moments_in_hook,
+            own_groups=self.model.encoder if self.freeze_encoder_steps else None,
         )
+        if self.freeze_encoder_steps:
+            self._encoder_groups = encoder_group_ids(optimizer, self.model.encoder)
         if self.optim_cfg.scheduler is None or self.features.sets_learning_rate:
             return {"optimizer": optimizer}  # constant, or set by a callback every step
         scheduler = build_scheduler(optimizer, self.optim_cfg.scheduler, self.total_steps)
@@ -310,7 +339,8 @@ class AsrLitModule(L.LightningModule):
         )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": self.tokenizer.to_bytes()}
+        tokenizer = self.tokenizer.to_bytes() if self.tokenizer is not None else None
+        checkpoint[BUNDLE_KEY] = {**self.bundle_meta, "tokenizer": tokenizer}
         checkpoint["skipped_cuts"] = {k: sorted(v) for k, v in self.skipped.items()}
         checkpoint["nonfinite_steps"] = self.nonfinite.state_dict()
         checkpoint["skip_budget"] = self.skip_budget.state_dict()

@@ -24,6 +24,7 @@ from asr.losses.lattice_choice import LATTICE_IMPLEMENTATIONS
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.aed import EncoderDecoder
 from asr.models.transducer import Transducer
+from asr.training.ssl_objective import SslLossConfig, SslObjective
 
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
 SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "grad_clamp", "lattice")
@@ -90,6 +91,11 @@ class TransducerObjective:
         self.config = config
         self._loss_fn = TRANSDUCER_LOSSES[config.kind]
         self._loss_options = config.loss_options()
+
+    def averaged_metrics(self, model: torch.nn.Module) -> tuple[str, ...]:
+        """Values averaged over the utterances at validation besides the loss: none
+        (the WER is counted from hypotheses)."""
+        return ()
 
     def uses_ctc(self, step: int) -> bool:
         return self.config.ctc_weight > 0 or step < self.config.transducer_start_step
@@ -161,6 +167,11 @@ class AedObjective:
     def __init__(self, config: AedLossConfig) -> None:
         self.config = config
 
+    def averaged_metrics(self, model: torch.nn.Module) -> tuple[str, ...]:
+        """Values averaged over the utterances at validation besides the loss: none
+        (the WER is counted from hypotheses)."""
+        return ()
+
     def uses_ctc(self, step: int) -> bool:
         return self.config.ctc_weight > 0
 
@@ -191,13 +202,16 @@ class AedObjective:
         return out
 
 
-Objective = TransducerObjective | AedObjective
+Objective = TransducerObjective | AedObjective | SslObjective
 
 
 def build_objective(kind: str, loss_cfg: Mapping[str, Any] | None) -> Objective:
-    """The objective of a model kind ("transducer" or "aed") from its `model.loss` keys."""
+    """The objective of a model kind ("transducer", "aed" or "ssl") from its `model.loss`
+    keys."""
     if kind == "aed":
         return AedObjective(dataclass_from_keys(AedLossConfig, loss_cfg, "model.loss"))
+    if kind == "ssl":
+        return SslObjective(dataclass_from_keys(SslLossConfig, loss_cfg, "model.loss"))
     return TransducerObjective(dataclass_from_keys(TransducerLossConfig, loss_cfg, "model.loss"))
 
 

@@ -70,6 +70,7 @@ def build_optimizer(
     *,
     fused: bool = True,
     moments_in_hook: bool = False,
+    own_groups: torch.nn.Module | None = None,
 ) -> torch.optim.Optimizer:
     """AdamW or SGD over `model`'s trainable parameters from the `optim` keys. Weight
     decay applies to parameters with two or more dimensions; biases and norms are not
@@ -78,16 +79,22 @@ def build_optimizer(
     before clipping. `moments_in_hook`: plain SGD (no momentum) with the configured rate
     and weight decay, because a communication hook applies the optimizer's moments (DGC:
     SGD's momentum correction, or AdamW's directions); for AdamW that SGD's weight decay
-    is AdamW's decoupled one, since the gradient it receives is already Adam's direction."""
+    is AdamW's decoupled one, since the gradient it receives is already Adam's direction.
+    `own_groups`: a part of `model` (the encoder, to hold it still while fine-tuning) whose
+    parameters get parameter groups of their own, before the others'."""
     config = optim_config(cfg)
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": float(config.weight_decay)},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    held = {id(p) for p in own_groups.parameters()} if own_groups is not None else set()
+    parts = [[p for p in trained if id(p) in held], [p for p in trained if id(p) not in held]]
+    groups = []
+    for params in parts if held else parts[1:]:
+        groups += [
+            {
+                "params": [p for p in params if p.ndim >= 2],
+                "weight_decay": float(config.weight_decay),
+            },
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
     if config.kind == "sgd" or moments_in_hook:
         momentum = 0.0 if moments_in_hook else config.sgd_momentum
         # Not fused: torch's fused SGD fails on a momentum buffer of a parameter that had no

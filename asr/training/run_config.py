@@ -49,6 +49,9 @@ class RunConfig:
     - `exp_dir`: checkpoints, logs and the config used go here (presets set their own).
     - `resume`: `auto` (continue from `exp_dir/checkpoints/last.ckpt` if present), false or
       null (start afresh), or a checkpoint's path.
+    - `init_encoder_from`: start the encoder from this pre-training checkpoint, other
+      checkpoint or encoder export (`asr-export --encoder-only`); null: random (docs/ssl.md).
+    - `freeze_encoder_steps`: keep the encoder unchanged for this many optimizer steps.
     - `run_test`: test the best checkpoint on `data.test_cuts` after fitting.
     - `validation_beam_size`: the search of validation and the final test: 1 greedy, more
       beam search.
@@ -63,6 +66,8 @@ class RunConfig:
     data_dir: str = "data"
     exp_dir: str = "exp/default"
     resume: str | bool | None = "auto"
+    init_encoder_from: str | None = None
+    freeze_encoder_steps: int = 0
     run_test: bool = True
     validation_beam_size: int = 1
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

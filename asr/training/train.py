@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from asr.cli import command
-from asr.config_keys import dataclass_from_keys
+from asr.config_keys import ConfigError, dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import default_options
@@ -39,6 +39,7 @@ from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.ddp import is_peer_failure, uses_cpu
 from asr.training.distributed.setup import DistributedSetup, TrainingFacts, setup_distributed
+from asr.training.encoder_init import load_encoder
 from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import Objective, build_objective, first_full_loss_step
@@ -97,10 +98,8 @@ def build(cfg: DictConfig) -> Built:
     faults = FaultConfig.from_mapping(cfg.get("faults"))
     distributed = DistributedConfig.from_mapping(cfg.get("distributed"))
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    tokenizer, model = build_network(cfg, model_parts, data_cfg)
     datamodule = AsrDataModule(**data_cfg)
-    tokenizer = Tokenizer.load(cfg.data.tokenizer)
-    model = build_model(model_parts, tokenizer.vocab_size)
-    log.info("model: %s parameters", f"{count_parameters(model):,}")
     exp_dir = Path(cfg.exp_dir)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision = resolve_precision(trainer_cfg.pop("precision"), trainer_cfg["accelerator"])
@@ -113,7 +112,7 @@ def build(cfg: DictConfig) -> Built:
         precision=precision,
         default_root_dir=exp_dir,
         logger=build_loggers(cfg.logger, exp_dir, OmegaConf.to_container(cfg, resolve=True)),
-        callbacks=[*run_callbacks(cfg), *parallel.callbacks],
+        callbacks=[*run_callbacks(cfg, tokenizer is None), *parallel.callbacks],
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
     )
@@ -126,8 +125,9 @@ def build(cfg: DictConfig) -> Built:
         bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
         total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
         faults=faults,
-        search=default_options(model, int(cfg.get("validation_beam_size", 1))),
+        search=None if tokenizer is None else default_options(model, cfg.validation_beam_size),
         features=parallel.features,
+        freeze_encoder_steps=int(cfg.freeze_encoder_steps),
     )
     resolved = resolved_keys(precision, objective, trainer_cfg["accelerator"], parallel)
     return Built(trainer, module, datamodule, resolved)
@@ -157,11 +157,41 @@ def training_facts(
     )
 
 
-def run_callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Checkpoints, the learning-rate monitor, the progress bar, EMA and step times."""
+def build_network(
+    cfg: DictConfig, model_parts: Any, data_cfg: dict[str, Any]
+) -> tuple[Tokenizer | None, torch.nn.Module]:
+    """The tokenizer (None for pre-training: `data_cfg`'s tokenizer is then cleared, the
+    data read as audio alone) and the model, its encoder from `init_encoder_from` if set."""
+    tokenizer = run_tokenizer(data_cfg, pretraining=model_parts.kind == "ssl")
+    if tokenizer is None:
+        data_cfg["tokenizer"] = None
+    model = build_model(model_parts, None if tokenizer is None else tokenizer.vocab_size)
+    log.info("model: %s parameters", f"{count_parameters(model):,}")
+    if cfg.init_encoder_from:
+        loaded = load_encoder(model.encoder, cfg.init_encoder_from)
+        log.info("encoder: %d tensors from %s", loaded, cfg.init_encoder_from)
+    return tokenizer, model
+
+
+def run_tokenizer(data_cfg: dict[str, Any], pretraining: bool) -> Tokenizer | None:
+    """The run's tokenizer, or None for pre-training (which reads audio alone)."""
+    path = data_cfg.get("tokenizer")
+    if pretraining:
+        if path:
+            log.info("data.tokenizer=%s is not used: pre-training reads audio alone", path)
+        return None
+    if not path:
+        raise ConfigError("data.tokenizer is null: only pre-training (model.kind=ssl) runs without")
+    return Tokenizer.load(path)
+
+
+def run_callbacks(cfg: DictConfig, pretraining: bool = False) -> list[L.Callback]:
+    """Checkpoints (`best.ckpt` by validation WER, or by the loss for pre-training), the
+    learning-rate monitor, the progress bar, EMA and step times."""
     ckpt_dir = Path(cfg.exp_dir) / CHECKPOINT_DIR
+    monitor = "val/loss" if pretraining else "val/wer"
     callbacks = [
-        *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps),
+        *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps, monitor),
         L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
         L.pytorch.callbacks.RichProgressBar(),
     ]

@@ -3,15 +3,17 @@ import torch
 import torch.nn.functional as F
 
 from asr.frames import subsampled_length, subsampled_lengths
+from asr.models.attention import (
+    RelPositionMultiHeadAttention,
+    lengths_to_mask,
+    rel_shift,
+    relative_positions,
+)
 from asr.models.conformer import (
     ConformerConfig,
     ConformerEncoder,
     ConvSubsampling,
-    RelPositionMultiHeadAttention,
-    lengths_to_mask,
     masked_batch_norm,
-    rel_shift,
-    relative_positions,
 )
 
 
