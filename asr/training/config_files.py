@@ -29,19 +29,9 @@ becomes the comment above it. The rules:
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
-import re
 import sys
-import textwrap
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from asr.config_keys import ConfigError, dataclass_from_keys
 from asr.data.buckets import SamplerConfig
 from asr.data.datamodule import AsrDataModule
 from asr.data.dataset import SpecAugmentConfig
@@ -49,6 +39,7 @@ from asr.data.features import FeatureConfig
 from asr.models.build import AedConfig, TransducerConfig
 from asr.models.ssl import SslConfig
 from asr.training.callbacks import EmaConfig
+from asr.training.config_render import ConfigFile, Part, render
 from asr.training.distributed.savers.adascale import AdaScaleConfig
 from asr.training.distributed.savers.dgc_state import DGCConfig
 from asr.training.loggers import LoggerConfig
@@ -58,41 +49,7 @@ from asr.training.run_config import RunConfig, TrainerConfig
 from asr.training.ssl_objective import SslLossConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-WIDTH = 100  # of the comment lines
-KEY_LINE = re.compile(r"- `(\w+)`: (.*)")
 
-
-@dataclass(frozen=True)
-class Part:
-    """The keys of `cls` with `overrides` in place of its defaults; under `key` with the
-    comment `doc` when given (else at the top level of the file)."""
-
-    cls: type
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    key: str | None = None
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class ConfigFile:
-    """One generated file: `path` under `asr/configs`, the comment `header` (what the file
-    is, how to select it), the parts' keys, and Hydra's own lines verbatim: the `package`
-    directive, a defaults list (`head`) and settings after the keys (`tail`)."""
-
-    path: str
-    header: str
-    parts: tuple[Part, ...]
-    package: str | None = None
-    head: str = ""
-    tail: str = ""
-    links: Mapping[str, str] = field(default_factory=dict)
-    omit: tuple[str, ...] = ()
-
-
-NOTE = (
-    "Generated from the config dataclasses by `python -m asr.training.config_files`: change a\n"
-    "default or a comment there, not here (docs/configuration.md)."
-)
 OBJECTIVE = "the training objective (asr/training/objective.py)."
 MODEL_INPUT = {"encoder.input_dim": "${data.features.num_mel_bins}"}
 WARMUP_COSINE = {"kind": "warmup_cosine", "warmup_steps": 500}
@@ -250,68 +207,6 @@ hydra:
 )
 
 
-def render(file: ConfigFile) -> str:
-    """The text of `file`."""
-    lines = [f"# @package {file.package}"] if file.package else []
-    for text in (file.header, NOTE):
-        lines += [f"# {line}".rstrip() for line in text.splitlines()]
-    lines += file.head.splitlines()
-    seen: set[str] = set()
-    for part in file.parts:
-        values = part_values(part.cls, part.overrides, part.key or file.path)
-        if part.key is None:
-            lines += _mapping(part.cls, values, 0, "", file, seen)
-        else:
-            lines += [*_comment(part.doc, 0), f"{part.key}:"]
-            lines += _mapping(part.cls, values, 2, f"{part.key}.", file, seen)
-    lines += file.tail.splitlines()
-    unknown = sorted(set(file.links) - seen) + sorted(set(file.omit) - seen)
-    if unknown:
-        raise ConfigError(f"{file.path}: links or omit name keys it does not have: {unknown}")
-    return "\n".join(lines) + "\n"
-
-
-def part_values(cls: type, overrides: Mapping[str, Any], section: str) -> dict[str, Any]:
-    """Each key of `cls` with its value: the override, else the default. A dataclass is
-    built from the overrides (`dataclass_from_keys`), so a variant is checked as a config."""
-    if dataclasses.is_dataclass(cls):
-        config = dataclass_from_keys(cls, overrides, section)
-        return {f.name: getattr(config, f.name) for f in dataclasses.fields(cls)}
-    parameters = _keyword_arguments(cls)
-    unknown = sorted(set(overrides) - set(parameters))
-    if unknown:
-        raise ConfigError(f"unknown config key(s) {unknown} of {section}")
-    values = {name: overrides.get(name, p.default) for name, p in parameters.items()}
-    missing = [name for name, value in values.items() if value is inspect.Parameter.empty]
-    if missing:
-        raise ConfigError(f"config key(s) {missing} of {section} are required")
-    return values
-
-
-def key_docs(cls: type) -> dict[str, str]:
-    """Key -> the text of its `- `key`: text` line in `cls`'s docstring (continuation
-    lines joined); an error names a key without one, or one for a key `cls` lacks."""
-    docs, key = {}, None
-    for line in inspect.cleandoc(cls.__doc__ or "").splitlines():
-        match = KEY_LINE.fullmatch(line)
-        if match:
-            key = match.group(1)
-            docs[key] = match.group(2)
-        elif key is not None and line.startswith("  "):
-            docs[key] += " " + line.strip()
-        else:
-            key = None
-    keys = _keys(cls)
-    undocumented = [k for k in keys if k not in docs]
-    unknown = [k for k in docs if k not in keys]
-    if undocumented or unknown:
-        raise ValueError(
-            f"{cls.__qualname__}'s docstring needs one line `- `key`: text` per key: "
-            f"undocumented {undocumented}, not keys {unknown}"
-        )
-    return docs
-
-
 def generate(out_dir: Path) -> list[Path]:
     """Write every file of `FILES` under `out_dir`; returns their paths."""
     written = []
@@ -331,64 +226,6 @@ def stale_files(config_dir: Path = CONFIG_DIR) -> list[str]:
         if not (config_dir / file.path).is_file()
         or (config_dir / file.path).read_text() != render(file)
     ]
-
-
-def _mapping(
-    cls: type,
-    values: Mapping[str, Any],
-    indent: int,
-    prefix: str,
-    file: ConfigFile,
-    seen: set[str],
-) -> list[str]:
-    """The lines of `values`, the keys of `cls`, each under its comment; the full keys
-    go into `seen`."""
-    docs, pad, lines = key_docs(cls), " " * indent, []
-    for name, value in values.items():
-        key = prefix + name
-        seen.add(key)
-        if key in file.omit:
-            continue
-        lines += _comment(docs[name], indent)
-        value = file.links.get(key, value)
-        if dataclasses.is_dataclass(value):
-            nested = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            lines.append(f"{pad}{name}:")
-            lines += _mapping(type(value), nested, indent + 2, f"{key}.", file, seen)
-        elif _is_sequence(value) and any(isinstance(item, str) for item in value):
-            lines.append(f"{pad}{name}:")
-            lines += [f"{pad}  - {_scalar(item)}" for item in value]
-        else:
-            lines.append(f"{pad}{name}: {_scalar(value)}")
-    return lines
-
-
-def _comment(text: str, indent: int) -> list[str]:
-    pad = " " * indent + "# "
-    return textwrap.wrap(text, WIDTH, initial_indent=pad, subsequent_indent=pad)
-
-
-def _scalar(value: Any) -> str:
-    """`value` in YAML, in one line (a sequence of numbers in flow style)."""
-    if _is_sequence(value):
-        value = [list(v) if _is_sequence(v) else v for v in value]
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
-    return text.removesuffix("\n").removesuffix("\n...")
-
-
-def _is_sequence(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str)
-
-
-def _keys(cls: type) -> list[str]:
-    if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls)]
-    return list(_keyword_arguments(cls))
-
-
-def _keyword_arguments(cls: type) -> dict[str, inspect.Parameter]:
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    return {p.name: p for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def main(argv: list[str] | None = None) -> int:

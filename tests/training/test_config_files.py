@@ -11,17 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from asr.config_keys import ConfigError
-from asr.training.config_files import (
-    CONFIG_DIR,
-    FILES,
-    NOTE,
-    ConfigFile,
-    Part,
-    generate,
-    key_docs,
-    main,
-    render,
-)
+from asr.training.config_files import CONFIG_DIR, FILES, generate, main
+from asr.training.config_render import NOTE, ConfigFile, Part, key_docs, render
 from asr.training.distributed.savers.adpsgd import DecentralizedConfig
 from asr.training.distributed.savers.gossip import GossipConfig
 from asr.training.optimizer import OptimConfig
