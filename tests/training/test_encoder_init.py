@@ -1,0 +1,98 @@
+"""Fine-tuning from a pre-trained encoder: exact loading, one-line errors naming the keys,
+and an encoder held still through its parameter groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.config_keys import ConfigError
+from asr.errors import InputFault
+from asr.models.build import build_model
+from asr.models.conformer import ConformerConfig
+from asr.models.ssl import SslConfig, build_ssl_model
+from asr.training.encoder_init import encoder_group_ids, hold_encoder, load_encoder
+from asr.training.optimizer import OptimConfig, build_optimizer
+
+ENCODER = ConformerConfig(input_dim=16, d_model=32, num_layers=2, num_heads=2, conv_kernel_size=5)
+
+
+def _transducer(encoder: ConformerConfig = ENCODER):
+    config = {
+        "kind": "transducer",
+        "encoder": vars(encoder),
+        "predictor": {"embed_dim": 16, "hidden_dim": 16},
+        "joiner": {"joint_dim": 16},
+    }
+    return build_model(config, vocab_size=20)
+
+
+def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
+    torch.manual_seed(1)
+    pretrained = build_ssl_model(SslConfig(objective="best_rq", encoder=ENCODER))
+    path = tmp_path / "pretrain.ckpt"
+    state = {f"model.{k}": v for k, v in pretrained.state_dict().items()}
+    torch.save({"state_dict": state, "epoch": 3}, path)
+    return path, pretrained.encoder.state_dict()
+
+
+def test_the_encoder_loads_exactly_from_a_pre_training_checkpoint_or_an_export(tmp_path) -> None:
+    path, expected = _checkpoint(tmp_path)
+    model = _transducer()
+    assert load_encoder(model.encoder, path) == len(expected)
+    for name, value in model.encoder.state_dict().items():
+        assert torch.equal(value, expected[name])
+    export = tmp_path / "encoder.pt"
+    torch.save({"encoder": expected}, export)
+    other = _transducer()
+    load_encoder(other.encoder, export)
+    assert all(torch.equal(v, expected[k]) for k, v in other.encoder.state_dict().items())
+
+
+def test_a_mismatch_or_a_bad_file_fails_in_one_line_naming_it(tmp_path) -> None:
+    path, _ = _checkpoint(tmp_path)
+    wider = _transducer(ConformerConfig(**{**vars(ENCODER), "d_model": 64}))
+    with pytest.raises(
+        ConfigError, match=r"does not fit model\.encoder: other shapes for .*and \d+ more"
+    ):
+        load_encoder(wider.encoder, path)
+    deeper = _transducer(ConformerConfig(**{**vars(ENCODER), "num_layers": 3}))
+    with pytest.raises(ConfigError, match=r"missing layers\.2\."):
+        load_encoder(deeper.encoder, path)
+    with pytest.raises(InputFault, match="no such file"):
+        load_encoder(deeper.encoder, tmp_path / "nothing.ckpt")
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(InputFault, match=r"cut\.ckpt: not a checkpoint"):
+        load_encoder(deeper.encoder, cut)
+
+
+def test_held_encoder_groups_leave_the_encoder_bitwise_unchanged(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = _transducer()
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-2), own_groups=model.encoder)
+    groups = encoder_group_ids(optimizer, model.encoder)
+    assert groups == [0, 1] and len(optimizer.param_groups) == 4
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in range(3):
+        optimizer.zero_grad()
+        sum((p * torch.randn_like(p)).sum() for p in model.parameters()).backward()
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-2  # what the schedule sets each step
+        if step < 2:
+            hold_encoder(optimizer, groups)
+        optimizer.step()
+        if step < 2:
+            encoder = model.encoder.state_dict()
+            assert all(torch.equal(v, start[f"encoder.{k}"]) for k, v in encoder.items())
+            assert not torch.equal(model.joiner.output.weight, start["joiner.output.weight"])
+    changed = [
+        k
+        for k, v in model.encoder.state_dict().items()
+        if not torch.equal(v, start[f"encoder.{k}"])
+    ]
+    assert changed  # after the held steps the encoder trains
+    # without own groups: the same two groups as ever
+    assert len(build_optimizer(model, OptimConfig(lr=1e-2)).param_groups) == 2
