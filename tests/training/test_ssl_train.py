@@ -37,7 +37,12 @@ def _rows(exp_dir: Path) -> list[dict[str, str]]:
     ],
 )
 def test_pre_training_runs_validates_by_loss_and_keeps_the_best(
-    compose_train, tmp_path: Path, single_thread, objective: str, terms: list[str]
+    compose_train,
+    feature_manifests,  # the presets read stored features
+    tmp_path: Path,
+    single_thread,
+    objective: str,
+    terms: list[str],
 ) -> None:
     exp_dir = tmp_path / "exp"
     cfg = compose_train(
