@@ -33,6 +33,9 @@ _EPOCH_FILE = re.compile(re.escape(_EPOCH_PREFIX) + r"(\d+)" + re.escape(CHECKPO
 BUNDLE_FILE = "model.bundle.pt"  # asr-export's default output, in the run's exp_dir
 
 BUNDLE_FORMAT = "asr-bundle-1"
+ENCODER_FILE = "encoder.pt"  # asr-export --encoder-only's default output, in the exp_dir
+ENCODER_FORMAT = "asr-encoder-1"
+ENCODER_KEY = "encoder"  # the encoder's state dict in an encoder export
 BUNDLE_KEY = "asr_bundle"  # where asr-train puts model config + tokenizer in checkpoints
 EMA_STATE_KEY = "EmaWeights"  # the callback state asr.training.callbacks keeps
 
@@ -171,10 +174,35 @@ def export_bundle(
     of checkpoints given; with `ema`, the EMA weights). Returns its path."""
     paths = ckpt if isinstance(ckpt, list) else checkpoints_to_average(ckpt, average)
     bundle = bundle_from_checkpoints(paths, ema)
-    output = Path(output)
+    if bundle["model"].get("kind") == "ssl":
+        raise ValueError(
+            f"{paths[-1]} is a pre-training checkpoint (model.kind=ssl): it has no decoder; "
+            "export its encoder with asr-export --encoder-only"
+        )
+    return _save_atomically(bundle, Path(output))
+
+
+def export_encoder(paths: list[Path], output: str | Path, ema: bool = False) -> Path:
+    """Write the encoder alone (its averaged weights and config, the feature config) for
+    `init_encoder_from`: what a pre-training run hands to fine-tuning. Returns its path."""
+    bundle = bundle_from_checkpoints(paths, ema)
+    prefix = "encoder."
+    weights = {k[len(prefix) :]: v for k, v in bundle["state_dict"].items() if k.startswith(prefix)}
+    export = {
+        "format": ENCODER_FORMAT,
+        ENCODER_KEY: weights,
+        "encoder_config": bundle["model"]["encoder"],
+        "features": bundle["features"],
+        "averaged": bundle["averaged"],
+        "ema": ema,
+    }
+    return _save_atomically(export, Path(output))
+
+
+def _save_atomically(obj: Any, output: Path) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    torch.save(bundle, tmp)
+    torch.save(obj, tmp)
     tmp.replace(output)
     return output
 

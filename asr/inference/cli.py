@@ -32,7 +32,14 @@ from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS
 from asr.data.features import check_sample_rate
 from asr.errors import first_line
-from asr.inference.bundle import BUNDLE_FILE, epoch_of, export_bundle, select_checkpoints
+from asr.inference.bundle import (
+    BUNDLE_FILE,
+    ENCODER_FILE,
+    epoch_of,
+    export_bundle,
+    export_encoder,
+    select_checkpoints,
+)
 from asr.inference.recognizer import Recognizer, load_recognizer
 from asr.metrics import ErrorCounts, word_errors
 
@@ -72,13 +79,21 @@ def export_main(argv: list[str] | None = None) -> None:
     add_checkpoint_arguments(parser)
     parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
     parser.add_argument(
-        "-o", "--output", type=Path, default=None, help="default: beside the exp dir"
+        "--encoder-only",
+        action="store_true",
+        help=f"only the encoder, for init_encoder_from= (default name {ENCODER_FILE})",
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="default: in the run's exp dir"
     )
     args = parser.parse_args(argv)
     paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
-    output = args.output or paths[-1].parent.parent / BUNDLE_FILE
-    path = export_bundle(paths, output, ema=args.ema)
+    name = ENCODER_FILE if args.encoder_only else BUNDLE_FILE
+    output = args.output or paths[-1].parent.parent / name
+    export = export_encoder if args.encoder_only else export_bundle
+    path = export(paths, output, ema=args.ema)
     weights = "EMA weights" if args.ema else "weights"
+    weights = f"encoder {weights}" if args.encoder_only else weights
     print(
         f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {weights} averaged over "
         f"{len(paths)} checkpoint(s))"

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from asr.config_keys import ConfigError
 from asr.errors import InputFault
+from asr.inference.bundle import ENCODER_KEY
 
-ENCODER_EXPORT_KEY = "encoder"
 CHECKPOINT_PREFIX = "model.encoder."
 SHOWN_KEYS = 5
 
@@ -37,8 +37,8 @@ def encoder_weights(path: str | Path) -> dict[str, Tensor]:
         stored = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # a truncated or foreign file: say which, in one line
         raise InputFault(f"init_encoder_from={path}: not a checkpoint ({err})") from err
-    if isinstance(stored, Mapping) and isinstance(stored.get(ENCODER_EXPORT_KEY), Mapping):
-        return dict(stored[ENCODER_EXPORT_KEY])
+    if isinstance(stored, Mapping) and isinstance(stored.get(ENCODER_KEY), Mapping):
+        return dict(stored[ENCODER_KEY])
     state = stored.get("state_dict") if isinstance(stored, Mapping) else None
     if not isinstance(state, Mapping):
         raise InputFault(

@@ -8,10 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 from lhotse import CutSet
+from omegaconf import OmegaConf
 
 from asr.data.dataset import AsrDataset
 from asr.data.features import FeatureConfig
-from asr.inference.bundle import BEST_CHECKPOINT, BUNDLE_KEY, CHECKPOINT_DIR, LAST_CHECKPOINT
+from asr.inference.bundle import (
+    BEST_CHECKPOINT,
+    BUNDLE_KEY,
+    CHECKPOINT_DIR,
+    ENCODER_FILE,
+    LAST_CHECKPOINT,
+    export_bundle,
+    export_encoder,
+)
+from asr.models.build import model_config
+from asr.models.conformer import ConformerEncoder
+from asr.training.encoder_init import load_encoder
 from asr.training.train import run
 
 
@@ -68,3 +80,13 @@ def test_pre_training_runs_validates_by_loss_and_keeps_the_best(
     assert last[BUNDLE_KEY]["tokenizer"] is None and last[BUNDLE_KEY]["model"]["kind"] == "ssl"
     if objective == "best_rq":  # the frozen quantizer is saved with the model, unchanged
         assert "model.quantizer.projection" in last["state_dict"]
+    # the encoder export loads exactly into a supervised model's encoder
+    export = export_encoder([checkpoints / BEST_CHECKPOINT], exp_dir / ENCODER_FILE)
+    encoder = ConformerEncoder(
+        model_config(OmegaConf.to_container(cfg.model, resolve=True)).encoder
+    )
+    load_encoder(encoder, export)
+    for name, value in encoder.state_dict().items():
+        assert torch.equal(value, best["state_dict"][f"model.encoder.{name}"])
+    with pytest.raises(ValueError, match="--encoder-only"):
+        export_bundle([checkpoints / BEST_CHECKPOINT], exp_dir / "model.bundle.pt")
