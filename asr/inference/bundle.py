@@ -25,7 +25,7 @@ from asr.models.build import Model, build_model
 CHECKPOINT_DIR = "checkpoints"  # in the run's exp_dir
 CHECKPOINT_SUFFIX = ".ckpt"
 LAST_CHECKPOINT = "last" + CHECKPOINT_SUFFIX  # the newest state (resume=auto continues it)
-BEST_CHECKPOINT = "best" + CHECKPOINT_SUFFIX  # lowest val/wer
+BEST_CHECKPOINT = "best" + CHECKPOINT_SUFFIX  # lowest val/wer (pre-training: val/loss)
 _EPOCH_PREFIX = "epoch="
 # one per epoch, kept for averaging; a str.format template (and Lightning's `filename` one)
 EPOCH_CHECKPOINT = _EPOCH_PREFIX + "{epoch:02d}" + CHECKPOINT_SUFFIX

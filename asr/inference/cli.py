@@ -55,7 +55,11 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--avg", "--average", type=int, default=1, help="average N epochs ending there"
     )
-    parser.add_argument("--best", action="store_true", help="best.ckpt (lowest dev WER)")
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="best.ckpt (lowest dev WER; pre-training: lowest dev loss)",
+    )
 
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
