@@ -90,6 +90,7 @@ class CodeUseWindow:
     def __init__(self, window: int, min_share: float) -> None:
         self.window, self.min_share = window, min_share
         self.steps: deque[torch.Tensor] = deque(maxlen=window)
+        self.counts: torch.Tensor | None = None  # per code: steps of the window using it
         self.warned_at = -window
 
     def add(self, codes: torch.Tensor, num_codes: int, step: int) -> torch.Tensor:
@@ -97,8 +98,13 @@ class CodeUseWindow:
         used = torch.zeros(codes.size(1), num_codes, dtype=torch.bool)
         for c in range(codes.size(1)):
             used[c, codes[:, c].cpu()] = True
+        if self.counts is None:
+            self.counts = torch.zeros(used.shape, dtype=torch.int32)
+        if len(self.steps) == self.window:  # the oldest step leaves the window
+            self.counts -= self.steps[0].int()
         self.steps.append(used)
-        share = torch.stack(list(self.steps)).any(dim=0).float().mean(dim=1).min()
+        self.counts += used.int()
+        share = (self.counts > 0).float().mean(dim=1).min()
         full = len(self.steps) == self.window
         if full and share < self.min_share and step - self.warned_at >= self.window:
             self.warned_at = step
