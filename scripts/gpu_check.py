@@ -1,4 +1,4 @@
-"""The GPU check: run, in at most 5 minutes on one GPU, the code paths that only a GPU executes.
+"""The GPU check: run, in at most 6 minutes on one GPU, the code paths that only a GPU executes.
 
     make gpu-check                                    # in make test's environment
     python scripts/gpu_check.py --only lattice        # rerun one section
@@ -10,7 +10,7 @@ reports them (`-o` to choose); each section runs in its own process with its own
 limit (`asr.gpu_check.runner`). Without a CUDA device it prints one line and ends.
 docs/gpu.md says how to read the lines; recipes/librispeech/RESULTS.md holds the runs.
 
-Sections: env (versions, device), lattice, training, aed, ddp.
+Sections: env (versions, device), lattice, training, aed, ddp, ssl.
 
 Code paths that only a GPU executes, and the section that executes each:
 
@@ -37,7 +37,10 @@ Code paths that only a GPU executes, and the section that executes each:
   dgc_adam.py: the DGC hook's all-gathers and its bf16 all-reduce of the refreshed second
   moment on CUDA tensors -> ddp (1 process: the collectives run, with one participant).
 - asr/data/batch.py: `Batch.to(device, non_blocking=True)` to a CUDA device, and
-  Lightning's bf16-mixed precision plugin on CUDA -> ddp.
+  Lightning's bf16-mixed precision plugin on CUDA -> ddp, ssl.
+- asr/models/quantizers.py: `GumbelQuantizer` (logits and Gumbel noise in fp32 inside CUDA
+  bf16 autocast), `RandomProjectionQuantizer` (buffers on the device); asr/models/ssl.py,
+  asr/losses/ssl.py and asr/training/ssl_objective.py on CUDA tensors -> ssl.
 
 Not executed here: asr/training/distributed/savers/adpsgd.py and gossip.py under NCCL (AD-PSGD
 needs two processes); asr-decode and asr-transcribe with --device cuda (their searches

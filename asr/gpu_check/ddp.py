@@ -126,9 +126,9 @@ def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
     ]
 
 
-def section_limit(options: SectionOptions) -> float:
-    """This section's time limit in the runner (seconds)."""
-    section = next(s for s in SECTIONS if s.module == __name__)
+def section_limit(options: SectionOptions, module: str = __name__) -> float:
+    """The time limit in the runner (seconds) of the section in `module` (this one)."""
+    section = next(s for s in SECTIONS if s.module == module)
     return section.rehearsal_limit_s if options.rehearsal else section.limit_s
 
 
@@ -141,7 +141,7 @@ def read_metrics(exp_dir: Path) -> list[dict[str, str]]:
     return rows
 
 
-def _column(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
+def column(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
     """(step, value) of every row that has `name`."""
     return [(int(r["step"]), float(r[name])) for r in rows if r.get(name)]
 
@@ -149,13 +149,13 @@ def _column(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
 def dgc_traffic(rows: list[dict[str, str]]) -> dict[str, Any]:
     """What `CompressionMonitor` logged per optimizer step, and how many steps were sparse
     (sent fewer bytes than a dense all-reduce would have)."""
-    sent = [v for _, v in _column(rows, "comm/sent_bytes")]
-    dense = [v for _, v in _column(rows, "comm/dense_bytes")]
+    sent = [v for _, v in column(rows, "comm/sent_bytes")]
+    dense = [v for _, v in column(rows, "comm/dense_bytes")]
     return {
         "sent_bytes": sent,
         "dense_bytes": dense,
-        "sparsity": [v for _, v in _column(rows, "comm/sparsity")],
-        "compression": [v for _, v in _column(rows, "comm/compression")],
+        "sparsity": [v for _, v in column(rows, "comm/sparsity")],
+        "compression": [v for _, v in column(rows, "comm/compression")],
         "sparse_steps": sum(s < d for s, d in zip(sent, dense, strict=False)),
     }
 
@@ -164,11 +164,11 @@ def summarize(run: TrainRun, log_text: str, rows: list[dict[str, str]]) -> dict[
     """What a finished run's log and metrics show."""
     backend = re.search(r"distributed_backend=(\w+)", log_text)
     precision = re.search(r"precision: (\S+)", log_text)
-    losses = _column(rows, "train/loss")
+    losses = column(rows, "train/loss")
     out: dict[str, Any] = {
         "backend": backend.group(1) if backend else None,
         "precision": precision.group(1) if precision else None,
-        "validations": len(_column(rows, "val/wer")),
+        "validations": len(column(rows, "val/wer")),
         "optimizer_steps": len({step for step, _ in losses}),
         "losses": [loss for _, loss in losses],
         "losses_finite": bool(losses) and all(math.isfinite(loss) for _, loss in losses),
@@ -188,7 +188,7 @@ def rank_state_saved(exp_dir: Path) -> bool:
     return rank_state_path(exp_dir / "checkpoints" / RESUME_CHECKPOINT, 0).is_file()
 
 
-def _tail(text: str) -> str:
+def tail(text: str) -> str:
     return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
 
 
@@ -200,7 +200,7 @@ def check_run(
     if exit_code != 0:
         ended = "was stopped at its time limit" if exit_code is None else f"exited {exit_code}"
         text = log.read_text(errors="replace") if log.is_file() else ""
-        report.fail(f"{what} {ended}; last lines of {log}:\n{_tail(text)}")
+        report.fail(f"{what} {ended}; last lines of {log}:\n{tail(text)}")
         return
     expected = BACKENDS[device]
     if facts["backend"] != expected:
@@ -230,7 +230,7 @@ def free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
-def _launch(command: list[str], cwd: Path, log: IO[str], port: int) -> subprocess.Popen:
+def launch(command: list[str], cwd: Path, log: IO[str], port: int) -> subprocess.Popen:
     """Start `command` with its output in `log`, its process group's rendezvous on `port`
     (the two runs start at once: each its own port, whatever MASTER_PORT says here)."""
     env = {
@@ -281,14 +281,21 @@ def start_run(
     train_run: TrainRun, corpus: CorpusDir, options: SectionOptions, port: int
 ) -> Started:
     """`asr-train` with `train_run`'s overrides, its output in WORK/<name>.log."""
-    work = Path(options.work_dir)
-    exp_dir = work / f"exp_{train_run.name}"
-    shutil.rmtree(exp_dir, ignore_errors=True)
+    exp_dir = Path(options.work_dir) / f"exp_{train_run.name}"
     overrides = [*train_overrides(corpus, exp_dir, options.device), *train_run.overrides]
+    return start_training(train_run, overrides, exp_dir, options, port)
+
+
+def start_training(
+    train_run: TrainRun, overrides: list[str], exp_dir: Path, options: SectionOptions, port: int
+) -> Started:
+    """`asr-train OVERRIDES` in a fresh `exp_dir`, its output in WORK/<name>.log."""
+    work = Path(options.work_dir)
+    shutil.rmtree(exp_dir, ignore_errors=True)
     log = work / f"{train_run.name}.log"
     command = [sys.executable, "-m", "asr.training.train", *overrides]
     with open(log, "w") as out:  # the child holds its own descriptor
-        process = _launch(command, work, out, port)
+        process = launch(command, work, out, port)
     return Started(train_run, process, time.monotonic(), overrides, exp_dir, log)
 
 

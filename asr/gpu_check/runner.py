@@ -10,7 +10,7 @@ and a hung collective cannot be interrupted from Python; a fresh process per sec
 keeps one failure from hiding the others' results, starts each section's peak-memory
 count from zero, and can be killed (with its subprocesses) at its time limit. Every line
 is written as soon as the section reports it, so a section cut off still reports what it
-measured. The limits add up to 300 s: the whole check takes at most 5 minutes.
+measured. The limits add up to 360 s: the whole check takes at most 6 minutes.
 
 Each line is a JSON object with `section` and `record`; each section ends with a `status`
 record (pass, fail, error, timeout) and the run with a `summary` of all of them. The exit
@@ -74,6 +74,10 @@ SECTIONS = (
     Section(
         "ddp", "asr.gpu_check.ddp", 65, 240,
         "asr-train under 1-process DDP (NCCL), with and without the DGC hook",
+    ),
+    Section(
+        "ssl", "asr.gpu_check.ssl", 60, 240,
+        "BEST-RQ and w2v-BERT pre-training through asr-train under bf16 autocast",
     ),
 )  # fmt: skip
 SECTION_NAMES = tuple(s.name for s in SECTIONS)

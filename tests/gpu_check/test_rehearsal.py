@@ -15,6 +15,7 @@ import pytest
 from asr.gpu_check.aed import REHEARSAL_CASE, TOKENS_PER_SECOND, utterance_features
 from asr.gpu_check.ddp import MAX_STEPS
 from asr.gpu_check.runner import SECTION_NAMES
+from asr.gpu_check.ssl import MAX_STEPS as SSL_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -137,3 +138,14 @@ def test_ddp_trains_both_runs_over_gloo(rehearsal: dict) -> None:
     assert dgc["rank_state_saved"]
     log = rehearsal["work"] / "ddp" / "ddp_dgc.log"
     assert "gradient clipping moves into the DGC hook" in log.read_text()
+
+
+def test_ssl_pre_trains_both_objectives_over_gloo(rehearsal: dict) -> None:
+    runs = {r["run"]: r for r in records(rehearsal, "ssl", "train_run")}
+    assert set(runs) == {"ssl_best_rq", "ssl_w2v_bert"}
+    for record in runs.values():
+        assert record["exit_code"] == 0 and record["backend"] == "gloo"
+        assert record["precision"] == "32-true" and record["validations"] == 2
+        assert not record["decoded"] and record["terms_missing"] == []
+        assert record["optimizer_steps"] == SSL_STEPS and record["losses_finite"]
+        assert all(0 < share <= 1 for share in record["code_use"])
