@@ -213,13 +213,34 @@ def read_bins(path: str | Path) -> dict[str, Any]:
     return keys
 
 
+def _duration_bins(args: argparse.Namespace, command: str) -> None:
+    """`asr-estimate-bins` without a tokenizer: 1D bins of equal total duration over every
+    cut, with a transcript or not."""
+    if args.num_token_buckets > 1 or args.min_tps is not None:
+        raise ValueError(
+            "--num-token-buckets and --min-tps count tokens: give --tokenizer, or bin by "
+            "duration alone without them"
+        )
+    durations = [cut.duration for cut in track(open_cuts(args.manifests), "measuring cuts")]
+    if not durations:
+        raise ValueError(f"no cuts in {' '.join(args.manifests)}")
+    keys = {"bucket_duration_bins": equal_total_edges(durations, args.num_buckets)}
+    hours = sum(durations) / 3600
+    comment = f"{command.strip()}\n{len(durations)} cuts, {hours:.2f} h; by duration alone"
+    write_bins(args.output, keys, comment)
+    print(f"{len(keys['bucket_duration_bins'])} 1D buckets by duration alone -> {args.output}")
+
+
 @command
 def main(argv: list[str] | None = None) -> None:
     """asr-estimate-bins: 1D or 2D bucket bins and per-bucket TPS limits from manifests."""
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("manifests", nargs="+", help="cut manifests (jsonl.gz)")
-    parser.add_argument("--tokenizer", required=True, help="SentencePiece model")
+    parser.add_argument(
+        "--tokenizer", help="SentencePiece model (without: bins by duration alone, for "
+        "pre-training on audio without transcripts; no token bins, no TPS limits)",
+    )  # fmt: skip
     parser.add_argument("--num-buckets", type=int, default=30, help="duration bins")
     parser.add_argument(
         "--num-token-buckets", type=int, default=1, help="token sub-buckets per bin (1: 1D)"
@@ -230,11 +251,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 
+    command = "asr-estimate-bins " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.tokenizer is None:
+        _duration_bins(args, command)
+        return
     lengths = CutLengths.of(open_cuts(args.manifests), Tokenizer.load(args.tokenizer))
     keys, report = estimate_bins(
         lengths, args.num_buckets, args.num_token_buckets, args.tps_num_std, args.min_tps
     )
-    command = "asr-estimate-bins " + " ".join(argv if argv is not None else sys.argv[1:])
     comment = (
         f"{command.strip()}\n{len(lengths.ids)} cuts, {lengths.durations.sum() / 3600:.2f} h; "
         f"TPS outliers: {report.above_max} above the per-bucket limit, "

@@ -69,16 +69,20 @@ class GumbelQuantizer(nn.Module):
         nn.init.zeros_(self.logits.bias)
         self.temperature = TemperatureSchedule().start
 
-    def forward(self, x: Tensor, frames: Tensor) -> Quantized:
+    def forward(
+        self, x: Tensor, frames: Tensor, generator: torch.Generator | None = None
+    ) -> Quantized:
         """x (B, T, input_dim), frames (B, T) bool: the frames whose probabilities count in
-        `mean_probs` (the valid ones, or the masked ones)."""
+        `mean_probs` (the valid ones, or the masked ones). In training the Gumbel noise is
+        drawn from `generator` (CPU; a generator on x's device is seeded from it), so that a
+        step's noise is the same after a resume; without one, from torch's global RNG."""
         b, t, _ = x.shape
         with torch.autocast(x.device.type, enabled=False):
             logits = F.linear(x.float(), self.logits.weight.float(), self.logits.bias.float())
             logits = logits.view(b, t, self.groups, self.num_codes)
             probs = logits.softmax(dim=-1)
             if self.training:
-                one_hot = F.gumbel_softmax(logits, tau=self.temperature, hard=True, dim=-1)
+                one_hot = gumbel_one_hot(logits, self.temperature, generator)
             else:
                 codes = logits.argmax(dim=-1)
                 one_hot = F.one_hot(codes, self.num_codes).to(logits.dtype)
@@ -87,6 +91,22 @@ class GumbelQuantizer(nn.Module):
         selected = frames[:, :, None, None].to(probs.dtype)
         mean_probs = (probs * selected).sum(dim=(0, 1)) / selected.sum().clamp(min=1)
         return Quantized(vectors.reshape(b, t, -1).to(x.dtype), codes, mean_probs)
+
+
+def gumbel_one_hot(
+    logits: Tensor, temperature: float, generator: torch.Generator | None = None
+) -> Tensor:
+    """Straight-through Gumbel-softmax over the last dimension: one-hot samples forward,
+    the tempered softmax's gradient backward (as `F.gumbel_softmax(hard=True)`), with the
+    noise from `generator` when given."""
+    device_generator = None
+    if generator is not None:
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        device_generator = torch.Generator(device=logits.device).manual_seed(seed)
+    gumbels = -torch.empty_like(logits).exponential_(generator=device_generator).log()
+    soft = ((logits + gumbels) / temperature).softmax(dim=-1)
+    hard = F.one_hot(soft.argmax(dim=-1), logits.shape[-1]).to(soft.dtype)
+    return hard - soft.detach() + soft
 
 
 def stack_frames(features: Tensor, factor: int) -> Tensor:

@@ -166,7 +166,7 @@ class W2vBert(nn.Module):
             frames.lens.cpu(), frames.x.size(1), mask_prob=c.mask_prob, span_length=c.span_length,
             generator=generator,
         ).to(frames.x.device)  # fmt: skip
-        quantized = self.quantizer(frames.x, masked)
+        quantized = self.quantizer(frames.x, masked, generator)
         x = torch.where(masked[..., None], self.mask_embedding.to(frames.x.dtype), frames.x)
         x = self.encoder.run_layers(self.encoder.dropout(x), frames, 0, self.split)
         context = self.project_context(x)

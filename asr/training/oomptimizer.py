@@ -295,6 +295,17 @@ def merge_equal_sizes(results: Sequence[BucketResult]) -> list[BucketResult]:
     return merged
 
 
+def audio_only_buckets(buckets: Sequence[Bucket], is_2d: bool) -> list[Bucket]:
+    """The buckets of a pre-training model (`model.kind: ssl`), which reads no tokens:
+    their durations alone, no token count, no TPS limit."""
+    if is_2d:
+        raise ValueError(
+            "model.kind=ssl pre-trains on audio alone: give 1D bins (seconds), as "
+            "asr-estimate-bins writes them without --tokenizer, not [seconds, tokens] bins"
+        )
+    return [Bucket(b.max_duration, 0) for b in buckets]
+
+
 def sampler_keys(results: Sequence[BucketResult], is_2d: bool) -> dict[str, list]:
     """`data.sampler` keys: `bucket_duration_bins`, `bucket_batch_size` and, when the
     buckets carry per-bucket limits, `max_tps`."""
@@ -413,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     max_tps = args.max_tps if args.max_tps is not None else from_file.get("max_tps", 12.0)
     buckets, is_2d = buckets_from_bins(bins, max_tps)
     cfg = compose_config(args.overrides)
+    pretraining = cfg.model.get("kind") == "ssl"
+    if pretraining:
+        buckets = audio_only_buckets(buckets, is_2d)
     setup = ModelSetup.from_config(cfg, args.vocab_size, args.ddp_grad_copy)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -446,7 +460,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{command.strip()}\nworst-case batches within {format_bytes(args.memory_budget)} on "
         f"{device}; {len(results)} buckets searched, {len(final)} after merging equal sizes"
     )
-    if not is_2d and not isinstance(max_tps, Sequence):
+    if pretraining:
+        comment += "\npre-training: audio alone, batches by duration"
+    elif not is_2d and not isinstance(max_tps, Sequence):
         comment += f"\nassumes at most {max_tps:g} tokens/s (data.sampler.max_tps)"
     lattice = lattice_in_use(cfg, device)
     if lattice is not None:

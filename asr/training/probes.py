@@ -71,7 +71,7 @@ class ModelSetup:
 
     model: dict[str, Any]
     optim: dict[str, Any]
-    vocab_size: int
+    vocab_size: int | None  # None: a pre-training model, whose batches carry no tokens
     num_mel_bins: int = DEFAULT_MEL_BINS
     ddp_grad_copy: bool = True  # one extra copy of the parameters, like DDP's buckets
     precision: str = "32-true"  # as Lightning takes it; "bf16..." probes under bf16 autocast
@@ -96,8 +96,11 @@ class ModelSetup:
         return setup
 
 
-def resolve_vocab_size(cfg: DictConfig, vocab_size: int | None) -> int:
-    """The vocabulary of `data.tokenizer` when the file exists, else `vocab_size`."""
+def resolve_vocab_size(cfg: DictConfig, vocab_size: int | None) -> int | None:
+    """The vocabulary of `data.tokenizer` when the file exists, else `vocab_size`; None for
+    a pre-training model (`model.kind: ssl`), which has no vocabulary."""
+    if OmegaConf.select(cfg, "model.kind") == "ssl":
+        return None
     path = OmegaConf.select(cfg, "data.tokenizer")
     if path and Path(path).is_file():
         found = Tokenizer.load(path).vocab_size
@@ -128,10 +131,17 @@ def build_training(
 
 
 def worst_case_batch(
-    batch_size: int, max_duration: float, max_tokens: int, num_mel_bins: int, vocab_size: int
+    batch_size: int,
+    max_duration: float,
+    max_tokens: int,
+    num_mel_bins: int,
+    vocab_size: int | None,
 ) -> Batch:
-    """B utterances of `max_duration` seconds, each with `max_tokens` random tokens."""
+    """B utterances of `max_duration` seconds, each with `max_tokens` random tokens (none
+    without a vocabulary: audio alone, for pre-training)."""
     frames = math.ceil(round(max_duration * FRAMES_PER_SECOND, 6))
+    if vocab_size is None:
+        max_tokens, vocab_size = 0, 2
     return Batch(
         features=torch.randn(batch_size, frames, num_mel_bins),
         feature_lens=torch.full((batch_size,), frames, dtype=torch.int64),

@@ -140,6 +140,25 @@ def test_cli_writes_a_bins_file_the_sampler_reads(tmp_path, cuts_with_outliers, 
         read_bins(tmp_path / "missing.yaml")
 
 
+def test_cli_bins_audio_without_transcripts_by_duration_alone(tmp_path, cuts_with_outliers):
+    cuts, _ = cuts_with_outliers
+    silent = CutSet.from_cuts(
+        c.map_supervisions(lambda s: s.transform_text(lambda _: "")) if i % 2 else c
+        for i, c in enumerate(cuts)
+    )  # half of them without a transcript: pre-training counts them all
+    manifest = tmp_path / "cuts.jsonl.gz"
+    silent.to_file(manifest)
+    out = tmp_path / "bins.yaml"
+    main([str(manifest), "--num-buckets", "4", "-o", str(out)])
+    keys = yaml.safe_load(out.read_text())
+    durations = [c.duration for c in cuts]
+    assert keys == {"bucket_duration_bins": equal_total_edges(durations, 4)}
+    assert "by duration alone" in out.read_text()
+    assert not SamplerConfig.from_mapping({"bins_file": str(out)}).uses_tokens()
+    with pytest.raises(SystemExit):
+        main([str(manifest), "--num-token-buckets", "2", "-o", str(out)])
+
+
 def test_one_bucket_rule_for_scalar_vectorized_and_2d_lookups() -> None:
     """First edge >= the value (lhotse's bisect_left), len(bins) beyond the last edge,
     whichever function asks; 2D bins also need the token edge to hold."""

@@ -104,3 +104,15 @@ def test_a_stack_is_a_target_only_where_all_its_input_frames_are_masked() -> Non
     assert fully_masked(mask, 4).tolist() == [[True, False, False]]
     features = torch.arange(10.0).reshape(1, 5, 2)
     assert stack_frames(features, 2).tolist() == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 0]]]
+
+
+def test_the_gumbel_noise_follows_the_generator_given() -> None:
+    quantizer = GumbelQuantizer(8, code_dim=4, num_codes=16, groups=2).train()
+    x, frames = torch.randn(2, 30, 8), torch.ones(2, 30, dtype=torch.bool)
+
+    def codes(seed: int) -> torch.Tensor:
+        torch.manual_seed(1234 + seed)  # the global RNG differs every call
+        return quantizer(x, frames, torch.Generator().manual_seed(seed)).codes
+
+    assert torch.equal(codes(0), codes(0))
+    assert not torch.equal(codes(0), codes(1))

@@ -403,3 +403,50 @@ def test_the_worst_case_step_holds_the_optimizer_state_through_forward(
     probes.worst_case_step(setup, max_duration=2.0, max_tokens=10, batch_size=2, device="cpu")
     assert seen["moment_elements"] == 2 * seen["parameters"] > 0
     assert all(g is None for g in seen["gradients"])  # zero_grad(set_to_none) as in training
+
+
+# --- pre-training models: audio alone ----------------------------------------------------------
+
+TINY_SSL = [
+    "experiment=demo_ssl_w2v_bert",
+    "model.encoder.num_layers=2",
+    "model.encoder.d_model=32",
+    "model.encoder.num_heads=2",
+    "model.encoder.subsampling_channels=16",
+    "model.w2v_bert.code_dim=16",
+    "model.w2v_bert.num_codes=8",
+    "model.loss.num_distractors=4",
+]
+
+
+def test_a_pre_training_probe_trains_on_audio_alone(tmp_path: Path) -> None:
+    setup = ModelSetup.from_config(compose_config([*TINY_SSL, f"data_dir={tmp_path}"]))
+    assert setup.vocab_size is None and setup.model["kind"] == "ssl"
+    batch = probes.worst_case_batch(3, 2.0, 0, setup.num_mel_bins, setup.vocab_size)
+    assert batch.tokens.shape == (3, 0) and batch.token_lens.tolist() == [0, 0, 0]
+    probes.worst_case_step(setup, max_duration=2.0, max_tokens=0, batch_size=3, device="cpu")
+
+
+def test_cli_sizes_pre_training_batches_by_duration_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[float, int, int]] = []
+
+    @contextmanager
+    def fake_probe(setup: ModelSetup, budget: int, num_threads: int | None) -> Iterator:
+        assert setup.vocab_size is None
+        yield lambda d, t, b: calls.append((d, t, b)) or ProbeResult(b * d <= 40, 1)
+
+    monkeypatch.setattr(oomptimizer, "cpu_probe", fake_probe)
+    out = tmp_path / "batch_sizes.yaml"
+    args = ["--buckets", "[2, 4]", "--memory-budget", "1GiB", "--device", "cpu", "-o", str(out)]
+    oomptimizer.main([*TINY_SSL, f"data_dir={tmp_path}", *args, "--rel-tolerance", "0"])
+    keys = yaml.safe_load(out.read_text())
+    assert keys == {"bucket_duration_bins": [2.0, 4.0], "bucket_batch_size": [20, 10]}
+    assert "# pre-training: audio alone, batches by duration\n" in out.read_text()
+    assert {tokens for _, tokens, _ in calls} == {0}
+    assert not SamplerConfig.from_mapping(keys).uses_tokens()
+    with pytest.raises(SystemExit):
+        oomptimizer.main([*TINY_SSL, f"data_dir={tmp_path}", "--buckets", "[[2, 20]]", *args[2:]])
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "model.kind=ssl pre-trains on audio alone: give 1D bins" in line

@@ -49,3 +49,32 @@ def test_training_steps_count_towards_the_window_and_validation_does_not() -> No
     evaluated = objective(model, batch, step=0)
     assert "code_use_window" not in evaluated and len(objective.code_window.steps) == 1
     assert torch.equal(evaluated["loss"], objective(model, batch, step=0)["loss"])  # same masks
+
+
+@pytest.mark.parametrize("objective_name", ["best_rq", "w2v_bert"])
+def test_a_step_under_bf16_autocast_is_finite_and_repeats_from_its_generator(
+    objective_name: str,
+) -> None:
+    torch.manual_seed(0)
+    encoder = ConformerConfig(input_dim=16, d_model=32, num_layers=2, num_heads=2,
+                              conv_kernel_size=5, dropout=0.0)  # fmt: skip
+    model = build_ssl_model(SslConfig(objective=objective_name, encoder=encoder)).train()
+    objective = SslObjective(SslLossConfig(num_distractors=5))
+    lens = torch.tensor([300, 240])
+    batch = Batch(torch.randn(2, 300, 16), lens, torch.zeros(2, 0, dtype=torch.long),
+                  torch.zeros(2, dtype=torch.long), ["a", "b"], ["", ""])  # fmt: skip
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            losses = objective(model, batch, step=3)
+        losses["loss"].backward()
+        return losses["loss"].detach(), [
+            p.grad.clone() for p in model.parameters() if p.grad is not None
+        ]
+
+    loss, grads = step()
+    assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
+    again, grads_again = step()  # masks, distractors and Gumbel noise: from (seed, step, ids)
+    assert torch.equal(loss, again)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_again, strict=True))

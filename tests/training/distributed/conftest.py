@@ -17,6 +17,7 @@ import pytest
 import torch
 
 RANK_RUNNER = Path(__file__).with_name("rank_runner.py")
+sys.path.insert(0, str(Path(__file__).parent))  # processes.py, for the test modules here
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -3,8 +3,9 @@ recording what each rank trained on; optionally inject a NaN loss. Used by test_
 
     python ddp_worker.py --record DIR [--nan-at RANK:STEP] [--validate] OVERRIDE...
 
-Writes DIR/rank{R}.json per rank: every training step (step, epoch, cut ids, skipped cut
-ids, bucket, a digest of the weights after it), the final digest, the non-finite step
+Writes DIR/rank{R}.json per rank: the weights' and the encoder's digests when training
+starts, every training step (step, epoch, cut ids, skipped cut ids, bucket, digests of the
+weights and of the encoder after it), the final digest, the non-finite step
 count, and with --validate the validation metrics of the final weights. With
 --validate-only CKPT it only validates that checkpoint, once per --eval-max-durations
 (seconds per validation batch), and writes the metrics of each.
@@ -61,7 +62,14 @@ class NanAt:
 
 class Recorder(L.Callback):
     def __init__(self, cuts: dict[str, Any]) -> None:
-        self.cuts, self.steps = cuts, []
+        self.cuts, self.steps, self.start = cuts, [], {}
+
+    def on_train_start(self, trainer, module) -> None:
+        self.start = {
+            "global_step": trainer.global_step,
+            "digest": weights_digest(module.model),
+            "encoder_digest": weights_digest(module.model.encoder),
+        }
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         ids = [*batch.cut_ids, *(i for v in batch.skipped.values() for i in v)]
@@ -74,6 +82,7 @@ class Recorder(L.Callback):
                 "skipped": batch.skipped,
                 "bucket": trainer.train_dataloader.sampler.bucket_of(CutSet.from_cuts([first])),
                 "digest": weights_digest(module.model),
+                "encoder_digest": weights_digest(module.model.encoder),
             }
         )
 
@@ -111,6 +120,7 @@ def main() -> None:
     record = {
         "world_size": trainer.world_size,
         "global_step": trainer.global_step,
+        "start": recorder.start,
         "steps": recorder.steps,
         "digest": weights_digest(module.model),
         "nonfinite_steps": module.nonfinite.total,

@@ -10,13 +10,11 @@ unreadable; several tests read its per-rank records (see ddp_worker.py).
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -28,19 +26,16 @@ import pytest
 import torch
 from lhotse import CutSet
 from omegaconf import OmegaConf
+from processes import BIN, ENV, TIMEOUT, kill_when_checkpointed, records, run, start, worker
 
 from asr.data.buckets import build_sampler
 from asr.data.corpus import load_cuts, open_cuts
 from asr.data.tokenizer import Tokenizer
 from asr.training.train import CONFIG_DIR, build
 
-WORKER = Path(__file__).with_name("ddp_worker.py")
-BIN = Path(sys.executable).parent
-TIMEOUT = 300  # seconds for any one launch: a hang fails the test instead of the suite
 NAN_RANK, NAN_STEP = 1, 5
 CORRUPT_RANK, CORRUPT_STEP = 1, 6  # every cut of rank 1's 7th batch of epoch 0
 EPOCHS = 2
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 # --- real processes ------------------------------------------------------------------------
@@ -65,30 +60,6 @@ def main_overrides(train_overrides, exp_dir: Path, train_cuts: Path) -> list[str
 def compose(overrides: list[str]):
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return hydra.compose("train", overrides=overrides)
-
-
-def worker(record: Path, overrides: list[str], *extra: str) -> list[str]:
-    return [sys.executable, str(WORKER), "--record", str(record), *extra, *overrides]
-
-
-def run(command: list[str], log: Path, env: dict | None = None) -> None:
-    with open(log, "w") as out:
-        done = subprocess.run(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env or ENV, timeout=TIMEOUT
-        )
-    assert done.returncode == 0, log.read_text()[-3000:]
-
-
-def start(command: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    """Start `command` in its own session (so that killpg reaches all its processes)."""
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env or ENV, start_new_session=True
-        )
-
-
-def records(record: Path, world_size: int = 2) -> list[dict]:
-    return [json.loads((record / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
 def rank_batches(cfg, rank: int, world_size: int, epoch: int = 0) -> list[list[str]]:
@@ -284,30 +255,6 @@ def validated_on_two_ranks(trained_run, train_overrides, tmp_path_factory):
 
 
 # --- kill -9 and resume --------------------------------------------------------------------
-
-
-def _step_of(ckpt: Path) -> int:
-    try:
-        return torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
-    except (FileNotFoundError, EOFError, RuntimeError):
-        return -1
-
-
-def kill_when_checkpointed(command: list[str], ckpt: Path, step: int, log: Path) -> None:
-    """Start `command` in its own session; kill -9 all its processes once `ckpt` holds at
-    least `step` steps."""
-    proc = start(command, log)
-    try:
-        deadline, seen = time.monotonic() + TIMEOUT, None
-        while time.monotonic() < deadline and proc.poll() is None:
-            mtime = ckpt.stat().st_mtime if ckpt.exists() else None
-            if mtime != seen and (seen := mtime) and _step_of(ckpt) >= step:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, f"finished before step {step}: {log.read_text()[-2000:]}"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
