@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from asr.data.corpus import load_cuts
 from asr.demo.synth import make_demo_corpus
@@ -83,6 +84,30 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
             assert f"| {part} | {search} | {wer['wer']:.2f} |" in results
     assert "![training curves](training.png)" in results
     assert (exp / "training.png").stat().st_size > 10_000 and (exp / "bins.png").is_file()
+    # self-supervised pre-training (BEST-RQ, duration bins, its own batch sizes), then the
+    # transducer fine-tuned on train-clean-100 from its encoder and decoded
+    ssl_exp, finetuned = tmp_path / "exp_ssl", Path(f"{exp}-ft-best_rq")
+    pretrain = [*TINY_MODEL[:4], *TINY_MODEL[-2:], "model.encoder.d_model=64",
+                "model.encoder.num_layers=2", "model.encoder.num_heads=2",
+                "model.best_rq.num_codes=64", "trainer.max_epochs=1"]  # fmt: skip
+    printed = _recipe(
+        env | {"SSL_EXP": str(ssl_exp), "PRETRAIN_ARGS": " ".join(pretrain)},
+        "--stage", "pretrain", "--stop-stage", "finetune", "--", *TINY_MODEL,
+        "trainer.max_epochs=1",
+    )  # fmt: skip
+    assert ": pretrain (" in printed and ": finetune (" in printed
+    bins = yaml.safe_load(
+        (data / "bins-train-clean-100,train-clean-360,train-other-500-sp-audio.yaml").read_text()
+    )
+    assert set(bins) == {"bucket_duration_bins"}  # by duration alone
+    assert "bucket_batch_size" in yaml.safe_load((ssl_exp / "batch_sizes.yaml").read_text())
+    encoder = torch.load(ssl_exp / "encoder.pt", weights_only=True)
+    assert encoder["encoder_config"]["d_model"] == 64
+    assert "init_encoder_from=" in (finetuned / "hydra" / ".hydra" / "overrides.yaml").read_text()
+    for part in ("test-clean", "test-other"):
+        assert json.loads((finetuned / f"decode-{part}-beam1" / "wer.json").read_text())[
+            "utterances"
+        ]
     # stored features instead of on-the-fly ones, without speed perturbation: the stages
     # that differ (training on stored features is the demo recipe's way, tested there)
     env |= {"FEATURES": "precomputed", "SPEED_PERTURB": "0", "EXP": str(tmp_path / "exp_feats")}

@@ -76,7 +76,7 @@ def finetune_record(exp: Path, name: str) -> dict[str, Any]:
     test = json.loads(wer_file.read_text()) if wer_file.is_file() else None
     return {
         "run": name,
-        "init": "scratch" if name.startswith(SCRATCH) else name,
+        "init": "scratch" if name.startswith(SCRATCH) else name.split("-seed")[0],
         "best_dev_wer": round(min(dev), 3) if dev else None,
         "test_wer": test["wer"] if test else None,
         "optimizer_steps": int(max(values(rows, "step"), default=-1)) + 1,

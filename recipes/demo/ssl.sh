@@ -12,14 +12,18 @@
 # are not read), 3 encoders (asr-export --encoder-only of each pre-training's best.ckpt),
 # 4 finetune (the demo transducer on the subset: from scratch at each of SCRATCH_LRS, and
 # from each pre-trained encoder at FINETUNE_LR), 5 decode (test-clean WER of each
-# fine-tuning's best.ckpt, chosen by dev WER), 6 compare (exp/demo_ssl/compare.json).
+# fine-tuning's best.ckpt, chosen by dev WER), 6 compare (exp/demo_ssl/compare-seed<SEED>.json).
 #
 # One fine-tuning protocol for all (the demo preset's model, optimizer and batches): STEPS
 # optimizer steps, warm-up a tenth of them, the CTC-only warm-up scaled from the demo's
-# 280 steps (about one epoch of its 2 hours) by FRACTION, validation every VAL_EPOCHS
-# epochs of the subset, SEED for the run. The from-scratch baseline gets the same steps and
+# 280 steps (about one epoch of its 2 hours) by FRACTION (or CTC_STEPS), validation every VAL_EPOCHS
+# epochs of the subset, SEED for the fine-tuning runs (finetune_<run>-seed<SEED>: another
+# SEED reuses the pre-trained encoders). The from-scratch baseline gets the same steps and
 # the better (by dev WER) of SCRATCH_LRS. Extra arguments after "--" go to every
-# asr-train of stages 2 and 4 (Hydra overrides). Each stage skips what is already done.
+# asr-train of stages 2 and 4 (Hydra overrides); PRETRAIN_ARGS and FINETUNE_ARGS
+# (space-separated overrides) to those of one stage. BATCH_SIZES: the fine-tuning's
+# batches (default run.sh's exp/demo/batch_sizes.yaml; empty: the preset's sampler).
+# Each stage skips what is already done.
 set -euo pipefail
 
 stage=0
@@ -29,6 +33,7 @@ exp=${EXP:-exp/demo_ssl}
 fraction=${FRACTION:-0.1}
 subset_seed=${SUBSET_SEED:-0}
 seed=${SEED:-42}
+pretrain_seed=${PRETRAIN_SEED:-42}
 objectives=${OBJECTIVES:-best_rq w2v_bert}
 steps=${STEPS:-1000}
 val_epochs=${VAL_EPOCHS:-4}
@@ -55,17 +60,21 @@ say() { printf '\n=== ssl stage %s: %s (%d s elapsed) ===\n' "$1" "${names[$1]}"
 here=$(dirname "$0")
 manifests=$data/manifests
 subset=$exp/subset/train-clean-100-feats-$fraction-seed$subset_seed.jsonl.gz
-batch_sizes=${BATCH_SIZES:-exp/demo/batch_sizes.yaml}  # run.sh's stage 5, for experiment=demo
-ctc_steps=$(python -c "import sys; print(round(280 * float(sys.argv[1])))" "$fraction")
+batch_sizes=${BATCH_SIZES-exp/demo/batch_sizes.yaml}  # run.sh's stage 5, for experiment=demo
+bins_args=(); [[ -n $batch_sizes ]] && bins_args=(data.sampler.bins_file="$batch_sizes")
+read -ra pretrain_args <<< "${PRETRAIN_ARGS:-}"
+read -ra finetune_args <<< "${FINETUNE_ARGS:-}"
+ctc_steps=${CTC_STEPS:-$(python -c "import sys; print(round(280 * float(sys.argv[1])))" "$fraction")}
 finetune_runs=()
-for lr in $scratch_lrs; do finetune_runs+=("scratch_lr$lr"); done
-for objective in $objectives; do finetune_runs+=("$objective"); done
+for lr in $scratch_lrs; do finetune_runs+=("scratch_lr$lr-seed$seed"); done
+for objective in $objectives; do finetune_runs+=("$objective-seed$seed"); done
 
 if run 0; then say 0
   DATA=$data "$here/run.sh" --stop-stage batch-sizes
 fi
 if run 1; then say 1
   if [[ -f $subset ]]; then echo "$subset exists"; else
+    mkdir -p "$exp/subset"
     asr-subset-cuts "$manifests/librispeech_cuts_train-clean-100-feats.jsonl.gz" \
       --fraction "$fraction" --seed "$subset_seed" -o "$subset" | tee "$exp/subset/summary.json"
   fi
@@ -76,15 +85,15 @@ if run 2; then say 2
       echo "$exp/pretrain_$objective exists"; continue
     fi
     began=$SECONDS
-    asr-train experiment="demo_ssl_$objective" data_dir="$data" seed="$seed" \
+    asr-train experiment="demo_ssl_$objective" data_dir="$data" seed="$pretrain_seed" \
       exp_dir="$exp/pretrain_$objective" debug.step_times_dir="$exp/pretrain_$objective/step_times" \
-      "${train_args[@]}"
+      "${pretrain_args[@]}" "${train_args[@]}"
     echo $((SECONDS - began)) > "$exp/pretrain_$objective/wall_seconds"
   done
 fi
 if run 3; then say 3
   for objective in $objectives; do
-    asr-export "$exp/pretrain_$objective/checkpoints/best.ckpt" --encoder-only --average 1 \
+    asr-export "$exp/pretrain_$objective/checkpoints/best.ckpt" --encoder-only \
       -o "$exp/pretrain_$objective/encoder.pt"
   done
 fi
@@ -94,18 +103,18 @@ if run 4; then say 4
       echo "$exp/finetune_$name exists"; continue
     fi
     case $name in
-      scratch_lr*) lr=${name#scratch_lr}; init=null ;;
-      *) lr=$finetune_lr; init=$exp/pretrain_$name/encoder.pt ;;
+      scratch_lr*) lr=${name#scratch_lr}; lr=${lr%-seed*}; init=null ;;
+      *) lr=$finetune_lr; init=$exp/pretrain_${name%-seed*}/encoder.pt ;;
     esac
     began=$SECONDS
     asr-train experiment=demo data_dir="$data" seed="$seed" exp_dir="$exp/finetune_$name" \
-      "data.train_cuts=[$subset]" data.sampler.bins_file="$batch_sizes" \
+      "data.train_cuts=[$subset]" "${bins_args[@]}" \
       init_encoder_from="$init" optim.lr="$lr" \
       trainer.max_steps="$steps" trainer.max_epochs=100000 \
       trainer.check_val_every_n_epoch="$val_epochs" \
       optim.scheduler.warmup_steps=$((steps / 10)) \
       model.loss.transducer_start_step="$ctc_steps" run_test=false \
-      debug.step_times_dir="$exp/finetune_$name/step_times" "${train_args[@]}"
+      debug.step_times_dir="$exp/finetune_$name/step_times" "${finetune_args[@]}" "${train_args[@]}"
     echo $((SECONDS - began)) > "$exp/finetune_$name/wall_seconds"
   done
 fi
@@ -118,5 +127,5 @@ fi
 if run 6; then say 6
   python -m asr.benchmarks.ssl_compare "$exp" --subset "$subset" --steps "$steps" \
     --seed "$seed" --ctc-steps "$ctc_steps" --runs "${finetune_runs[@]}" \
-    -o "$exp/compare.json"
+    -o "$exp/compare-seed$seed.json"
 fi

@@ -8,7 +8,14 @@
 # Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features, 5 bins, 6 batch-sizes,
 # 7 train, 8 decode, 9 export, 10 results (a table, training curves, buckets). Each stage
 # skips work already done; arguments after "--" go to asr-train and asr-oomptimizer (Hydra
-# overrides). Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB) and
+# overrides). Self-supervised pre-training, optional (docs/ssl.md; not run by default):
+#   recipes/librispeech/run.sh --stage pretrain --stop-stage finetune
+# 11 pretrain: experiment=librispeech_ssl_$SSL_OBJECTIVE on all the training audio
+#   (transcripts unused): duration bins, its own batch-size search, training, and its
+#   encoder exported (exp/librispeech_ssl_<objective>/encoder.pt); PRETRAIN_ARGS: Hydra
+#   overrides of this stage alone (space-separated);
+# 12 finetune: the transducer on train-clean-100 alone, its encoder from stage 11
+#   (init_encoder_from), into EXP-ft-<objective>, then greedy decoding of the test sets. Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB) and
 # the whole recipe ~120 GB of disk (more with FEATURES=precomputed).
 #
 # Environment (defaults in brackets):
@@ -26,6 +33,10 @@
 #   EPOCH [the last], AVG [5]: the average of epochs EPOCH-AVG+1..EPOCH is decoded and exported
 #   BEAM [4]: the beam of the decoding stage (greedy is always decoded too)
 #   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer]
+#   SSL_OBJECTIVE [best_rq]: best_rq or w2v_bert (stages 11-12), SSL_EXP
+#     [exp/librispeech_ssl_<objective>]; FINETUNE_PARTS [train-clean-100]: the labelled parts
+#     stage 12 trains on (stage 6's batch sizes); pre-training reads the training cuts the
+#     transducer reads (with SPEED_PERTURB=1, the speed copies too)
 set -euo pipefail
 
 stage=0
@@ -43,9 +54,13 @@ avg=${AVG:-5}
 beam=${BEAM:-4}
 vocab_size=${VOCAB_SIZE:-1024}
 num_buckets=${NUM_BUCKETS:-30}
+ssl_objective=${SSL_OBJECTIVE:-best_rq}
+read -ra pretrain_args <<< "${PRETRAIN_ARGS:-}"
+read -ra finetune_parts <<< "${FINETUNE_PARTS:-train-clean-100}"
 train_args=()
 
-names=(download manifests perturb tokenizer features bins batch-sizes train decode export results)
+names=(download manifests perturb tokenizer features bins batch-sizes train decode export results
+  pretrain finetune)
 to_number() {
   for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && { echo "$i"; return; }; done
   [[ "$1" =~ ^[0-9]+$ ]] && { echo "$1"; return; }
@@ -186,4 +201,36 @@ print("\n".join(rows))
 EOF
   asr-plot training "$exp" -o "$exp/training.png"
   asr-plot bins "$batch_sizes" --cuts "${train_cuts[@]}" -o "$exp/bins.png"
+fi
+ssl_exp=${SSL_EXP:-exp/librispeech_ssl_$ssl_objective}
+if run 11; then say 11
+  ssl_bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix-audio.yaml
+  if [[ -f $ssl_bins ]]; then echo "$ssl_bins exists"; else
+    asr-estimate-bins "${train_cuts[@]}" --num-buckets "$num_buckets" -o "$ssl_bins"  # by duration
+  fi
+  ssl_args=(
+    experiment="librispeech_ssl_$ssl_objective" data_dir="$data" exp_dir="$ssl_exp"
+    "data.train_cuts=[$(join "${train_cuts[@]}")]" "data.valid_cuts=[$(join "${dev_cuts[@]}")]"
+    "data.test_cuts=[]" "data.features.source=$features" "${pretrain_args[@]}"
+  )
+  if [[ -f $ssl_exp/batch_sizes.yaml ]]; then echo "$ssl_exp/batch_sizes.yaml exists"; else
+    if [[ -z $batch_memory ]]; then
+      batch_memory=$(python -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{int(0.85 * p.total_memory)}B')" 2>/dev/null) || {
+        echo "no GPU to size the batches on: set BATCH_MEMORY (e.g. 20GiB) and DEVICE" >&2; exit 1; }
+    fi
+    asr-oomptimizer "${ssl_args[@]}" --bins-file "$ssl_bins" --memory-budget "$batch_memory" \
+      --device "$device" --rel-tolerance "$batch_tolerance" -o "$ssl_exp/batch_sizes.yaml"
+  fi
+  asr-train "${ssl_args[@]}" data.sampler.bins_file="$ssl_exp/batch_sizes.yaml" run_test=false
+  asr-export "$ssl_exp/checkpoints" --best --encoder-only -o "$ssl_exp/encoder.pt"
+fi
+ft_exp=$exp-ft-$ssl_objective
+if run 12; then say 12
+  ft_cuts=(); for p in "${finetune_parts[@]}"; do ft_cuts+=("$(cuts "$(train_name "$p")")"); done
+  asr-train "${data_args[@]}" exp_dir="$ft_exp" "data.train_cuts=[$(join "${ft_cuts[@]}")]" \
+    data.sampler.bins_file="$batch_sizes" init_encoder_from="$ssl_exp/encoder.pt" \
+    "${train_args[@]}"
+  for p in "${test_parts[@]}"; do
+    asr-decode "$ft_exp/checkpoints" "$(cuts "$p")" --best -o "$ft_exp/decode-$p-beam1"
+  done
 fi
