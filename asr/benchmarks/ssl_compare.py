@@ -20,24 +20,16 @@ scratch run with the lowest best dev WER; each pre-trained run's `relative_cut` 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from asr.training.metrics_csv import metric_rows
+
 SCRATCH = "scratch_lr"
 GAP_FACTOR = 3.0  # a step interval this many times the median is not training time
-
-
-def metric_rows(run_dir: Path) -> list[dict[str, str]]:
-    """The rows of every `csv/version_*/metrics.csv` of a run, in order."""
-    rows: list[dict[str, str]] = []
-    for path in sorted((run_dir / "csv").glob("version_*/metrics.csv")):
-        with open(path) as f:
-            rows += list(csv.DictReader(f))
-    return rows
 
 
 def values(rows: list[dict[str, str]], name: str) -> list[float]:

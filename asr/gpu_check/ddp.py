@@ -19,7 +19,6 @@ the training losses and, with DGC, every step's traffic.
 from __future__ import annotations
 
 import contextlib
-import csv
 import math
 import os
 import re
@@ -37,6 +36,7 @@ from asr.data.corpus import CorpusDir, load_cuts
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import SECTIONS
+from asr.training.metrics_csv import metric_rows
 
 MAX_STEPS = 6
 VALIDATE_EVERY = 3  # training batches between validations: 2 in a run
@@ -98,14 +98,16 @@ def device_overrides(device: str) -> tuple[str, ...]:
     return ("trainer.accelerator=cpu", "trainer.precision=auto", "distributed.cpu_threads=1")
 
 
-def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
-    """The overrides both runs share: the tiny model on the noise corpus (features from the
-    audio, not stored), 1-process DDP, `MAX_STEPS` steps, CSV metrics of every step."""
+def run_overrides(
+    corpus: CorpusDir, exp_dir: Path, device: str, tokenizer: Path | None
+) -> list[str]:
+    """What every training run of the check shares: the noise corpus (features from the
+    audio; `tokenizer` None: audio alone), 1-process DDP, `MAX_STEPS` steps with a
+    validation every `VALIDATE_EVERY`, CSV metrics of every step."""
     return [
-        *TINY_MODEL,
         f"data_dir={corpus.root}",
         f"exp_dir={exp_dir}",
-        f"data.tokenizer={corpus.tokenizer}",
+        f"data.tokenizer={tokenizer if tokenizer is not None else 'null'}",
         f"data.train_cuts=[{corpus.cuts(TRAIN)}]",
         f"data.valid_cuts=[{corpus.cuts(DEV)}]",
         "data.features.source=on_the_fly",
@@ -126,19 +128,15 @@ def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
     ]
 
 
+def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
+    """The overrides both runs share: the tiny transducer on the noise corpus."""
+    return [*TINY_MODEL, *run_overrides(corpus, exp_dir, device, corpus.tokenizer)]
+
+
 def section_limit(options: SectionOptions, module: str = __name__) -> float:
     """The time limit in the runner (seconds) of the section in `module` (this one)."""
     section = next(s for s in SECTIONS if s.module == module)
     return section.rehearsal_limit_s if options.rehearsal else section.limit_s
-
-
-def read_metrics(exp_dir: Path) -> list[dict[str, str]]:
-    """The rows of the run's metrics.csv files, every version in order."""
-    rows: list[dict[str, str]] = []
-    for path in sorted((exp_dir / "csv").glob("version_*/metrics.csv")):
-        with open(path) as f:
-            rows += list(csv.DictReader(f))
-    return rows
 
 
 def column(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
@@ -303,7 +301,7 @@ def report_run(report: Report, started: Started, device: str) -> None:
     """The record of an ended run, and its failures and warnings."""
     train_run = started.run
     facts = summarize(
-        train_run, started.log.read_text(errors="replace"), read_metrics(started.exp_dir)
+        train_run, started.log.read_text(errors="replace"), metric_rows(started.exp_dir)
     )
     if train_run.dgc:
         facts["dgc"]["rank_state_saved"] = rank_state_saved(started.exp_dir)

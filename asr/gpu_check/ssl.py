@@ -24,24 +24,24 @@ from typing import Any
 from asr.data.corpus import CorpusDir
 from asr.gpu_check.ddp import (
     BACKENDS,
+    MAX_STEPS,
     PRECISIONS,
     RUN_TARGET_S,
     STARTUP_S,
+    VALIDATE_EVERY,
     TrainRun,
     column,
-    device_overrides,
     ended,
     free_ports,
-    read_metrics,
+    run_overrides,
     section_limit,
     start_training,
     tail,
 )
-from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
+from asr.gpu_check.noise_corpus import make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
+from asr.training.metrics_csv import metric_rows
 
-MAX_STEPS = 6
-VALIDATE_EVERY = 3  # training batches between validations: 2 in a run
 TINY_ENCODER = (
     "model.encoder.d_model=64",
     "model.encoder.num_layers=2",  # w2v-BERT: one contrastive layer, one MLM layer
@@ -65,31 +65,8 @@ TERMS = {  # train/<term> each run must log
 
 
 def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
-    """What both runs share: the shrunk encoder on the noise corpus's audio (features from
-    the audio, no tokenizer), 1-process DDP, `MAX_STEPS` steps, CSV metrics of every step."""
-    return [
-        *TINY_ENCODER,
-        f"data_dir={corpus.root}",
-        f"exp_dir={exp_dir}",
-        "data.tokenizer=null",
-        f"data.train_cuts=[{corpus.cuts(TRAIN)}]",
-        f"data.valid_cuts=[{corpus.cuts(DEV)}]",
-        "data.features.source=on_the_fly",
-        "data.sampler.max_duration=10",
-        "data.sampler.max_cut_duration=10",
-        "data.sampler.num_buckets=4",
-        "data.num_workers=0",
-        "optim.scheduler.warmup_steps=5",
-        "logger=csv",
-        "run_test=false",
-        "resume=false",
-        f"trainer.max_steps={MAX_STEPS}",
-        f"+trainer.val_check_interval={VALIDATE_EVERY}",
-        "trainer.log_every_n_steps=1",
-        "trainer.devices=1",
-        "trainer.strategy=ddp",
-        *device_overrides(device),
-    ]
+    """What both runs share: the shrunk encoder on the noise corpus's audio, no tokenizer."""
+    return [*TINY_ENCODER, *run_overrides(corpus, exp_dir, device, tokenizer=None)]
 
 
 def summarize(run: TrainRun, log_text: str, rows: list[dict[str, str]]) -> dict[str, Any]:
@@ -148,7 +125,7 @@ def run(report: Report, options: SectionOptions) -> None:
         started.append(start_training(train_run, overrides, exp_dir, options, port))
     try:
         for done in ended(started, deadline):
-            rows = read_metrics(done.exp_dir)
+            rows = metric_rows(done.exp_dir)
             facts = summarize(done.run, done.log.read_text(errors="replace"), rows)
             report.record(
                 "train_run", run=done.run.name, checks=done.run.checks,

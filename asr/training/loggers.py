@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 from asr.config_keys import check_choice
+from asr.training.metrics_csv import CSV_DIR
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def build_loggers(cfg: Mapping[str, Any], save_dir: str | Path, run_config: dict
     if cfg.get("csv", LoggerConfig.csv):
         # One version_N directory per run and per resume: with a fixed directory Lightning
         # deletes the previous metrics.csv when a resumed run starts logging.
-        loggers.append(CSVLogger(save_dir, name="csv"))
+        loggers.append(CSVLogger(save_dir, name=CSV_DIR))
     wandb_cfg = dict(cfg.get("wandb") or {})
     if wandb_cfg:
         mode = resolve_wandb_mode(wandb_cfg.pop("mode", WandbConfig.mode))

@@ -39,24 +39,11 @@ steps=${STEPS:-1000}
 val_epochs=${VAL_EPOCHS:-4}
 scratch_lrs=${SCRATCH_LRS:-0.0015 0.003}
 finetune_lr=${FINETUNE_LR:-0.0015}
-train_args=()
 
 names=(prepare subset pretrain encoders finetune decode compare)
-to_number() {
-  for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && { echo "$i"; return; }; done
-  [[ "$1" =~ ^[0-9]+$ ]] && { echo "$1"; return; }
-  echo "unknown stage '$1'; stages: ${names[*]}" >&2; exit 2
-}
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --stage) stage=$(to_number "$2"); shift 2 ;;
-    --stop-stage) stop_stage=$(to_number "$2"); shift 2 ;;
-    --) shift; train_args=("$@"); break ;;
-    *) echo "usage: $0 [--stage S] [--stop-stage S] [-- hydra overrides]" >&2; exit 2 ;;
-  esac
-done
-run() { [[ $stage -le $1 && $stop_stage -ge $1 ]]; }
-say() { printf '\n=== ssl stage %s: %s (%d s elapsed) ===\n' "$1" "${names[$1]}" "$SECONDS"; }
+stage_label="ssl stage"
+source "$(dirname "$0")/../stages.sh"
+parse_stages "$@"
 here=$(dirname "$0")
 manifests=$data/manifests
 subset=$exp/subset/train-clean-100-feats-$fraction-seed$subset_seed.jsonl.gz

@@ -57,25 +57,11 @@ num_buckets=${NUM_BUCKETS:-30}
 ssl_objective=${SSL_OBJECTIVE:-best_rq}
 read -ra pretrain_args <<< "${PRETRAIN_ARGS:-}"
 read -ra finetune_parts <<< "${FINETUNE_PARTS:-train-clean-100}"
-train_args=()
 
 names=(download manifests perturb tokenizer features bins batch-sizes train decode export results
   pretrain finetune)
-to_number() {
-  for i in "${!names[@]}"; do [[ "${names[$i]}" == "$1" ]] && { echo "$i"; return; }; done
-  [[ "$1" =~ ^[0-9]+$ ]] && { echo "$1"; return; }
-  echo "unknown stage '$1'; stages: ${names[*]}" >&2; exit 2
-}
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --stage) stage=$(to_number "$2"); shift 2 ;;
-    --stop-stage) stop_stage=$(to_number "$2"); shift 2 ;;
-    --) shift; train_args=("$@"); break ;;
-    *) echo "usage: $0 [--stage S] [--stop-stage S] [-- hydra overrides]" >&2; exit 2 ;;
-  esac
-done
-run() { [[ $stage -le $1 && $stop_stage -ge $1 ]]; }
-say() { printf '\n=== stage %s: %s (%d s elapsed) ===\n' "$1" "${names[$1]}" "$SECONDS"; }
+source "$(dirname "$0")/../stages.sh"
+parse_stages "$@"
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 join() { local IFS=,; echo "$*"; }

@@ -1,7 +1,8 @@
-"""Pre-training and fine-tuning with 2 real processes over gloo: w2v-BERT on audio alone
-(half the cuts without a transcript) with duration buckets from `asr-estimate-bins` and no
-tokenizer, killed with -9 and resumed; then a transducer fine-tuned from its encoder with
-`freeze_encoder_steps`, whose encoder stays bitwise unchanged on both ranks over those steps.
+"""Pre-training and fine-tuning with 2 real processes over gloo: w2v-BERT (and BEST-RQ) on
+audio alone (half the cuts without a transcript) with duration buckets from
+`asr-estimate-bins` and no tokenizer, killed with -9 and resumed; then a transducer
+fine-tuned from its encoder with `freeze_encoder_steps`, whose encoder stays bitwise
+unchanged on both ranks over those steps.
 Each run goes through `ddp_worker.py` (as `asr-train` fits), which records every step."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from asr.inference.bundle import CHECKPOINT_DIR, LAST_CHECKPOINT, export_encoder
 from asr.models.conformer import ConformerConfig, ConformerEncoder
 from asr.training.encoder_init import load_encoder
 
-EPOCHS = 2
+EPOCHS = 1
 FROZEN_STEPS = 3
 KILL_AT_STEP = 4
 
@@ -45,10 +46,10 @@ def ssl_setup(train_overrides, feature_manifests, tmp_path_factory) -> dict:
     bins = root / "bins.yaml"
     estimate_bins_main([str(train_cuts), "--num-buckets", "3", "-o", str(bins)])
 
-    def overrides(exp_dir: Path) -> list[str]:
+    def overrides(exp_dir: Path, objective: str = "w2v_bert") -> list[str]:
         return [
             *train_overrides(exp_dir, kind="ssl"),
-            "experiment=demo_ssl_w2v_bert",
+            f"experiment=demo_ssl_{objective}",
             "data.tokenizer=null",
             "trainer=cpu_ddp",
             "trainer.devices=2",
@@ -88,6 +89,19 @@ def test_w2v_bert_pre_trains_on_two_ranks_with_duration_buckets(ssl_run, ssl_set
     validation = ranks[0]["validation"]
     assert "val/wer" not in validation and math.isfinite(validation["val/loss"])
     assert all(r["finite"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_best_rq_pre_trains_on_two_ranks(ssl_setup) -> None:
+    root = ssl_setup["root"]
+    overrides = ssl_setup["overrides"](root / "best_rq", "best_rq")
+    run(worker(root / "best_rq_record", overrides, "--validate"), root / "best_rq.log")
+    ranks = records(root / "best_rq_record")
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    for a, b in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True):
+        assert a["bucket"] == b["bucket"] and a["digest"] == b["digest"]
+    assert all(r["finite"] for r in ranks)
+    assert math.isfinite(ranks[0]["validation"]["val/mlm_accuracy"])
 
 
 @pytest.fixture(scope="module")
