@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from lhotse import CutSet
 
-from asr.data.subset import seeded_subset
+from asr.data.subset import main, seeded_subset
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +39,21 @@ def test_same_seed_same_subset_and_a_larger_share_holds_the_smaller(cuts) -> Non
     assert _ids(seeded_subset(cuts, 1.0, seed=3)) == _ids(cuts)
 
 
-def test_the_command_writes_the_subset_and_names_a_bad_fraction(tiny_corpus, tmp_path) -> None:
+def test_the_command_writes_the_subset_and_names_a_bad_fraction(
+    tiny_corpus, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     manifest = tiny_corpus.cuts("train-clean-100")
     out = tmp_path / "subset.jsonl.gz"
-    command = [sys.executable, "-m", "asr.data.subset", str(manifest), "--seed", "0"]
-    done = subprocess.run([*command, "--fraction", "0.25", "-o", str(out)], capture_output=True,
-                          text=True, check=True)  # fmt: skip
-    summary = json.loads(done.stdout)
+    main([str(manifest), "--seed", "0", "--fraction", "0.25", "-o", str(out)])
+    summary = json.loads(capsys.readouterr().out)
     assert summary["cuts"] == len(CutSet.from_file(out)) and summary["fraction"] == 0.25
     assert summary["seconds"] >= 0.25 * summary["of_seconds"] - 0.1
-    bad = subprocess.run([*command, "--fraction", "1.5", "-o", str(out)], capture_output=True,
-                         text=True)  # fmt: skip
-    assert bad.returncode == 1
-    assert bad.stderr.strip().splitlines() == [
-        f"subset.py: error: {manifest}: --fraction must be in (0, 1], got 1.5"
-    ]
-    missing = subprocess.run([*command[:3], str(tmp_path / "none.jsonl.gz"), "--fraction", "0.1",
-                              "-o", str(out)], capture_output=True, text=True)  # fmt: skip
-    assert missing.returncode == 1 and "none.jsonl.gz" in missing.stderr
+    for bad in ("1.5", "0"):
+        with pytest.raises(SystemExit) as stopped:
+            main([str(manifest), "--fraction", bad, "-o", str(out)])
+        assert stopped.value.code == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.endswith(f"error: {manifest}: --fraction must be in (0, 1], got {float(bad)}")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "none.jsonl.gz"), "--fraction", "0.1", "-o", str(out)])
+    assert "none.jsonl.gz" in capsys.readouterr().err
