@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -115,6 +116,7 @@ def check_run(
 def run(report: Report, options: SectionOptions) -> None:
     began = time.monotonic()
     work = Path(options.work_dir)
+    shutil.rmtree(work / "corpus", ignore_errors=True)
     with contextlib.redirect_stdout(sys.stderr):  # the manifests' progress bars
         corpus = make_noise_corpus(work / "corpus")
     deadline = began + section_limit(options, __name__) - STARTUP_S
