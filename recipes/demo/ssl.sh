@@ -34,10 +34,10 @@ fraction=${FRACTION:-0.1}
 subset_seed=${SUBSET_SEED:-0}
 seed=${SEED:-42}
 pretrain_seed=${PRETRAIN_SEED:-42}
-objectives=${OBJECTIVES:-best_rq w2v_bert}
+objectives=${OBJECTIVES-best_rq w2v_bert}
 steps=${STEPS:-1000}
 val_epochs=${VAL_EPOCHS:-4}
-scratch_lrs=${SCRATCH_LRS:-0.0015 0.003}
+scratch_lrs=${SCRATCH_LRS-0.0015 0.003}  # empty: no from-scratch run
 finetune_lr=${FINETUNE_LR:-0.0015}
 
 names=(prepare subset pretrain encoders finetune decode compare)
