@@ -190,16 +190,17 @@ def tail(text: str) -> str:
     return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
 
 
-def check_run(
-    report: Report, run: TrainRun, device: str, exit_code: int | None, log: Path, facts: dict
-) -> None:
-    """Fail or warn on what `facts` (from `summarize`) show of `run`."""
-    what = f"{run.name} ({run.checks})"
+def check_common(
+    report: Report, what: str, device: str, exit_code: int | None, log: Path, facts: dict
+) -> bool:
+    """Fail on what every training run of the check must show (`facts`: exit code aside,
+    `backend`, `precision`, `validations`, `optimizer_steps`, `losses_finite`); False when
+    the run did not end well, and nothing else was checked."""
     if exit_code != 0:
         ended = "was stopped at its time limit" if exit_code is None else f"exited {exit_code}"
         text = log.read_text(errors="replace") if log.is_file() else ""
         report.fail(f"{what} {ended}; last lines of {log}:\n{tail(text)}")
-        return
+        return False
     expected = BACKENDS[device]
     if facts["backend"] != expected:
         report.fail(f"{what}: distributed backend {facts['backend']}, expected {expected} ({log})")
@@ -211,6 +212,16 @@ def check_run(
         report.fail(f"{what}: {facts['optimizer_steps']} optimizer steps, expected {MAX_STEPS}")
     if not facts["losses_finite"]:
         report.fail(f"{what}: training losses not all finite: {facts['losses']}")
+    return True
+
+
+def check_run(
+    report: Report, run: TrainRun, device: str, exit_code: int | None, log: Path, facts: dict
+) -> None:
+    """Fail or warn on what `facts` (from `summarize`) show of `run`."""
+    what = f"{run.name} ({run.checks})"
+    if not check_common(report, what, device, exit_code, log, facts):
+        return
     if facts["lattice_given_up"]:
         report.warn(f"{what}: the Triton lattice kernels were given up (see {log})")
     if run.dgc and facts["dgc"]["sparse_steps"] == 0:

@@ -24,20 +24,17 @@ from typing import Any
 
 from asr.data.corpus import CorpusDir
 from asr.gpu_check.ddp import (
-    BACKENDS,
     MAX_STEPS,
-    PRECISIONS,
     RUN_TARGET_S,
     STARTUP_S,
-    VALIDATE_EVERY,
     TrainRun,
+    check_common,
     column,
     ended,
     free_ports,
     run_overrides,
     section_limit,
     start_training,
-    tail,
 )
 from asr.gpu_check.noise_corpus import make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
@@ -94,21 +91,10 @@ def check_run(
 ) -> None:
     """Fail on what `facts` (from `summarize`) show of `run`."""
     what = f"{run.name} ({run.checks})"
-    if exit_code != 0:
-        ended_how = "was stopped at its time limit" if exit_code is None else f"exited {exit_code}"
-        text = log.read_text(errors="replace") if log.is_file() else ""
-        report.fail(f"{what} {ended_how}; last lines of {log}:\n{tail(text)}")
+    if not check_common(report, what, device, exit_code, log, facts):
         return
-    if facts["backend"] != BACKENDS[device]:
-        report.fail(f"{what}: distributed backend {facts['backend']}, expected {BACKENDS[device]}")
-    if facts["precision"] != PRECISIONS[device]:
-        report.fail(f"{what}: precision {facts['precision']}, expected {PRECISIONS[device]}")
-    if facts["validations"] != MAX_STEPS // VALIDATE_EVERY or facts["decoded"]:
-        report.fail(f"{what}: {facts['validations']} validations by loss, expected 2, and no WER")
-    if facts["optimizer_steps"] != MAX_STEPS:
-        report.fail(f"{what}: {facts['optimizer_steps']} optimizer steps, expected {MAX_STEPS}")
-    if not facts["losses_finite"]:
-        report.fail(f"{what}: training losses not all finite: {facts['losses']}")
+    if facts["decoded"]:
+        report.fail(f"{what}: a pre-training run decoded (val/wer logged; {log})")
     if facts["terms_missing"]:
         report.fail(f"{what}: not logged: {facts['terms_missing']} ({log})")
 
