@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]} at {sys.executable}"'
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --progress-bar off -e '.[dev]'
+	$(VENV)/bin/python -m pip install --progress-bar off -e '.[dev,deploy]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 ## Build the demo corpus, train a small Conformer-Transducer, decode, print WER.

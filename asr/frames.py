@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import overload
 
-from torch import Tensor
+from torch import SymInt, Tensor
 
 SAMPLE_RATE = 16_000
 FRAME_SHIFT_SECONDS = 0.01
@@ -51,5 +51,8 @@ def subsampled_lengths(lens, factor):
 
 
 def subsampled_length(n: int, factor: int) -> int:
-    """``subsampled_lengths`` for one plain int."""
+    """``subsampled_lengths`` for one plain int (or a symbolic size while exporting: kept
+    symbolic, so an exported encoder takes any length)."""
+    if isinstance(n, SymInt):
+        return subsampled_lengths(n, factor)
     return int(subsampled_lengths(int(n), factor))

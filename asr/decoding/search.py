@@ -13,16 +13,32 @@ from asr.models.build import Model
 SearchOptions = transducer.GreedyOptions | transducer.BeamOptions | aed.AedSearchOptions
 
 
-def default_options(model: Model, beam_size: int = 1) -> SearchOptions:
+def is_attention_decoder(model: Model) -> bool:
+    """An `EncoderDecoder`, or an object with its decoding interface that says it is one
+    (`is_attention_decoder`: the ONNX models of `asr.inference.onnx_runtime`)."""
+    return isinstance(model, EncoderDecoder) or getattr(model, "is_attention_decoder", False)
+
+
+def default_options(
+    model: Model, beam_size: int = 1, max_symbols_per_frame: int | None = None
+) -> SearchOptions:
     """Greedy search for `beam_size` 1, else beam search of `beam_size`, with default
-    limits (`transducer.BeamOptions`, `aed.AedSearchOptions`)."""
+    limits (`transducer.BeamOptions`, `aed.AedSearchOptions`); `max_symbols_per_frame`
+    (transducers; None: the default, 3) caps the tokens emitted per encoder frame."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if isinstance(model, EncoderDecoder):
+    if is_attention_decoder(model):
+        if max_symbols_per_frame is not None:
+            raise ValueError(
+                "max_symbols_per_frame is a transducer's limit: an attention decoder has none"
+            )
         return aed.AedSearchOptions(beam_size=beam_size)
+    symbols = {}
+    if max_symbols_per_frame is not None:
+        symbols["max_symbols_per_frame"] = max_symbols_per_frame
     if beam_size > 1:
-        return transducer.BeamOptions(beam_size=beam_size)
-    return transducer.GreedyOptions()
+        return transducer.BeamOptions(beam_size=beam_size, **symbols)
+    return transducer.GreedyOptions(**symbols)
 
 
 def decode(
@@ -31,7 +47,7 @@ def decode(
     """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (the best hypothesis),
     with the search of the model's kind (greedy by default)."""
     options = options or default_options(model)
-    if isinstance(model, EncoderDecoder):
+    if is_attention_decoder(model):
         if not isinstance(options, aed.AedSearchOptions):
             raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
         return aed.decode(model, encoder_out, encoder_lens, options)
@@ -54,7 +70,7 @@ def decode_nbest(
         raise ValueError(
             f"an n-best list of {nbest} needs a beam search at least as wide, not {beam}"
         )
-    if isinstance(model, EncoderDecoder):
+    if is_attention_decoder(model):
         if not isinstance(options, aed.AedSearchOptions):
             raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
         hyps = aed.beam_search_nbest(

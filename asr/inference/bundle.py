@@ -33,6 +33,7 @@ _EPOCH_FILE = re.compile(re.escape(_EPOCH_PREFIX) + r"(\d+)" + re.escape(CHECKPO
 BUNDLE_FILE = "model.bundle.pt"  # asr-export's default output, in the run's exp_dir
 
 BUNDLE_FORMAT = "asr-bundle-1"
+ONNX_DIR = "onnx"  # asr-export --format onnx's default output directory, in the exp_dir
 ENCODER_FILE = "encoder.pt"  # asr-export --encoder-only's default output, in the exp_dir
 ENCODER_FORMAT = "asr-encoder-1"
 ENCODER_KEY = "encoder"  # the encoder's state dict in an encoder export
@@ -50,7 +51,9 @@ def _torch_load(path: Path, *, weights_only: bool) -> Any:
     """torch.load, with an error naming `path` when the file is truncated or not torch's."""
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        # a file cut short fails in the zip reader (RuntimeError), in pickle (EOFError,
+        # UnpicklingError) or in a seek past its end (OSError: [Errno 22] Invalid argument)
         reason = first_line(err, with_type=False)
         raise ValueError(f"cannot read {path}: truncated or not a torch file ({reason})") from err
 
@@ -174,12 +177,17 @@ def export_bundle(
     of checkpoints given; with `ema`, the EMA weights). Returns its path."""
     paths = ckpt if isinstance(ckpt, list) else checkpoints_to_average(ckpt, average)
     bundle = bundle_from_checkpoints(paths, ema)
+    check_decodable(bundle, paths[-1])
+    return _save_atomically(bundle, Path(output))
+
+
+def check_decodable(bundle: dict[str, Any], source: Path) -> None:
+    """Raise unless `bundle` (from `source`) is a model that decodes (not pre-training)."""
     if bundle["model"].get("kind") == "ssl":
         raise ValueError(
-            f"{paths[-1]} is a pre-training checkpoint (model.kind=ssl): it has no decoder; "
+            f"{source} is a pre-training checkpoint (model.kind=ssl): it has no decoder; "
             "export its encoder with asr-export --encoder-only"
         )
-    return _save_atomically(bundle, Path(output))
 
 
 def export_encoder(paths: list[Path], output: str | Path, ema: bool = False) -> Path:
@@ -225,6 +233,11 @@ def load_bundle(path: str | Path | list[Path]) -> tuple[Model, Tokenizer, dict[s
             bundle = _torch_load(path, weights_only=True)
     if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
         raise ValueError(f"{path} is neither an asr bundle nor an asr-train checkpoint")
+    return model_from_bundle(bundle)
+
+
+def model_from_bundle(bundle: dict[str, Any]) -> tuple[Model, Tokenizer, dict[str, Any]]:
+    """(model in eval mode, tokenizer, feature config) of a bundle dict."""
     tokenizer = Tokenizer.from_bytes(bundle["tokenizer"])
     model = build_model(bundle["model"], tokenizer.vocab_size)
     model.load_state_dict(bundle["state_dict"])

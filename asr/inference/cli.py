@@ -35,6 +35,7 @@ from asr.errors import first_line
 from asr.inference.bundle import (
     BUNDLE_FILE,
     ENCODER_FILE,
+    ONNX_DIR,
     epoch_of,
     export_bundle,
     export_encoder,
@@ -63,7 +64,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--device` and `--beam-size` of asr-transcribe and asr-decode."""
+    """The model and search options of asr-transcribe and asr-decode."""
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--beam-size",
@@ -71,6 +72,47 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="1: greedy search; more: beam search of that width",
     )
+    parser.add_argument(
+        "--max-symbols-per-frame",
+        type=int,
+        default=None,
+        help="transducers: at most N tokens per encoder frame (default 3; sherpa-onnx's "
+        "greedy search emits 1)",
+    )
+    parser.add_argument(
+        "--onnx",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="decode the ONNX export in DIR (asr-export --format onnx) with onnxruntime on "
+        "the CPU; then no MODEL argument",
+    )
+    parser.add_argument("--int8", action="store_true", help="--onnx: the *.int8.onnx files")
+    parser.add_argument("--num-threads", type=int, default=1, help="--onnx: onnxruntime's threads")
+
+
+def _recognizer(args: argparse.Namespace, source: Path | list[Path] | None) -> Recognizer:
+    """The recognizer the arguments ask for: `--onnx DIR`'s, or `source`'s (a bundle or
+    checkpoints)."""
+    if args.onnx is not None:
+        from asr.inference.onnx_runtime import load_onnx_recognizer
+
+        return load_onnx_recognizer(
+            args.onnx, args.beam_size, args.max_symbols_per_frame, args.int8, args.num_threads
+        )
+    if args.int8:
+        raise ValueError("--int8 selects the int8 files of an ONNX export: give --onnx DIR")
+    assert source is not None
+    return load_recognizer(source, args.device, args.beam_size, args.max_symbols_per_frame)
+
+
+def _split_model(args: argparse.Namespace, inputs: list[Path], needed: int) -> Path | None:
+    """The MODEL of `inputs` (the first) unless `--onnx` names it; checks that `needed`
+    arguments remain."""
+    model = None if args.onnx is not None else inputs.pop(0) if inputs else None
+    if (args.onnx is None and model is None) or len(inputs) < needed:
+        raise ValueError("expected MODEL (or --onnx DIR) and then the files to decode")
+    return model
 
 
 @command
@@ -88,10 +130,25 @@ def export_main(argv: list[str] | None = None) -> None:
         help=f"only the encoder, for init_encoder_from= (default name {ENCODER_FILE})",
     )
     parser.add_argument(
+        "--format",
+        choices=("bundle", "onnx"),
+        default="bundle",
+        help="bundle: one file for this package; onnx: a directory of ONNX graphs and "
+        f"tokens.txt that sherpa-onnx decodes (default name {ONNX_DIR}/)",
+    )
+    parser.add_argument(
+        "--no-int8", action="store_true", help="onnx: skip the int8-quantized copies"
+    )
+    parser.add_argument(
         "-o", "--output", type=Path, default=None, help="default: in the run's exp dir"
     )
     args = parser.parse_args(argv)
     paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
+    if args.format == "onnx":
+        if args.encoder_only:
+            raise ValueError("--encoder-only writes a bundle for fine-tuning, not ONNX")
+        _export_onnx(paths, args.output or paths[-1].parent.parent / ONNX_DIR, args)
+        return
     name = ENCODER_FILE if args.encoder_only else BUNDLE_FILE
     output = args.output or paths[-1].parent.parent / name
     export = export_encoder if args.encoder_only else export_bundle
@@ -104,16 +161,35 @@ def export_main(argv: list[str] | None = None) -> None:
     )
 
 
+def _export_onnx(paths: list[Path], output: Path, args: argparse.Namespace) -> None:
+    from asr.inference.onnx_export import export_onnx
+
+    export = export_onnx(paths, output, ema=args.ema, int8=not args.no_int8)
+    size = sum(f.stat().st_size for f in export.files) / 1e6
+    print(f"wrote {len(export.files)} files to {export.directory} ({size:.1f} MB)")
+    if export.sherpa_note:
+        print(export.sherpa_note)
+
+
 @command
 def transcribe_main(argv: list[str] | None = None) -> None:
     """`asr-transcribe`: one line `path<TAB>text` per audio file."""
-    parser = argparse.ArgumentParser(description="Transcribe audio files with an asr bundle.")
-    parser.add_argument("bundle", type=Path, help="model bundle (asr-export) or checkpoint")
-    parser.add_argument("audio", type=Path, nargs="+", help="audio files (flac, wav, ...)")
+    parser = argparse.ArgumentParser(
+        description="Transcribe audio files with an asr bundle, checkpoint or ONNX export.",
+        usage="%(prog)s [options] (MODEL | --onnx DIR) AUDIO [AUDIO ...]",
+    )
+    parser.add_argument(
+        "inputs",
+        type=Path,
+        nargs="+",
+        metavar="MODEL AUDIO",
+        help="model bundle (asr-export) or checkpoint, then audio files (flac, wav, ...)",
+    )
     _add_search_arguments(parser)
     args = parser.parse_args(argv)
-    recognizer = load_recognizer(args.bundle, args.device, args.beam_size)
-    for path, text in zip(args.audio, recognizer.transcribe(args.audio), strict=True):
+    inputs = list(args.inputs)
+    recognizer = _recognizer(args, _split_model(args, inputs, 1))
+    for path, text in zip(inputs, recognizer.transcribe(inputs), strict=True):
         print(f"{path}\t{text}")
 
 
@@ -226,9 +302,13 @@ def decode_main(argv: list[str] | None = None) -> None:
     """`asr-decode`: decode a manifest, write hyps.jsonl and wer.json, print the WER."""
     parser = argparse.ArgumentParser(description="Decode a cut manifest and report WER.")
     parser.add_argument(
-        "model", type=Path, help="bundle (asr-export), .ckpt, or a run's checkpoints/ directory"
+        "inputs",
+        type=Path,
+        nargs="+",
+        metavar="MODEL MANIFEST",
+        help="bundle (asr-export), .ckpt, or a run's checkpoints/ directory (none with "
+        "--onnx DIR); then a lhotse cut manifest (.jsonl.gz)",
     )
-    parser.add_argument("manifest", type=Path, help="lhotse cut manifest (.jsonl.gz)")
     parser.add_argument(
         "-o", "--output-dir", type=Path, default=None, help="default: beside the model"
     )
@@ -239,20 +319,29 @@ def decode_main(argv: list[str] | None = None) -> None:
     )
     add_checkpoint_arguments(parser)
     args = parser.parse_args(argv)
+    inputs = list(args.inputs)
+    model = _split_model(args, inputs, 1)
+    if len(inputs) != 1:
+        parser.error("expected one MANIFEST after the model")
+    args.model, args.manifest = model or args.onnx, inputs[0]
     if not 1 <= args.nbest <= args.beam_size:
         parser.error(f"--nbest {args.nbest} needs --beam-size of at least {args.nbest}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     source: Path | list[Path] = args.model
     name = f"decode-{args.manifest.name.split('.')[0]}"
-    if args.epoch is not None or args.best or args.avg > 1:  # checkpoints, averaged
+    if args.onnx is not None:
+        name += "-onnx-int8" if args.int8 else "-onnx"
+    elif args.epoch is not None or args.best or args.avg > 1:  # checkpoints, averaged
         source = select_checkpoints(args.model, args.epoch, args.avg, args.best)
         name += "-best" if args.best else f"-epoch{epoch_of(source[-1]):02d}-avg{len(source)}"
     if args.beam_size > 1:
         name += f"-beam{args.beam_size}"
+    if args.max_symbols_per_frame is not None:
+        name += f"-sym{args.max_symbols_per_frame}"
     model_dir = args.model if args.model.is_dir() else args.model.parent
     output_dir = args.output_dir or model_dir / name
     summary = decode_manifest(
-        load_recognizer(source, args.device, args.beam_size),
+        _recognizer(args, source),
         args.manifest,
         output_dir,
         args.max_duration,

@@ -112,11 +112,15 @@ class Recognizer:
 
 
 def load_recognizer(
-    path: str | Path | list[Path], device: str | torch.device = "cpu", beam_size: int = 1
+    path: str | Path | list[Path],
+    device: str | torch.device = "cpu",
+    beam_size: int = 1,
+    max_symbols_per_frame: int | None = None,
 ) -> Recognizer:
     """A `Recognizer` from a bundle (`asr-export`), a training checkpoint, or a list of
     checkpoints (their averaged weights, as `asr-export` would make them); `beam_size`
-    above 1 decodes with beam search."""
+    above 1 decodes with beam search; `max_symbols_per_frame` (transducers) caps the
+    tokens per encoder frame (None: the search's default)."""
     model, tokenizer, features = load_bundle(path)
-    options = default_options(model, beam_size)
+    options = default_options(model, beam_size, max_symbols_per_frame)
     return Recognizer(model, tokenizer, FeatureConfig(**features), device, options)

@@ -55,13 +55,20 @@ class ConvSubsampling(nn.Module):
         self.linear = nn.Linear(channels * conv_out_lengths(input_dim, num_convs), d_model)
         # Channels-last (B, T, F, C in memory): oneDNN's convolutions on CPUs are faster in
         # this layout, in float32 and more so in bfloat16; GPUs prefer it for bf16 too.
-        self.convs.to(memory_format=torch.channels_last)
+        # `use_memory_format(torch.contiguous_format)` before an ONNX export, whose tracer
+        # would otherwise fix the batch size (its channels-last strides depend on it).
+        self.use_memory_format(torch.channels_last)
+
+    def use_memory_format(self, memory_format: torch.memory_format) -> None:
+        """Keep the convolutions' weights and inputs in `memory_format`."""
+        self.memory_format = memory_format
+        self.convs.to(memory_format=memory_format)
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         """x (B, T, F), x_lens (B,) -> y (B, T', D), y_lens (B,) with T' = ceil(T / factor)."""
         lens = x_lens
         x = x.masked_fill(~lengths_to_mask(lens, x.size(1))[:, :, None], 0.0)
-        x = x.unsqueeze(1).contiguous(memory_format=torch.channels_last)  # (B, 1, T, F)
+        x = x.unsqueeze(1).contiguous(memory_format=self.memory_format)  # (B, 1, T, F)
         for i, conv in enumerate(self.convs):
             x = conv(x)
             lens = conv_out_lengths(lens, 1)
