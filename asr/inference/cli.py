@@ -3,9 +3,12 @@
     asr-export exp/demo/checkpoints/last.ckpt --average 3 -o exp/demo/model.bundle.pt
     asr-transcribe exp/demo/model.bundle.pt a.flac b.wav --beam-size 4
     asr-decode exp/demo/model.bundle.pt data/demo/manifests/librispeech_cuts_test-clean.jsonl.gz
+    asr-export exp/demo/checkpoints/last.ckpt --format onnx -o exp/demo/onnx
+    asr-transcribe --onnx exp/demo/onnx a.flac --max-symbols-per-frame 1
 
 `asr-decode MODEL MANIFEST` decodes a cut manifest, writes hypotheses and prints the WER.
-MODEL is a bundle (asr-export) or a training checkpoint. It writes into `--output-dir`:
+MODEL is a bundle (asr-export) or a training checkpoint; `--onnx DIR` instead of MODEL
+decodes an ONNX export with onnxruntime (docs/export.md). It writes into `--output-dir`:
 `hyps.jsonl` (one line per utterance: id, ref, hyp, substitutions, deletions,
 insertions, ref_words) and `wer.json` (corpus totals). An utterance whose audio cannot be
 read is never left out of the WER: it counts as all deletions (an empty hypothesis, marked
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -164,7 +168,10 @@ def export_main(argv: list[str] | None = None) -> None:
 def _export_onnx(paths: list[Path], output: Path, args: argparse.Namespace) -> None:
     from asr.inference.onnx_export import export_onnx
 
-    export = export_onnx(paths, output, ema=args.ema, int8=not args.no_int8)
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    export = export_onnx(paths, output, ema=args.ema, int8=not args.no_int8, report=report)
     size = sum(f.stat().st_size for f in export.files) / 1e6
     print(f"wrote {len(export.files)} files to {export.directory} ({size:.1f} MB)")
     if export.sherpa_note:

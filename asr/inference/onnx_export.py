@@ -19,6 +19,8 @@ import copy
 import logging
 import os
 import shutil
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,11 +77,16 @@ class OnnxExport:
 
 
 def export_onnx(
-    paths: list[Path], output_dir: str | Path, ema: bool = False, int8: bool = True
+    paths: list[Path],
+    output_dir: str | Path,
+    ema: bool = False,
+    int8: bool = True,
+    report: Callable[[str], None] | None = None,
 ) -> OnnxExport:
     """Write the ONNX files of the model averaged over `paths` (with `ema`, its EMA weights)
     into `output_dir`, fp32 and (with `int8`) quantized; each graph is checked against
-    PyTorch on inputs of another size than the traced ones before anything is written."""
+    PyTorch on inputs of another size than the traced ones before anything is written.
+    `report` receives one line per graph done (the export takes tens of seconds)."""
     bundle = bundle_from_checkpoints(paths, ema)
     check_decodable(bundle, paths[-1])
     model, tokenizer, features = model_from_bundle(bundle)
@@ -93,6 +100,7 @@ def export_onnx(
     try:
         names = []
         for name, graph in graphs.items():
+            start = time.perf_counter()
             proto = _export_graph(graph)
             for key, value in {**metadata["all"], **metadata.get(name, {})}.items():
                 proto.metadata_props.add(key=key, value=str(value))
@@ -102,6 +110,9 @@ def export_onnx(
             if int8:
                 _quantize(staging / onnx_file(name), staging / onnx_file(name, int8=True))
                 names.append(onnx_file(name, int8=True))
+            if report:
+                took = time.perf_counter() - start
+                report(f"{onnx_file(name)}: exported and checked against PyTorch ({took:.0f} s)")
         (staging / TOKENS).write_text(tokens_txt(tokenizer))
         names.append(TOKENS)
         files = []
@@ -311,9 +322,15 @@ def _quantize(source: Path, target: Path) -> None:
     """onnxruntime's dynamic int8 quantization of the MatMul weights (icefall's choice)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(source), str(target), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8
-    )
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process, on the root logger, each time
+    try:
+        quantize_dynamic(
+            str(source), str(target), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8
+        )
+    finally:
+        root.setLevel(level)
 
 
 def _metadata(

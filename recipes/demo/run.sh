@@ -15,7 +15,7 @@
 # audio): the demo's learning-rate schedule and epochs are tuned for those updates (a larger
 # budget gives fewer, larger updates and a worse model after 8 epochs), and a bf16 search gives
 # batches a few cuts apart from run to run. EXPERIMENT picks
-# the Hydra preset (default demo; demo_aed_deep, demo_aed_flash), EXP its directory
+# the Hydra preset (default demo; demo_stateless, demo_aed_deep, demo_aed_flash), EXP its directory
 # (exp/<experiment>).
 set -euo pipefail
 
@@ -89,6 +89,9 @@ if run 7; then say 7
 fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
+  # ONNX graphs for sherpa-onnx (a stateless predictor: EXPERIMENT=demo_stateless) or for
+  # asr-transcribe --onnx (docs/export.md)
+  asr-export "$exp/checkpoints/last.ckpt" --format onnx -o "$exp/onnx"
 fi
 if run 9; then say 9
   wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | head -n 1)

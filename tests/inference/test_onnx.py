@@ -3,6 +3,7 @@ onnxruntime (`--onnx DIR`) and compared with PyTorch; and the errors of bad expo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import onnx
@@ -91,13 +92,21 @@ def test_sherpa_onnx_decodes_the_export_as_pytorch_does(
 
 
 def test_onnx_beam_search_and_default_symbols_match_pytorch(
-    stateless_run, stateless_export, test_flacs
+    stateless_run, stateless_export, test_flacs, test_cuts, cli, tmp_path
 ):
     flacs = test_flacs[:6]
     for beam in (1, 3):
         pytorch = asr.load_model(stateless_run, beam_size=beam).transcribe(flacs)
         ours = load_onnx_recognizer(stateless_export, beam_size=beam).transcribe(flacs)
         assert ours == pytorch
+    for model in (["--onnx", stateless_export], [stateless_run]):
+        out = tmp_path / ("onnx" if len(model) == 2 else "pytorch")
+        cli("asr-decode", *model, test_cuts, "-o", out, "--max-symbols-per-frame", "1")
+    onnx_hyps, pytorch_hyps = (
+        [json.loads(line)["hyp"] for line in (tmp_path / d / "hyps.jsonl").read_text().splitlines()]
+        for d in ("onnx", "pytorch")
+    )
+    assert onnx_hyps == pytorch_hyps and len(onnx_hyps) == len(test_flacs)
 
 
 def test_lstm_and_aed_models_export_for_our_onnxruntime_decoder(
@@ -141,7 +150,8 @@ def test_bad_exports_and_truncated_models_fail_in_one_line_naming_the_file(
     assert len(err.splitlines()) == 1
     (broken / "decoder.onnx").unlink()
     err = _error_of(["--onnx", str(broken), flac], capsys)
-    assert err.endswith(f"{broken / 'decoder.onnx'}: not found (asr-export --format onnx writes it)")
+    missing_decoder = f"{broken / 'decoder.onnx'}: not found (asr-export --format onnx writes it)"
+    assert err.endswith(missing_decoder)
     for model in (bundle, trained_run.checkpoints / "last.ckpt"):
         data = model.read_bytes()
         for length in (0, 1, 100, 5000, len(data) // 2, len(data) - 1):

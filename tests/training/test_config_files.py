@@ -157,13 +157,15 @@ def test_a_hand_written_group_file_adjusts_a_generated_one(path: str) -> None:
 
 @pytest.mark.parametrize("path", PRESETS)
 def test_a_preset_only_overrides(path: str) -> None:
-    """Each key a preset sets differs from the config of its groups without it."""
+    """Each key a preset sets differs from the config of its groups (or of the preset it
+    builds on, a plain name in its defaults) without it."""
     preset = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / path))
     groups = [
-        f"{key.removeprefix('override /')}={value}"
+        f"experiment={entry}" if isinstance(entry, str) else
+        f"{next(iter(entry)).removeprefix('override /')}={next(iter(entry.values()))}"
         for entry in preset.pop("defaults")
-        for key, value in entry.items()
-    ]
+        if entry != "_self_"
+    ]  # fmt: skip
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         base = OmegaConf.to_container(hydra.compose("train", overrides=groups))
     assert restated(preset, base) == []
