@@ -5,7 +5,7 @@
 
 Exports the checkpoint to `--onnx` first when that directory has no export. Then, greedy
 search on every utterance of the manifest, one utterance at a time (a file transcribed as
-it comes), audio read once beforehand:
+it comes), audio read once beforehand, each decoder warmed up on the first utterance:
 
 - `wer` lines: WER of PyTorch at the default tokens per frame (3) and at 1, of this
   package's onnxruntime decoder (`--onnx`, fp32 and int8) and of sherpa-onnx (fp32, int8)
@@ -82,6 +82,7 @@ def main() -> None:
     stateless = load_onnx_recognizer(args.onnx).model.predictor.kind == "stateless"
 
     def record(name: str, threads: int, transcribe: Transcriber) -> None:
+        transcribe(audio[0])  # warm-up: first-call allocations and kernel choices untimed
         hyps, elapsed = run(transcribe, audio)
         line = {
             "decoder": name,

@@ -97,7 +97,7 @@ def test_onnx_beam_search_and_default_symbols_match_pytorch(
     flacs = test_flacs[:6]
     for beam in (1, 3):
         pytorch = asr.load_model(stateless_run, beam_size=beam).transcribe(flacs)
-        ours = load_onnx_recognizer(stateless_export, beam_size=beam).transcribe(flacs)
+        ours = asr.load_model(stateless_export, beam_size=beam).transcribe(flacs)
         assert ours == pytorch
     for model in (["--onnx", stateless_export], [stateless_run]):
         out = tmp_path / ("onnx" if len(model) == 2 else "pytorch")
