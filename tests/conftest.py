@@ -29,20 +29,53 @@ from asr.training.train import CONFIG_DIR
 # once all go to the same one, one file after another, so that at most one multi-process
 # test runs beside one single-process test.
 RANK_TESTS = "tests/training/distributed/"
+# The inference tests share trained runs (session fixtures, per worker): one scope, so that
+# they are trained once.
+INFERENCE_TESTS = "tests/inference/"
+SHARED_SCOPES = (RANK_TESTS, INFERENCE_TESTS)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker, its commands included
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
 
 
+# The scopes that take longest (minutes each, `make test --durations`), started first so that
+# the other scopes fill both workers around them instead of one worker finishing alone with
+# a 3-minute recipe test (805 s in all before this order, with the ONNX tests).
+LONG_SCOPES_FIRST = (
+    RANK_TESTS,
+    "tests/test_librispeech_recipe.py",
+    INFERENCE_TESTS,
+    "tests/gpu_check/test_rehearsal.py",
+    "tests/test_demo_ssl_recipe.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collection order, which xdist's scope scheduler follows: `LONG_SCOPES_FIRST` first
+    (in that order), the other tests after them as collected."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        found = [i for i, scope in enumerate(LONG_SCOPES_FIRST) if path.startswith(scope)]
+        return found[0] if found else len(LONG_SCOPES_FIRST)
+
+    items.sort(key=rank)  # stable: each scope keeps its own order
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scope scheduling with a scope per file, the multi-process files one scope."""
+    """xdist's scope scheduling with a scope per file; the multi-process files are one
+    scope, and so are the inference files."""
     from xdist.scheduler import LoadScopeScheduling
+
+    # keep the collection order (`pytest_collection_modifyitems`), not xdist's default of
+    # the scopes with most tests first, which started the one-test recipe files last
+    config.option.loadscopereorder = False
 
     class FilesRanksTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return RANK_TESTS if path.startswith(RANK_TESTS) else path
+            return next((scope for scope in SHARED_SCOPES if path.startswith(scope)), path)
 
     return FilesRanksTogether(config, log)
 

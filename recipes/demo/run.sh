@@ -89,9 +89,13 @@ if run 7; then say 7
 fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
-  # ONNX graphs for sherpa-onnx (a stateless predictor: EXPERIMENT=demo_stateless) or for
-  # asr-transcribe --onnx (docs/export.md)
-  asr-export "$exp/checkpoints/last.ckpt" --format onnx -o "$exp/onnx"
+  # A stateless predictor (EXPERIMENT=demo_stateless) is sherpa-onnx's: its ONNX graphs too
+  # (docs/export.md; about a minute). Any model exports with asr-export --format onnx.
+  predictor=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+    --cfg job --resolve -p model.predictor.kind 2>/dev/null || true)
+  if [[ $predictor == stateless ]]; then
+    asr-export "$exp/checkpoints/last.ckpt" --format onnx -o "$exp/onnx"
+  fi
 fi
 if run 9; then say 9
   wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | head -n 1)

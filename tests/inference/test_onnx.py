@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stateless_run(compose_train, feature_manifests, tmp_path_factory) -> Path:
     """A tiny transducer with the stateless predictor (sherpa-onnx's contract) trained for
-    one epoch (the demo's CTC warm-up: a joiner near its initialization emits many tokens,
-    so hypotheses differ from utterance to utterance); its last checkpoint."""
+    6 steps (within the demo's CTC warm-up: a joiner near its initialization emits many
+    tokens, so hypotheses differ from utterance to utterance); its last checkpoint."""
     from asr.training.train import run
 
     exp_dir = tmp_path_factory.mktemp("stateless") / "exp"
@@ -33,6 +33,7 @@ def stateless_run(compose_train, feature_manifests, tmp_path_factory) -> Path:
         "experiment=demo",
         "model.predictor.kind=stateless",
         "trainer.max_epochs=1",
+        "trainer.max_steps=6",
         "optim.lr=3e-3",
     )
     before = torch.get_num_threads()
