@@ -90,7 +90,7 @@ fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
   # A stateless predictor (EXPERIMENT=demo_stateless) is sherpa-onnx's: its ONNX graphs too
-  # (docs/export.md; about a minute). Any model exports with asr-export --format onnx.
+  # (docs/export.md; about 30 s more). Any model exports with asr-export --format onnx.
   predictor=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
     --cfg job --resolve -p model.predictor.kind 2>/dev/null || true)
   if [[ $predictor == stateless ]]; then
