@@ -113,10 +113,9 @@ def _recognizer(args: argparse.Namespace, source: Path | list[Path] | None) -> R
 def _split_model(args: argparse.Namespace, inputs: list[Path], needed: int) -> Path | None:
     """The MODEL of `inputs` (the first) unless `--onnx` names it; checks that `needed`
     arguments remain."""
-    model = None if args.onnx is not None else inputs.pop(0) if inputs else None
-    if (args.onnx is None and model is None) or len(inputs) < needed:
+    if len(inputs) < needed + (args.onnx is None):
         raise ValueError("expected MODEL (or --onnx DIR) and then the files to decode")
-    return model
+    return None if args.onnx is not None else inputs.pop(0)
 
 
 @command

@@ -72,8 +72,11 @@ class OnnxExport:
     directory: Path
     files: list[Path]
     kind: str
-    sherpa_onnx: bool
     sherpa_note: str | None
+
+    @property
+    def sherpa_onnx(self) -> bool:
+        return self.sherpa_note is None
 
 
 def export_onnx(
@@ -121,20 +124,22 @@ def export_onnx(
             files.append(output_dir / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    stateless = isinstance(model, Transducer) and model.predictor.kind == "stateless"
-    sherpa_ok = stateless and features_config.num_mel_bins == SHERPA_FEATURE_DIM
-    note = None
-    if isinstance(model, Transducer) and not stateless:
-        note = LSTM_NOT_FOR_SHERPA
-    elif isinstance(model, EncoderDecoder):
-        note = "sherpa-onnx has no contract for this attention decoder: asr-transcribe --onnx"
-    elif not sherpa_ok:
-        note = (
-            f"sherpa-onnx needs feature_dim={features_config.num_mel_bins} when loading it "
+    kind = "aed" if isinstance(model, EncoderDecoder) else "transducer"
+    return OnnxExport(output_dir, files, kind, _sherpa_note(model, features_config))
+
+
+def _sherpa_note(model: Transducer | EncoderDecoder, features: FeatureConfig) -> str | None:
+    """Why sherpa-onnx cannot decode the export of `model` as it is; None when it can."""
+    if isinstance(model, EncoderDecoder):
+        return "sherpa-onnx has no contract for this attention decoder: asr-transcribe --onnx"
+    if model.predictor.kind != "stateless":
+        return LSTM_NOT_FOR_SHERPA
+    if features.num_mel_bins != SHERPA_FEATURE_DIM:
+        return (
+            f"sherpa-onnx needs feature_dim={features.num_mel_bins} when loading it "
             f"(its default is {SHERPA_FEATURE_DIM})"
         )
-    kind = "aed" if isinstance(model, EncoderDecoder) else "transducer"
-    return OnnxExport(output_dir, files, kind, sherpa_ok, note)
+    return None
 
 
 def tokens_txt(tokenizer: Tokenizer) -> str:
@@ -264,10 +269,11 @@ def _aed_decoder_graph(model: EncoderDecoder, gen: torch.Generator) -> _Graph:
 
 
 @contextmanager
-def _quiet_exporter():
-    """The exporter logs a warning per missing torchvision op and progress lines: keep them
-    out of a user's terminal."""
-    logger = logging.getLogger("torch.onnx")
+def _quiet(logger_name: str | None):
+    """Only errors from `logger_name` (None: the root logger) inside the block: the exporter
+    logs a warning per missing torchvision op and progress lines, the quantizer its advice
+    to pre-process, each time."""
+    logger = logging.getLogger(logger_name)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -278,7 +284,7 @@ def _quiet_exporter():
 
 def _export_graph(graph: _Graph) -> Any:
     """The ONNX ModelProto of `graph`, every axis in `graph.dynamic` left free."""
-    with _quiet_exporter(), torch.no_grad():
+    with _quiet("torch.onnx"), torch.no_grad():
         program = torch.onnx.export(
             graph.module,
             (),
@@ -322,15 +328,10 @@ def _quantize(source: Path, target: Path) -> None:
     """onnxruntime's dynamic int8 quantization of the MatMul weights (icefall's choice)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # its advice to pre-process, on the root logger, each time
-    try:
+    with _quiet(None):
         quantize_dynamic(
             str(source), str(target), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8
         )
-    finally:
-        root.setLevel(level)
 
 
 def _metadata(

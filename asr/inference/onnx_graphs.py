@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.aed import EncoderDecoder, _heads
+from asr.models.aed import DecoderState, EncoderDecoder, _heads
 from asr.models.attention import lengths_to_mask
 from asr.models.transducer import Transducer
 
@@ -55,7 +55,7 @@ class EncoderGraph(nn.Module):
         if isinstance(self.model, Transducer):
             out = self.model.joiner.project_encoder(out)
         else:
-            out = aed_memory(self.model, out)
+            out = aed_memory(self.model, out, out_lens)
         return out, out_lens.to(torch.int64)
 
 
@@ -111,12 +111,11 @@ class JoinerGraph(nn.Module):
         return self.joiner.joint(encoder_out, decoder_out)
 
 
-def aed_memory(model: EncoderDecoder, encoder_out: Tensor) -> Tensor:
+def aed_memory(model: EncoderDecoder, encoder_out: Tensor, encoder_lens: Tensor) -> Tensor:
     """encoder_out (N, T, D_enc) -> every decoder layer's cross-attention keys and values
     per frame, (N, T, 2 x layers x D): what `AedDecoderGraph` reads."""
-    decoder = model.decoder
-    memory = decoder.memory_proj(encoder_out) if decoder.memory_proj is not None else encoder_out
-    return torch.cat([layer.cross_kv(memory) for layer in decoder.layers], dim=-1)
+    memory, _ = model.decoder._memory(encoder_out, encoder_lens)
+    return torch.cat([layer.cross_kv(memory) for layer in model.decoder.layers], dim=-1)
 
 
 class AedDecoderGraph(nn.Module):
@@ -134,25 +133,15 @@ class AedDecoderGraph(nn.Module):
     def forward(
         self, tokens: Tensor, self_k: Tensor, self_v: Tensor, memory: Tensor, memory_lens: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        decoder = self.decoder
-        heads = decoder.layers[0].num_heads
-        mask = lengths_to_mask(memory_lens, memory.size(1))[:, None, None, :]
-        x = decoder.embedding(tokens) * decoder.embed_scale + self._position(self_k.size(3))
-        cross = memory.chunk(2 * len(decoder.layers), dim=-1)
-        grown_k, grown_v = [], []
-        for i, layer in enumerate(decoder.layers):
-            q, k, v = (_heads(t, heads) for t in layer.self_qkv(layer.self_norm(x)).chunk(3, -1))
-            k, v = torch.cat([self_k[i], k], dim=2), torch.cat([self_v[i], v], dim=2)
-            x = x + layer.self_out(layer._attend(q, k, v, None, False))
-            cross_k, cross_v = _heads(cross[2 * i], heads), _heads(cross[2 * i + 1], heads)
-            x = layer._cross_and_ff(x, cross_k, cross_v, mask)
-            grown_k.append(k)
-            grown_v.append(v)
-        log_probs = torch.log_softmax(decoder._logits(x[:, 0]), dim=-1)
-        return log_probs, torch.stack(grown_k), torch.stack(grown_v)
-
-    def _position(self, offset: Tensor | int) -> Tensor:
-        """(1, D) encoding of position `offset`."""
-        if self.decoder.position_embedding is not None:
-            return self.decoder.position_embedding.weight[offset : offset + 1]
-        return self.decoder.sinusoids[offset : offset + 1]
+        heads = self.decoder.layers[0].num_heads
+        cross = [_heads(part, heads) for part in memory.chunk(2 * len(self.decoder.layers), -1)]
+        state = DecoderState(
+            cross_k=cross[0::2],
+            cross_v=cross[1::2],
+            memory_mask=lengths_to_mask(memory_lens, memory.size(1))[:, None, None, :],
+            self_k=list(self_k.unbind(0)),
+            self_v=list(self_v.unbind(0)),
+        )
+        logits, grown = self.decoder.step(tokens[:, 0], state)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        return log_probs, torch.stack(grown.self_k), torch.stack(grown.self_v)

@@ -113,9 +113,8 @@ class _LstmPredictor:
     def step(
         self, last_tokens: Tensor, state: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        feed = {"y": _numpy(last_tokens[:, None].long()), "h": _numpy(state[0])}
-        feed["c"] = _numpy(state[1])
-        out, h, c = _run(self.session, feed)
+        y, (h, c) = _numpy(last_tokens[:, None].long()), state
+        out, h, c = _run(self.session, {"y": y, "h": _numpy(h), "c": _numpy(c)})
         return torch.from_numpy(out), (torch.from_numpy(h), torch.from_numpy(c))
 
 
