@@ -3,7 +3,9 @@
 `prepare_manifests` reads `<corpus>/<part>/<spk>/<chapter>/*.trans.txt` with lhotse's
 LibriSpeech utterance parser and writes, per part, into the output directory:
 `librispeech_recordings_<part>.jsonl.gz`, `librispeech_supervisions_<part>.jsonl.gz` and
-`librispeech_cuts_<part>.jsonl.gz`. Unlike lhotse's `prepare_librispeech`, an unreadable
+`librispeech_cuts_<part>.jsonl.gz`. Word times in `*.alignment.txt` files beside the
+transcripts (the LibriSpeech alignments' format, which the demo corpus writes) become the
+supervisions' `alignment["word"]`. Unlike lhotse's `prepare_librispeech`, an unreadable
 audio file or an empty transcript line is skipped with a warning and counted instead of
 aborting the whole preparation.
 
@@ -28,7 +30,8 @@ from pathlib import Path
 from lhotse import CutSet, RecordingSet, SupervisionSet, load_manifest_lazy
 from lhotse.cut import Cut
 from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
-from lhotse.recipes.librispeech import LIBRISPEECH, parse_utterance
+from lhotse.recipes.librispeech import LIBRISPEECH, parse_alignments, parse_utterance
+from lhotse.supervision import AlignmentItem
 from rich.progress import track
 
 from asr.cli import command
@@ -151,6 +154,25 @@ def download_librispeech(
     return lhotse_download(target_dir, dataset_parts=librispeech_parts(parts))
 
 
+def _newest_text(part_dir: Path) -> float:
+    """The modification time of the part's newest transcript or alignment file."""
+    files = [*part_dir.rglob("*.trans.txt"), *part_dir.rglob("*.alignment.txt")]
+    return max((path.stat().st_mtime for path in files), default=0.0)
+
+
+def _read_alignments(part_dir: Path) -> dict[str, list[AlignmentItem]]:
+    """Word alignments by utterance id from the part's `*.alignment.txt` files (the
+    LibriSpeech alignments' format; the demo corpus writes them), if any. A file that
+    cannot be parsed is named in a warning and left out."""
+    found: dict[str, list[AlignmentItem]] = {}
+    for path in sorted(part_dir.rglob("*.alignment.txt")):
+        try:
+            found.update(parse_alignments(path))
+        except ValueError as err:
+            log.warning("%s: not a word alignment file, ignored (%s)", path, err)
+    return found
+
+
 def _parse_part(part_dir: Path) -> tuple[RecordingSet, SupervisionSet, list[str]]:
     recordings, supervisions, skipped = [], [], []
     lines = [
@@ -159,13 +181,14 @@ def _parse_part(part_dir: Path) -> tuple[RecordingSet, SupervisionSet, list[str]
         for line in trans.read_text().splitlines()
         if line.strip()
     ]
+    alignments = _read_alignments(part_dir)
     for trans, line in track(lines, description=f"Reading {part_dir.name}"):
         utt_id, _, text = line.strip().partition(" ")
         if not text.strip():
             skipped.append(f"{utt_id}: empty transcript in {trans}")
             continue
         try:
-            parsed = parse_utterance(part_dir, line, {})
+            parsed = parse_utterance(part_dir, line, alignments)
         except Exception as err:  # a corrupt or unreadable audio file: skip, keep going
             skipped.append(f"{utt_id}: unreadable audio ({type(err).__name__}: {err})")
             continue
@@ -190,7 +213,8 @@ def prepare_manifests(
 
     `corpus_dir` is the `LibriSpeech` directory holding part directories. `parts` defaults
     to every standard LibriSpeech part present. Parts whose cuts manifest already exists are
-    left alone (delete it to redo). Returns one report per part.
+    left alone (delete it to redo) unless a transcript or alignment file of the part is
+    newer (a rebuilt corpus). Returns one report per part.
     """
     corpus_dir, output_dir = Path(corpus_dir), Path(output_dir)
     if not corpus_dir.is_dir():
@@ -212,7 +236,9 @@ def prepare_manifests(
             raise FileNotFoundError(f"part directory not found: {part_dir}")
         report = PreparationReport(part)
         out = cuts_path(output_dir, part)
-        if out.is_file():
+        if out.is_file() and _newest_text(part_dir) > out.stat().st_mtime:
+            log.warning("%s is older than the transcripts of %s: preparing it again", out, part)
+        elif out.is_file():
             log.info("%s exists: skipping %s", out, part)
             cuts = load_manifest_lazy(out)
             report.utterances = sum(1 for _ in cuts)

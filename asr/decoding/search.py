@@ -59,6 +59,38 @@ def decode(
     return transducer.greedy_search(model, encoder_out, encoder_lens, options)
 
 
+NO_TOKEN_TIMES = (
+    "an attention decoder gives no token times (its cross-attention is not a reliable "
+    "alignment in this package): word timestamps need a transducer"
+)
+
+
+def has_token_times(model: Model) -> bool:
+    """Whether the model's searches give each token's frame (transducers do)."""
+    return not is_attention_decoder(model)
+
+
+def decode_timed(
+    model: Model, encoder_out: Tensor, encoder_lens: Tensor, options: SearchOptions | None = None
+) -> list[transducer.TimedTokens]:
+    """`decode`'s best hypotheses with the encoder frame of each token (transducers; an
+    attention decoder raises ValueError)."""
+    options = options or default_options(model)
+    if not has_token_times(model):
+        raise ValueError(NO_TOKEN_TIMES)
+    if isinstance(options, transducer.BeamOptions):
+        hyps = transducer.beam_search(model, encoder_out, encoder_lens, options)
+        return [
+            transducer.TimedTokens(list(best[0].tokens), list(best[0].frames))
+            if best
+            else transducer.TimedTokens([], [])
+            for best in hyps
+        ]
+    if not isinstance(options, transducer.GreedyOptions):
+        raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
+    return transducer.greedy_search_timed(model, encoder_out, encoder_lens, options)
+
+
 def decode_nbest(
     model: Model, encoder_out: Tensor, encoder_lens: Tensor, options: SearchOptions, nbest: int
 ) -> list[list[tuple[list[int], float]]]:

@@ -33,14 +33,34 @@ def _select(mask: Tensor, new: PredictorState, old: PredictorState) -> Predictor
     return tuple(_select(mask, n, o) for n, o in zip(new, old, strict=True))
 
 
-@torch.inference_mode()
+@dataclass(frozen=True)
+class TimedTokens:
+    """A hypothesis's token ids (no blanks) and the encoder frame each was emitted at."""
+
+    tokens: list[int]
+    frames: list[int]
+
+
 def greedy_search(
     model: Transducer,
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: GreedyOptions = GreedyOptions(),
 ) -> list[list[int]]:
-    """encoder_out (B, T, D_enc), encoder_lens (B,) -> B token-id lists without blanks.
+    """encoder_out (B, T, D_enc), encoder_lens (B,) -> B token-id lists without blanks
+    (`greedy_search_timed`'s tokens)."""
+    return [hyp.tokens for hyp in greedy_search_timed(model, encoder_out, encoder_lens, options)]
+
+
+@torch.inference_mode()
+def greedy_search_timed(
+    model: Transducer,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: GreedyOptions = GreedyOptions(),
+) -> list[TimedTokens]:
+    """encoder_out (B, T, D_enc), encoder_lens (B,) -> per utterance its tokens without
+    blanks and the frame each was emitted at.
 
     One joiner call per (frame, symbol) step for the whole batch. A sample that emits a
     non-blank token advances its predictor and stays on the frame; the others keep their
@@ -56,6 +76,7 @@ def greedy_search(
     pred_out, state = predictor.step(blanks, predictor.init_state(batch, device))
     pred = joiner.project_predictor(pred_out)  # (B, D_joint)
     emitted: list[Tensor] = []  # per step: token id, or -1 where nothing was emitted
+    step_frames: list[int] = []  # per step: its frame
     lens = encoder_lens.to(device)
     for t in range(int(lens.max()) if batch else 0):
         active = t < lens
@@ -65,14 +86,16 @@ def greedy_search(
             if not bool(emit.any()):
                 break
             emitted.append(torch.where(emit, tokens, -1))
+            step_frames.append(t)
             new_out, new_state = predictor.step(tokens, state)
             state = _select(emit, new_state, state)
             pred = torch.where(emit[:, None], joiner.project_predictor(new_out), pred)
             active = emit
     if not emitted:
-        return [[] for _ in range(batch)]
+        return [TimedTokens([], []) for _ in range(batch)]
     steps = torch.stack(emitted, dim=1).cpu()  # (B, steps)
-    return [row[row >= 0].tolist() for row in steps]
+    frames = torch.tensor(step_frames)
+    return [TimedTokens(row[row >= 0].tolist(), frames[row >= 0].tolist()) for row in steps]
 
 
 @dataclass(frozen=True)
@@ -98,11 +121,13 @@ class BeamOptions:
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A token sequence (no blanks) and its log-probability, summed over the alignments
-    that were merged into it."""
+    """A token sequence (no blanks), its log-probability summed over the alignments that
+    were merged into it, and the frame each token was emitted at in the most probable of
+    them."""
 
     tokens: tuple[int, ...]
     score: float
+    frames: tuple[int, ...] = ()
 
 
 def _log_add(a: float, b: float) -> float:
@@ -126,20 +151,30 @@ def _put(state: PredictorState, index: Tensor, rows: PredictorState) -> Predicto
 
 
 # A candidate hypothesis of one round: [score, the row it continues, the token it appends
-# (-1: none, its predictor state is that row's)], keyed by its tokens.
+# (-1: none, its predictor state is that row's), its tokens' frames, the score of the
+# alignment those frames come from], keyed by its tokens.
 Candidates = dict[tuple[int, ...], list]
 
 
-def _add(candidates: Candidates, seq: tuple[int, ...], score: float, row: int, token: int):
+def _add(
+    candidates: Candidates,
+    seq: tuple[int, ...],
+    score: float,
+    row: int,
+    token: int,
+    frames: tuple[int, ...],
+) -> None:
     """Add a candidate; one with the same tokens is merged (scores log-added), keeping the
-    row of one that needs no predictor step."""
+    row of one that needs no predictor step and the frames of the more probable."""
     kept = candidates.get(seq)
     if kept is None:
-        candidates[seq] = [score, row, token]
+        candidates[seq] = [score, row, token, frames, score]
         return
+    if score > kept[4]:
+        kept[3:5] = [frames, score]
     kept[0] = _log_add(kept[0], score)
     if token < 0:
-        kept[1:] = [row, token]
+        kept[1:3] = [row, token]
 
 
 @dataclass
@@ -150,10 +185,11 @@ class _Beam:
     scores: list[float]
     tokens: list[tuple[int, ...]]
     ended: list[bool]
+    frames: list[tuple[int, ...]]
 
     @classmethod
     def start(cls, k: int) -> _Beam:
-        return cls([0.0] + [-math.inf] * (k - 1), [()] * k, [True] * k)
+        return cls([0.0] + [-math.inf] * (k - 1), [()] * k, [True] * k, [()] * k)
 
     def start_frame(self, active: bool) -> None:
         """At a new frame every hypothesis is in it (none when the utterance has ended)."""
@@ -169,23 +205,25 @@ class _Beam:
         where: list[int],
         vocab: int,
         last_round: bool,
+        frame: int,
     ) -> list[tuple[int, int]]:
         """Keep the K best of a round's candidates: the hypotheses that ended the frame,
         those in it ending it with blank (`with_blank`: each row's score so), and the K
         best token extensions (`best`, `where`: their scores and row * vocab + token),
-        which end the frame only in the last round. Per new row: (the row it continues,
-        the token it appends or -1)."""
+        which end the frame only in the last round; an appended token is at `frame`. Per
+        new row: (the row it continues, the token it appends or -1)."""
         done: Candidates = {}
         going: Candidates = {}
         for j, score in enumerate(self.scores):
             if self.ended[j] and score > -math.inf:
-                _add(done, self.tokens[j], score, j, -1)
+                _add(done, self.tokens[j], score, j, -1, self.frames[j])
         for j in self.in_frame():
-            _add(done, self.tokens[j], with_blank[j], j, -1)
+            _add(done, self.tokens[j], with_blank[j], j, -1, self.frames[j])
         for score, flat in zip(best, where, strict=True):
             if score > -math.inf:
                 row, token = divmod(flat, vocab)
-                _add(done if last_round else going, (*self.tokens[row], token), score, row, token)
+                extended, frames = (*self.tokens[row], token), (*self.frames[row], frame)
+                _add(done if last_round else going, extended, score, row, token, frames)
         ranked = [(entry, seq, True) for seq, entry in done.items()]
         ranked += [(entry, seq, False) for seq, entry in going.items()]
         k = len(self.scores)
@@ -194,6 +232,7 @@ class _Beam:
         self.scores = [entry[0] for entry, _, _ in ranked] + [-math.inf] * empty
         self.tokens = [seq for _, seq, _ in ranked] + [()] * empty
         self.ended = [ended for _, _, ended in ranked] + [True] * empty
+        self.frames = [entry[3] for entry, _, _ in ranked] + [()] * empty
         moves = [(entry[1], entry[2]) for entry, _, _ in ranked]
         return moves + [(j, -1) for j in range(len(ranked), k)]
 
@@ -260,7 +299,7 @@ def beam_search(
                 if not beam.in_frame():
                     continue
                 rows_b = slice(b * k, (b + 1) * k)
-                moves = beam.advance(with_blank[rows_b], best[b], where[b], vocab, last_round)
+                moves = beam.advance(with_blank[rows_b], best[b], where[b], vocab, last_round, t)
                 for j, (row, token) in enumerate(moves):
                     source[b * k + j], appended[b * k + j] = b * k + row, token
             index = torch.tensor(source, device=device)
@@ -274,8 +313,8 @@ def beam_search(
                 pred = pred.index_copy(0, at, joiner.project_predictor(out).to(pred.dtype))
     return [
         [
-            Hypothesis(seq, score)
-            for seq, score in zip(beam.tokens, beam.scores, strict=True)
+            Hypothesis(seq, score, frames)
+            for seq, score, frames in zip(beam.tokens, beam.scores, beam.frames, strict=True)
             if score > -math.inf
         ][: options.nbest]
         for beam in beams

@@ -16,13 +16,17 @@ Design:
   worker processes with a progress bar. 22,050 Hz speech is resampled to 16 kHz,
   silence trimmed to 0.15 s each side, peak-normalized to -3 dBFS, and given a white-noise
   floor (-65 dBFS RMS) because exact digital silence sends log-mel features to their floor.
+- Word times. espeak-ng's word events give each word's start; a word ends where the next
+  starts. They are written per chapter beside the transcripts as `*.alignment.txt` in the
+  LibriSpeech alignments' format, which `asr.data.corpus.prepare_manifests` reads into the
+  supervisions' `alignment["word"]` (the truth the word timestamps are measured against).
 - Speakers are espeak voice + variant + rate + pitch combinations; one speaker appears only
   in test-clean. A marker file records the parameters, so a re-run with the same ones skips.
 """
 
 import argparse
-import ctypes
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -41,16 +45,15 @@ from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from asr.cli import command
 from asr.demo import lexicon as lex
+from asr.demo.espeak import SILENCE_PAD, Espeak, TimedWord, postprocess, word_times
 from asr.frames import SAMPLE_RATE
 
 PARTS = ("train-clean-100", "dev-clean", "test-clean")
 # The rest of LibriSpeech's part names (`librispeech_parts`): a stand-in with its layout.
 EXTRA_PARTS = ("train-clean-360", "train-other-500", "dev-other", "test-other")
 ALL_PARTS = PARTS + EXTRA_PARTS  # in this order: a part's position seeds its audio and ids
-PEAK_DBFS = -3.0
-SILENCE_PAD = 0.15  # seconds of (noise-filled) silence kept before and after speech
 MARKER = "demo_corpus.json"
-_VERSION = 1  # bump when the generator changes, so old corpora are rebuilt
+_VERSION = 2  # bump when the generator changes, so old corpora are rebuilt (2: word times)
 MIN_WORDS, MAX_WORDS = 3, 20
 _CHUNK = 16  # utterances per worker process (see _synthesize_chunk)
 _TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
@@ -220,94 +223,12 @@ def plan_corpus(
 # ---------------------------------------------------------------------------------------
 # Audio
 
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_INITIALIZE_DONT_EXIT = 0x8000  # report errors instead of calling exit()
-_POS_CHARACTER, _CHARS_UTF8 = 1, 1
-_RATE, _PITCH, _RANGE = 1, 3, 4  # espeak_PARAMETER
-_SynthCallback = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
-
-
-class _Espeak:
-    """espeak-ng through ctypes. One per process: the library keeps global state."""
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
-        # text, size, position, position_type, end_position, flags, unique_identifier, user_data
-        u, i, p = ctypes.c_uint, ctypes.c_int, ctypes.c_void_p
-        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, u, i, u, u, p, p]
-        data = Path(espeakng_loader.get_data_path())
-        # The path is the directory that holds espeak-ng-data.
-        self.sample_rate = lib.espeak_Initialize(
-            _AUDIO_OUTPUT_SYNCHRONOUS, 0, str(data.parent).encode(), _INITIALIZE_DONT_EXIT
-        )
-        if self.sample_rate <= 0:
-            raise RuntimeError(f"espeak_Initialize failed (data directory {data})")
-        self._chunks: list[np.ndarray] = []
-        self._callback = _SynthCallback(self._collect)  # keep a reference: C holds only a pointer
-        lib.espeak_SetSynthCallback(self._callback)
-        self._lib = lib
-
-    def _collect(self, wav: ctypes.Array, count: int, events: int) -> int:
-        if wav and count > 0:  # a NULL buffer marks the end of the utterance
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
-        return 0  # 0 = continue
-
-    def synthesize(
-        self, text: str, voice: str, *, rate: int, pitch: int, pitch_range: int, seed: int
-    ) -> np.ndarray:
-        """int16 samples at `self.sample_rate`.
-
-        `seed` seeds espeak's random generator (breath noise of variants such as +f2..+f5),
-        which espeak_Initialize seeds from the clock, time(NULL). The samples still depend
-        on what this process synthesized before (see `_synthesize_chunk`)."""
-        if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
-            raise ValueError(f"espeak-ng has no voice {voice!r}")
-        for parameter, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range)):
-            self._lib.espeak_SetParameter(parameter, value, 0)
-        self._lib.espeak_ng_SetRandSeed(seed)
-        self._chunks.clear()
-        data = text.encode()
-        err = self._lib.espeak_Synth(
-            data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
-        )
-        if err != 0:
-            raise RuntimeError(f"espeak_Synth failed on {text!r} with voice {voice!r}")
-        self._lib.espeak_Synchronize()
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
-
-
-def postprocess(
-    samples: np.ndarray, sample_rate: int, rng: np.random.Generator, noise_dbfs: float = -65.0
-) -> np.ndarray:
-    """espeak's int16 output -> int16 at 16 kHz: resample, keep SILENCE_PAD seconds around the
-    speech, peak-normalize to PEAK_DBFS, add white noise of RMS `noise_dbfs` (re full scale)."""
-    import torch
-    from torchaudio.functional import resample
-
-    x = resample(
-        torch.from_numpy(samples.astype(np.float32) / 32768), sample_rate, SAMPLE_RATE
-    ).numpy()
-    loud = np.flatnonzero(np.abs(x) > 0.01 * np.abs(x).max(initial=0.0))
-    if loud.size == 0:
-        raise ValueError("espeak-ng produced no sound")
-    pad = round(SILENCE_PAD * SAMPLE_RATE)
-    x = np.pad(x, pad)[loud[0] : loud[-1] + 2 * pad + 1]  # exactly `pad` samples either side
-    peak = 10 ** (PEAK_DBFS / 20)
-    x = x * (peak / np.abs(x).max()) + rng.standard_normal(len(x)) * 10 ** (noise_dbfs / 20)
-    x *= min(1.0, peak / np.abs(x).max())  # the noise must not push the peak above PEAK_DBFS
-    return np.round(x * 32767).astype(np.int16)
-
 
 def _synthesize_chunk(
     job: tuple[list[tuple[Path, Utterance]], int, float],
-) -> list[tuple[str, float]]:
-    """Worker: synthesize utterances in order and write their FLACs. Returns (id, seconds).
+) -> list[tuple[str, float, list[TimedWord]]]:
+    """Worker: synthesize utterances in order and write their FLACs. Returns
+    (id, seconds, word times) per utterance.
 
     Runs in a fresh process (a Pool with maxtasksperchild=1) because espeak-ng keeps state
     that no API call resets, not even espeak_Terminate + espeak_Initialize (for example the
@@ -320,20 +241,22 @@ def _synthesize_chunk(
 
     torch.set_num_threads(1)  # one process per core already; also safe after fork
     chunk, seed, noise_dbfs = job
-    engine = _Espeak()
+    engine = Espeak()
     done = []
     for path, utt in chunk:
         rng = np.random.default_rng([seed, ALL_PARTS.index(utt.part), utt.index])
         kwargs = {"rate": utt.rate, "pitch": utt.pitch, "pitch_range": utt.speaker.range}
-        raw = engine.synthesize(
+        speech = engine.synthesize(
             utt.text, utt.speaker.voice, **kwargs, seed=int(rng.integers(2**31))
         )
         try:
-            audio = postprocess(raw, engine.sample_rate, rng, noise_dbfs)
+            audio, offset = postprocess(speech.samples, speech.sample_rate, rng, noise_dbfs)
+            seconds = len(audio) / SAMPLE_RATE
+            words = word_times(utt.text, speech, offset, seconds)
         except ValueError as err:
             raise RuntimeError(f"{utt.id} ({utt.speaker.voice}, {utt.text!r}): {err}") from err
         sf.write(path, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
-        done.append((utt.id, len(audio) / SAMPLE_RATE))
+        done.append((utt.id, seconds, words))
     return done
 
 
@@ -399,7 +322,8 @@ def _prepare_output(root: Path, params: dict) -> dict | None:
 
 def _synthesize_all(
     root: Path, plan: dict[str, list[Utterance]], seed: int, noise_dbfs: float, num_jobs: int
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, list[TimedWord]]]:
+    """Synthesize every utterance of `plan`: (seconds, word times) by utterance id."""
     chunks = []
     for utterances in plan.values():
         for start in range(0, len(utterances), _CHUNK):
@@ -415,21 +339,42 @@ def _synthesize_all(
     context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
     progress = Progress(*Progress.get_default_columns(), MofNCompleteColumn(), TimeElapsedColumn())
     durations: dict[str, float] = {}
+    words: dict[str, list[TimedWord]] = {}
     with context.Pool(num_jobs, maxtasksperchild=1) as pool, progress:
         task = progress.add_task(f"espeak-ng x{num_jobs}", total=sum(map(len, plan.values())))
         for done in pool.imap_unordered(_synthesize_chunk, chunks):
-            durations.update(done)
+            for utt_id, seconds, timed in done:
+                durations[utt_id], words[utt_id] = seconds, timed
             progress.advance(task, len(done))
-    return durations
+    return durations, words
 
 
-def _write_transcripts(root: Path, utterances: list[Utterance]) -> None:
+def _write_transcripts(
+    root: Path, utterances: list[Utterance], durations: dict[str, float], words: dict
+) -> None:
+    """Per chapter, `<spk>-<chapter>.trans.txt` and the word times in
+    `<spk>-<chapter>.alignment.txt`, the format of the LibriSpeech alignments that lhotse
+    reads (`alignment_line`)."""
     chapters: dict[Path, list[Utterance]] = defaultdict(list)
     for utt in utterances:
         chapters[root / utt.part / str(utt.speaker.id) / str(utt.chapter)].append(utt)
     for folder, utts in chapters.items():
-        lines = [f"{utt.id} {utt.transcript}\n" for utt in sorted(utts, key=lambda u: u.number)]
-        (folder / f"{folder.parent.name}-{folder.name}.trans.txt").write_text("".join(lines))
+        utts = sorted(utts, key=lambda u: u.number)
+        stem = f"{folder.parent.name}-{folder.name}"
+        (folder / f"{stem}.trans.txt").write_text("".join(f"{u.id} {u.transcript}\n" for u in utts))
+        lines = [alignment_line(u.id, words[u.id], durations[u.id]) for u in utts]
+        (folder / f"{stem}.alignment.txt").write_text("".join(lines))
+
+
+def alignment_line(utt_id: str, words: list[TimedWord], duration: float) -> str:
+    """One line of a LibriSpeech alignment file (github.com/CorentinJ/librispeech-alignments):
+    `ID ",W1,W2," "e0,e1,e2,e3"`, the words upper case with an empty word for the silence
+    before the first and after the last, and the end time of each, in seconds."""
+    symbols = ["", *(w.word.upper() for w in words), ""]
+    ends = [words[0].start if words else 0.0, *(w.end for w in words)]
+    ends.append(max(ends[-1], math.floor(duration * 1000) / 1000))
+    times = ",".join(f"{t:.3f}" for t in ends)
+    return f'{utt_id} "{",".join(symbols)}" "{times}"\n'
 
 
 def make_demo_corpus(
@@ -469,9 +414,9 @@ def make_demo_corpus(
         return {**summary, "reused": True}
     check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER))
     plan = plan_corpus(**sizes, seed=seed, librispeech_parts=librispeech_parts)
-    durations = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
+    durations, words = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
     for utterances in plan.values():
-        _write_transcripts(root, utterances)
+        _write_transcripts(root, utterances, durations, words)
     speakers = {utt.speaker for utterances in plan.values() for utt in utterances}
     hours = {part: sum(durations[utt.id] for utt in utts) / 3600 for part, utts in plan.items()}
     summary = {

@@ -5,6 +5,11 @@
     asr-decode exp/demo/model.bundle.pt data/demo/manifests/librispeech_cuts_test-clean.jsonl.gz
     asr-export exp/demo/checkpoints/last.ckpt --format onnx -o exp/demo/onnx
     asr-transcribe --onnx exp/demo/onnx a.flac --max-symbols-per-frame 1
+    asr-transcribe exp/demo/model.bundle.pt meeting.wav --timestamps --output-format srt
+
+`asr-transcribe` takes recordings of any length (overlapping windows, `--window`,
+`--overlap`; docs/transcribe.md); a file that cannot be read is named on stderr and the
+others are still transcribed (exit status 1).
 
 `asr-decode MODEL MANIFEST` decodes a cut manifest, writes hypotheses and prints the WER.
 MODEL is a bundle (asr-export) or a training checkpoint; `--onnx DIR` instead of MODEL
@@ -22,20 +27,12 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 import torch
-from lhotse import CutSet
-from lhotse.cut import Cut
-from rich.progress import Progress
 
 from asr.cli import command
-from asr.data.buckets import build_eval_sampler
-from asr.data.corpus import cut_text, load_cuts
-from asr.data.dataset import FILE_ERRORS
-from asr.data.features import check_sample_rate
-from asr.errors import first_line
+from asr.inference.audio import open_audio
 from asr.inference.bundle import (
     BUNDLE_FILE,
     ENCODER_FILE,
@@ -45,8 +42,10 @@ from asr.inference.bundle import (
     export_encoder,
     select_checkpoints,
 )
+from asr.inference.longform import DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
+from asr.inference.manifest_decoding import decode_manifest
 from asr.inference.recognizer import Recognizer, load_recognizer
-from asr.metrics import ErrorCounts, word_errors
+from asr.inference.timestamps import OUTPUT_FORMATS, Transcript, render
 
 log = logging.getLogger(__name__)
 
@@ -95,19 +94,28 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-threads", type=int, default=1, help="--onnx: onnxruntime's threads")
 
 
-def _recognizer(args: argparse.Namespace, source: Path | list[Path] | None) -> Recognizer:
+def _recognizer(
+    args: argparse.Namespace,
+    source: Path | list[Path] | None,
+    windows: WindowConfig | None = None,
+) -> Recognizer:
     """The recognizer the arguments ask for: `--onnx DIR`'s, or `source`'s (a bundle or
-    checkpoints)."""
+    checkpoints); `windows`: how long recordings are cut."""
     if args.onnx is not None:
         from asr.inference.onnx_runtime import load_onnx_recognizer
 
         return load_onnx_recognizer(
-            args.onnx, args.beam_size, args.max_symbols_per_frame, args.int8, args.num_threads
+            args.onnx,
+            args.beam_size,
+            args.max_symbols_per_frame,
+            args.int8,
+            args.num_threads,
+            windows,
         )
     if args.int8:
         raise ValueError("--int8 selects the int8 files of an ONNX export: give --onnx DIR")
     assert source is not None
-    return load_recognizer(source, args.device, args.beam_size, args.max_symbols_per_frame)
+    return load_recognizer(source, args.device, args.beam_size, args.max_symbols_per_frame, windows)
 
 
 def _split_model(args: argparse.Namespace, inputs: list[Path], needed: int) -> Path | None:
@@ -177,11 +185,59 @@ def _export_onnx(paths: list[Path], output: Path, args: argparse.Namespace) -> N
         print(export.sherpa_note)
 
 
+def _add_transcribe_arguments(parser: argparse.ArgumentParser) -> None:
+    """asr-transcribe's own options: timestamps, output format, long recordings."""
+    parser.add_argument(
+        "--timestamps", action="store_true", help="each word's start and end (transducers)"
+    )
+    parser.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="text",
+        help="text: 'path<TAB>text' per file; json: one object per file; srt: subtitles; "
+        "ctm: one line per word (srt and ctm imply --timestamps)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="write one file per input (<name>.<format>) here instead of to stdout",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=DEFAULT_WINDOW,
+        help=f"longer recordings are decoded in windows of this many seconds "
+        f"(default {DEFAULT_WINDOW:g})",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=DEFAULT_OVERLAP,
+        help=f"seconds shared by consecutive windows (default {DEFAULT_OVERLAP:g})",
+    )
+
+
+def _readable(paths: list[Path]) -> tuple[list[Path], int]:
+    """The paths whose audio opens, and how many did not (each named in one line)."""
+    good = []
+    for path in paths:
+        try:
+            open_audio(path)
+        except (OSError, ValueError) as err:
+            print(f"asr-transcribe: error: {err}", file=sys.stderr)
+            continue
+        good.append(path)
+    return good, len(paths) - len(good)
+
+
 @command
 def transcribe_main(argv: list[str] | None = None) -> None:
-    """`asr-transcribe`: one line `path<TAB>text` per audio file."""
+    """`asr-transcribe`: one line `path<TAB>text` per audio file (or json, srt, ctm)."""
     parser = argparse.ArgumentParser(
-        description="Transcribe audio files with an asr bundle, checkpoint or ONNX export.",
+        description="Transcribe audio files of any length with an asr bundle, checkpoint or "
+        "ONNX export.",
         usage="%(prog)s [options] (MODEL | --onnx DIR) AUDIO [AUDIO ...]",
     )
     parser.add_argument(
@@ -192,115 +248,32 @@ def transcribe_main(argv: list[str] | None = None) -> None:
         help="model bundle (asr-export) or checkpoint, then audio files (flac, wav, ...)",
     )
     _add_search_arguments(parser)
+    _add_transcribe_arguments(parser)
     args = parser.parse_args(argv)
     inputs = list(args.inputs)
-    recognizer = _recognizer(args, _split_model(args, inputs, 1))
-    for path, text in zip(inputs, recognizer.transcribe(inputs), strict=True):
-        print(f"{path}\t{text}")
-
-
-# One hyps.jsonl line before it is scored: the cut, its hypothesis, and why its audio could
-# not be read (None when it could).
-_Line = tuple[Cut, str, str | None]
-
-
-def _read_batch(
-    recognizer: Recognizer, batch: CutSet
-) -> tuple[list[torch.Tensor], list[Cut], list[_Line]]:
-    """(features, cuts) of the cuts of `batch` whose audio reads, and a line with an empty
-    hypothesis for each of the others."""
-    feats: list[torch.Tensor] = []
-    kept: list[Cut] = []
-    unreadable: list[_Line] = []
-    for cut in batch:
-        check_sample_rate(cut.id, cut.sampling_rate)
-        try:
-            audio = cut.load_audio()
-        except FILE_ERRORS as err:
-            log.warning(
-                "%s: unreadable audio, counted as all deletions (%s)", cut.id, first_line(err)
-            )
-            unreadable.append((cut, "", first_line(err)))
+    timestamps = args.timestamps or args.output_format in ("srt", "ctm")
+    windows = WindowConfig(args.window, args.overlap)
+    model = _split_model(args, inputs, 1)
+    if args.output_format == "srt" and len(inputs) > 1 and args.output_dir is None:
+        parser.error("srt of several files needs --output-dir (one .srt per file)")
+    recognizer = _recognizer(args, model, windows)
+    paths, failed = _readable(inputs)
+    transcripts = recognizer.transcribe(paths, timestamps=True) if timestamps else None
+    texts = None if timestamps else recognizer.transcribe(paths)
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+    for i, path in enumerate(paths):
+        transcript = transcripts[i] if transcripts else Transcript(texts[i], [])
+        out = render(transcript, str(path), args.output_format, timestamps)
+        if args.output_dir is None:
+            sys.stdout.write(out)
             continue
-        feats.append(recognizer.features_of(audio))
-        kept.append(cut)
-    return feats, kept, unreadable
-
-
-def _recognize(
-    recognizer: Recognizer, feats: list[torch.Tensor], kept: list[Cut], nbest: int
-) -> tuple[list[str], dict[str, list[tuple[str, float]]]]:
-    """The best hypothesis of each kept cut and, with `nbest` > 1, its n best by cut id."""
-    if nbest > 1:
-        lists = recognizer.nbest_features(feats, nbest) if kept else []
-        hyps = [h[0][0] if h else "" for h in lists]
-    else:
-        lists, hyps = [], recognizer.transcribe_features(feats) if kept else []
-    return hyps, dict(zip([cut.id for cut in kept], lists, strict=False))
-
-
-def _hyp_line(
-    line: _Line, ref: str, errors: ErrorCounts, alternatives: dict[str, list[tuple[str, float]]]
-) -> dict:
-    """One line of hyps.jsonl."""
-    cut, hyp, unreadable = line
-    out = {"id": cut.id, "ref": ref, "hyp": hyp, **errors.__dict__}
-    if unreadable:
-        out["unreadable"] = unreadable
-    if cut.id in alternatives:
-        out["nbest"] = [
-            {"hyp": text, "score": round(score, 4)} for text, score in alternatives[cut.id]
-        ]
-    return out
-
-
-def decode_manifest(
-    recognizer: Recognizer,
-    manifest: str | Path,
-    output_dir: str | Path,
-    max_duration: float = 200.0,
-    nbest: int = 1,
-) -> dict:
-    """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals.
-    With `nbest` > 1 each line of hyps.jsonl also lists the n best hypotheses and their
-    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first)."""
-    cuts = load_cuts(manifest)
-    sampler = build_eval_sampler(cuts, max_duration)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    total, skipped, utterances, audio_seconds = ErrorCounts(), 0, 0, 0.0
-    start = time.perf_counter()
-    with open(output_dir / "hyps.jsonl", "w") as out, Progress(transient=True) as progress:
-        task = progress.add_task(f"Decoding {Path(manifest).name}", total=None)
-        for batch in sampler:
-            feats, kept, lines = _read_batch(recognizer, batch)
-            skipped += len(lines)
-            hyps, alternatives = _recognize(recognizer, feats, kept, nbest)
-            lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
-            for line in lines:
-                cut, hyp, unreadable = line
-                ref = cut_text(cut)
-                errors = word_errors(ref, hyp)
-                total = total + errors
-                utterances += 1
-                audio_seconds += 0.0 if unreadable else cut.duration
-                out.write(json.dumps(_hyp_line(line, ref, errors, alternatives)) + "\n")
-            progress.update(
-                task, advance=len(lines), description=f"Decoding: WER {100 * total.wer:.2f}%"
-            )
-    elapsed = time.perf_counter() - start
-    summary = {
-        "manifest": str(manifest),
-        "wer": round(100 * total.wer, 3),
-        **total.__dict__,
-        "utterances": utterances,
-        "utterances_skipped": skipped,  # unreadable: counted as all deletions
-        "audio_seconds": round(audio_seconds, 1),
-        "decode_seconds": round(elapsed, 2),
-        "rtfx": round(audio_seconds / elapsed, 1) if elapsed > 0 else None,
-    }
-    (output_dir / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        suffix = "txt" if args.output_format == "text" else args.output_format
+        target = args.output_dir / f"{path.stem}.{suffix}"
+        target.write_text(out)
+        print(f"wrote {target}", file=sys.stderr)
+    if failed:
+        raise SystemExit(f"asr-transcribe: {failed} of {len(inputs)} file(s) could not be read")
 
 
 @command

@@ -19,6 +19,7 @@ from torch import Tensor
 from asr.data.features import FeatureConfig
 from asr.decoding.search import default_options
 from asr.frames import FRAME_SHIFT_SECONDS
+from asr.inference.longform import WindowConfig
 from asr.inference.onnx_files import (
     DECODER,
     ENCODER,
@@ -29,8 +30,7 @@ from asr.inference.onnx_files import (
     open_session,
 )
 from asr.inference.recognizer import Recognizer
-
-SPACE_PIECE = "\u2581"  # SentencePiece's word boundary, "▁"
+from asr.inference.timestamps import SPACE_PIECE
 
 
 def _metadata(session: Any) -> dict[str, str]:
@@ -55,6 +55,9 @@ class TokenTable:
     @property
     def vocab_size(self) -> int:
         return len(self.pieces)
+
+    def id_to_piece(self, idx: int) -> str:
+        return self.pieces[idx]
 
     def decode(self, ids: list[int]) -> str:
         text = "".join(self.pieces[i] for i in ids)
@@ -155,6 +158,11 @@ class _Model:
     def eval(self) -> _Model:
         return self
 
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds of audio per encoder output frame."""
+        return FRAME_SHIFT_SECONDS * self.subsampling_factor
+
     def encode(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
         return self._encoder(features, feature_lens)
 
@@ -232,7 +240,6 @@ class OnnxEncoderDecoder(_Model):
         super().__init__(encoder, int(meta["subsampling_factor"]))
         self.decoder = decoder  # `meta`: the decoder graph's metadata
         self.bos_id, self.eos_id = int(meta["bos_id"]), int(meta["eos_id"])
-        self.frame_seconds = FRAME_SHIFT_SECONDS * self.subsampling_factor
 
 
 def load_onnx_model(
@@ -276,8 +283,10 @@ def load_onnx_recognizer(
     max_symbols_per_frame: int | None = None,
     int8: bool = False,
     threads: int = 1,
+    windows: WindowConfig | None = None,
 ) -> Recognizer:
-    """A `Recognizer` over the ONNX export in `directory` (`*.int8.onnx` with `int8`)."""
+    """A `Recognizer` over the ONNX export in `directory` (`*.int8.onnx` with `int8`);
+    `windows`: how long recordings are cut."""
     model, tokens, features = load_onnx_model(directory, int8, threads)
     options = default_options(model, beam_size, max_symbols_per_frame)  # type: ignore[arg-type]
-    return Recognizer(model, tokens, features, "cpu", options)  # type: ignore[arg-type]
+    return Recognizer(model, tokens, features, "cpu", options, windows)  # type: ignore[arg-type]

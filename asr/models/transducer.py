@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.config_keys import check_choice
+from asr.frames import FRAME_SHIFT_SECONDS
 from asr.models.ctc_head import ctc_log_probs
 
 PredictorState = Tensor | tuple[Tensor, ...]
@@ -207,6 +208,11 @@ class Transducer(nn.Module):
         self.encoder, self.predictor, self.joiner = encoder, predictor, joiner
         self.ctc_head = ctc_head
         self.vocab_size, self.blank_id = vocab_size, blank_id
+
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds of audio per encoder output frame."""
+        return FRAME_SHIFT_SECONDS * getattr(self.encoder, "subsampling_factor", 1)
 
     def encode(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
         """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens."""

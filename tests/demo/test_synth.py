@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from asr.demo.espeak import PEAK_DBFS, postprocess
 from asr.demo.lexicon import CATEGORIES
 from asr.demo.synth import (
     EXTRA_PARTS,
     MARKER,
     PARTS,
-    PEAK_DBFS,
     TEST_ONLY_SPEAKER,
     TRAIN_SPEAKERS,
     Speaker,
@@ -22,7 +22,6 @@ from asr.demo.synth import (
     main,
     make_demo_corpus,
     plan_corpus,
-    postprocess,
 )
 from asr.frames import SAMPLE_RATE
 
@@ -185,7 +184,8 @@ def test_postprocess_levels_and_padding() -> None:
     sr = 22050
     tone = (8000 * np.sin(np.arange(sr // 2) * 0.1)).astype(np.int16)
     raw = np.concatenate([np.zeros(sr, np.int16), tone, np.zeros(sr, np.int16)])
-    y = postprocess(raw, sr, np.random.default_rng(0))
+    y, offset = postprocess(raw, sr, np.random.default_rng(0))
+    assert abs(offset - (1.0 - 0.15)) < 0.01  # the output starts 0.15 s before the tone
     assert y.dtype == np.int16
     assert abs(len(y) / SAMPLE_RATE - (0.5 + 2 * 0.15)) < 0.01  # 1 s silences trimmed to 0.15 s
     assert abs(20 * np.log10(np.abs(y).max() / 32767) - PEAK_DBFS) < 0.01

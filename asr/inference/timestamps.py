@@ -1,0 +1,137 @@
+"""Word timestamps: tokens and their encoder frames -> words with start and end times,
+and the output formats of `asr-transcribe --timestamps` (text, json, srt, ctm).
+
+A word begins at a SentencePiece piece that starts with "▁". It starts when its first
+token was emitted (the start of that encoder frame) and ends one frame after its last
+token, but never after the next word starts. Times are in seconds from the start of the
+audio.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+SPACE_PIECE = "\u2581"  # SentencePiece's word boundary, "▁"
+OUTPUT_FORMATS = ("text", "json", "srt", "ctm")
+SRT_MAX_WORDS, SRT_MAX_SECONDS = 12, 5.0  # one subtitle cue at most
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word and when it was said, in seconds (None: the model gives no times)."""
+
+    word: str
+    start: float | None = None
+    end: float | None = None
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """A recording's text and its words (with times where the model gives them)."""
+
+    text: str
+    words: list[Word]
+
+    @classmethod
+    def of_words(cls, words: list[Word]) -> Transcript:
+        return cls(" ".join(w.word for w in words), words)
+
+
+def words_from_tokens(
+    pieces: Sequence[str], starts: Sequence[float], token_seconds: float
+) -> list[Word]:
+    """Words of a hypothesis's `pieces` (SentencePiece pieces, one per token) emitted at
+    `starts` seconds, each token lasting `token_seconds` (an encoder frame)."""
+    if len(pieces) != len(starts):
+        raise ValueError(f"{len(pieces)} pieces but {len(starts)} times")
+    groups: list[tuple[str, float, float]] = []  # (text, first token's start, last's)
+    for piece, start in zip(pieces, starts, strict=True):
+        if piece.startswith(SPACE_PIECE) or not groups:
+            groups.append((piece.lstrip(SPACE_PIECE), start, start))
+        else:
+            text, first, _ = groups[-1]
+            groups[-1] = (text + piece, first, start)
+    groups = [g for g in groups if g[0]]  # a lone "▁" that nothing followed
+    words = []
+    for i, (text, first, last) in enumerate(groups):
+        end = last + token_seconds
+        if i + 1 < len(groups):
+            end = min(end, groups[i + 1][1])
+        words.append(Word(text, round(first, 3), round(max(end, first), 3)))
+    return words
+
+
+def words_of_text(text: str) -> list[Word]:
+    """Words without times (a model that gives none)."""
+    return [Word(word) for word in text.split()]
+
+
+def _clock(seconds: float, separator: str = ",") -> str:
+    millis = round(seconds * 1000)
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    secs, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
+
+
+def _timed(transcript: Transcript, name: str) -> list[Word]:
+    if any(w.start is None for w in transcript.words):
+        raise ValueError(f"{name}: this model gives no word times (srt and ctm need them)")
+    return transcript.words
+
+
+def to_srt(transcript: Transcript, name: str = "audio") -> str:
+    """SubRip subtitles: cues of at most SRT_MAX_WORDS words and SRT_MAX_SECONDS seconds."""
+    cues: list[list[Word]] = []
+    for word in _timed(transcript, name):
+        last = cues[-1] if cues else None
+        if last and len(last) < SRT_MAX_WORDS and word.end - last[0].start <= SRT_MAX_SECONDS:
+            last.append(word)
+        else:
+            cues.append([word])
+    blocks = [
+        f"{n}\n{_clock(cue[0].start)} --> {_clock(cue[-1].end)}\n"
+        + " ".join(w.word for w in cue)
+        + "\n"
+        for n, cue in enumerate(cues, 1)
+    ]
+    return "\n".join(blocks)
+
+
+def to_ctm(transcript: Transcript, name: str) -> str:
+    """NIST CTM: `name channel start duration word` per word (channel 1)."""
+    return "".join(
+        f"{name} 1 {w.start:.3f} {w.end - w.start:.3f} {w.word}\n" for w in _timed(transcript, name)
+    )
+
+
+def to_json(transcript: Transcript, name: str) -> str:
+    """One JSON object: audio, text and (where known) words with start and end."""
+    words = [asdict(w) for w in transcript.words if w.start is not None]
+    out: dict = {"audio": name, "text": transcript.text}
+    if words:
+        out["words"] = words
+    return json.dumps(out)
+
+
+def to_text(transcript: Transcript, name: str, timestamps: bool) -> str:
+    """`name<TAB>text`; with `timestamps`, each word followed by its start and end."""
+    if not timestamps:
+        return f"{name}\t{transcript.text}\n"
+    words = _timed(transcript, name)
+    return f"{name}\t" + " ".join(f"{w.word}[{w.start:.2f}-{w.end:.2f}]" for w in words) + "\n"
+
+
+def render(transcript: Transcript, name: str, output_format: str, timestamps: bool) -> str:
+    """`transcript` of the audio `name` in one of OUTPUT_FORMATS."""
+    if output_format == "srt":
+        return to_srt(transcript, name)
+    if output_format == "ctm":
+        return to_ctm(transcript, name)
+    if output_format == "json":
+        return to_json(transcript, name) + "\n"
+    if output_format == "text":
+        return to_text(transcript, name, timestamps)
+    raise ValueError(f"output format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
