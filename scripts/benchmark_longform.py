@@ -7,7 +7,7 @@ word times.
 
 Every line is JSON:
 
-- `utterances`: each test utterance decoded alone: WER and word start error (mean and
+- `utterances`: each test utterance decoded alone and whole: WER and word start error (mean and
   95th percentile of |start - true start|, and the mean signed error).
 - `sherpa`: with `--onnx`, sherpa-onnx's token timestamps (greedy search) turned into word
   starts, against the truth and against this package's on the same export.
@@ -15,8 +15,9 @@ Every line is JSON:
   (repeated to that length) transcribed in windows in a fresh process: WER, the WER of the
   same utterances decoded one by one, word start errors, RTFx, and the process's peak
   RSS beside its RSS once the model is loaded and warm.
-- `sweep`: with `--sweep`, the WER of the first length at other windows and overlaps, and
-  with the whole recording's feature statistics (`normalize=recording`).
+- `sweep`: with `--sweep`, the first length cut in fixed windows only (`max_pause` 0), and
+  the same utterances joined without gaps (one stretch of speech) in windows of several
+  sizes and overlaps, merged at the overlaps.
 
 The joined files go to `--work-dir` (default: a temporary directory).
 """
@@ -35,16 +36,31 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.benchmarks.longform import cut_words, error_summary, join_cuts, matched_starts
+from asr.benchmarks.longform import (
+    cut_words,
+    error_summary,
+    join_cuts,
+    matched_starts,
+    sherpa_word_times,
+)
 from asr.data.corpus import cut_text, load_cuts
 from asr.frames import SAMPLE_RATE
-from asr.inference.longform import DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
-from asr.inference.onnx_files import DECODER, ENCODER, JOINER, TOKENS, onnx_file
-from asr.inference.recognizer import load_recognizer
-from asr.inference.timestamps import SPACE_PIECE, Word
+from asr.inference.longform import DEFAULT_MAX_PAUSE, DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
+from asr.inference.recognizer import Recognizer, load_recognizer
+from asr.inference.timestamps import Transcript, Word
 from asr.metrics import corpus_errors
 
-SWEEP = ((10.0, 2.0), (20.0, 2.0), (30.0, 4.0), (30.0, 6.0))
+GAPS = (0.5, 1.5)  # seconds of noise floor between two joined utterances
+# --sweep: (gaps, window, overlap, max_pause). The joined file in fixed windows only; then
+# utterances joined without gaps (0.3 s of quiet between two, their own edges): one stretch
+# of speech, decoded in overlapping windows merged at the overlap.
+SWEEP = (
+    (GAPS, 20.0, 4.0, 0.0),
+    ((0.0, 0.0), 10.0, 2.0, 0.0),
+    ((0.0, 0.0), 20.0, 2.0, 0.0),
+    ((0.0, 0.0), 20.0, 4.0, 0.0),
+    ((0.0, 0.0), 30.0, 6.0, 0.0),
+)
 
 
 def emit(line: dict) -> None:
@@ -57,7 +73,7 @@ def peak_rss_mb() -> float:
 
 def worker(args: argparse.Namespace) -> None:
     """Transcribe one file in windows; print its words, time and memory as JSON."""
-    windows = WindowConfig(args.window, args.overlap, normalize=args.normalize)
+    windows = WindowConfig(args.window, args.overlap, args.max_pause)
     recognizer = load_recognizer(args.model, windows=windows)
     recognizer.transcribe(np.zeros(SAMPLE_RATE, np.float32))  # warm up
     loaded = peak_rss_mb()
@@ -77,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
     )
 
 
-def run_worker(model: Path, path: Path, window: float, overlap: float, normalize: str) -> dict:
+def run_worker(model: Path, path: Path, window: float, overlap: float, max_pause: float) -> dict:
     command = [
         sys.executable,
         __file__,
@@ -89,8 +105,8 @@ def run_worker(model: Path, path: Path, window: float, overlap: float, normalize
         str(window),
         "--overlap",
         str(overlap),
-        "--normalize",
-        normalize,
+        "--max-pause",
+        str(max_pause),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -100,27 +116,12 @@ def run_worker(model: Path, path: Path, window: float, overlap: float, normalize
     return result
 
 
-def sherpa_words(directory: Path, audio: list[np.ndarray]) -> list[list[Word]]:
-    """sherpa-onnx's greedy search with its token timestamps, grouped into words."""
-    import sherpa_onnx
-
-    parts = [str(directory / onnx_file(name, False)) for name in (ENCODER, DECODER, JOINER)]
-    recognizer = sherpa_onnx.OfflineRecognizer.from_transducer(
-        *parts, str(directory / TOKENS), num_threads=1, decoding_method="greedy_search"
-    )
-    out = []
-    for samples in audio:
-        stream = recognizer.create_stream()
-        stream.accept_waveform(SAMPLE_RATE, samples)
-        recognizer.decode_stream(stream)
-        words: list[Word] = []
-        for token, start in zip(stream.result.tokens, stream.result.timestamps, strict=True):
-            if token.startswith((SPACE_PIECE, " ")) or not words:  # sherpa: "▁" as " "
-                words.append(Word(token.lstrip(SPACE_PIECE + " "), start, start))
-            else:
-                words[-1] = Word(words[-1].word + token, words[-1].start, start)
-        out.append([w for w in words if w.word])
-    return out
+def alone(recognizer: Recognizer, audio: list[np.ndarray]) -> list[Transcript]:
+    """Each utterance decoded alone, whole (not cut at pauses): the baseline."""
+    return [
+        recognizer.transcripts_of_features([recognizer.features_of(samples)])[0]
+        for samples in audio
+    ]
 
 
 def utterance_lines(args: argparse.Namespace, cuts: list) -> dict[str, str]:
@@ -130,7 +131,7 @@ def utterance_lines(args: argparse.Namespace, cuts: list) -> dict[str, str]:
     audio = [cut.load_audio()[0] for cut in cuts]
     truth = [cut_words(cut) for cut in cuts]
     start = time.perf_counter()
-    ours = recognizer.transcribe(audio, batch_size=1, timestamps=True)
+    ours = alone(recognizer, audio)
     elapsed = time.perf_counter() - start
     refs = [cut_text(cut) for cut in cuts]
     errors = [e for t, ref in zip(ours, truth, strict=True) for e in matched_starts(t.words, ref)]
@@ -148,8 +149,8 @@ def utterance_lines(args: argparse.Namespace, cuts: list) -> dict[str, str]:
         from asr.inference.onnx_runtime import load_onnx_recognizer
 
         onnx = load_onnx_recognizer(args.onnx, max_symbols_per_frame=1)
-        ours_onnx = onnx.transcribe(audio, batch_size=1, timestamps=True)
-        sherpa = sherpa_words(args.onnx, audio)
+        ours_onnx = alone(onnx, audio)
+        sherpa = sherpa_word_times(args.onnx, audio)
         emit(
             {
                 "line": "sherpa",
@@ -183,10 +184,10 @@ def utterance_lines(args: argparse.Namespace, cuts: list) -> dict[str, str]:
     return {cut.id: t.text for cut, t in zip(cuts, ours, strict=True)}
 
 
-def long_line(args, cuts, one_by_one, minutes, window, overlap, normalize="window") -> dict:
-    path = args.work_dir / f"joined_{minutes:g}min.flac"
-    joined = join_cuts(cuts, path, minutes * 60)
-    result = run_worker(args.model, path, window, overlap, normalize)
+def long_line(args, cuts, one_by_one, minutes, gaps, window, overlap, max_pause) -> dict:
+    path = args.work_dir / f"joined_{minutes:g}min_gaps{gaps[0]:g}-{gaps[1]:g}.flac"
+    joined = join_cuts(cuts, path, minutes * 60, gaps)
+    result = run_worker(args.model, path, window, overlap, max_pause)
     hyp = " ".join(w.word for w in result["words"])
     order = [cuts[i % len(cuts)].id for i in range(joined.utterances)]
     alone = " ".join(one_by_one[cut_id] for cut_id in order)
@@ -195,7 +196,8 @@ def long_line(args, cuts, one_by_one, minutes, window, overlap, normalize="windo
         "audio_seconds": round(joined.duration, 1),
         "window": window,
         "overlap": overlap,
-        "normalize": normalize,
+        "max_pause": max_pause,
+        "gaps": list(gaps),
         "wer": round(100 * corpus_errors([joined.text], [hyp]).wer, 2),
         "wer_one_by_one": round(100 * corpus_errors([joined.text], [alone]).wer, 2),
         "word_start": error_summary(matched_starts(result["words"], joined.words)),
@@ -216,7 +218,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="other windows on the first length")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--normalize", default="window", help=argparse.SUPPRESS)
+    parser.add_argument("--max-pause", type=float, default=DEFAULT_MAX_PAUSE)
     args = parser.parse_args()
     if args.worker is not None:
         worker(args)
@@ -225,25 +227,12 @@ def main() -> None:
         args.work_dir = args.work_dir or Path(tmp)
         cuts = list(load_cuts(args.manifest))
         one_by_one = utterance_lines(args, cuts)
+        settings = (GAPS, args.window, args.overlap, args.max_pause)
         for minutes in args.minutes:
-            emit(
-                {
-                    "line": "long",
-                    **long_line(args, cuts, one_by_one, minutes, args.window, args.overlap),
-                }
-            )
-        if args.sweep:
-            first = args.minutes[0]
-            for window, overlap in SWEEP:
-                emit({"line": "sweep", **long_line(args, cuts, one_by_one, first, window, overlap)})
-            emit(
-                {
-                    "line": "sweep",
-                    **long_line(
-                        args, cuts, one_by_one, first, args.window, args.overlap, "recording"
-                    ),
-                }
-            )
+            emit({"line": "long", **long_line(args, cuts, one_by_one, minutes, *settings)})
+        for setting in SWEEP if args.sweep else ():
+            line = long_line(args, cuts, one_by_one, args.minutes[0], *setting)
+            emit({"line": "sweep", **line})
 
 
 if __name__ == "__main__":

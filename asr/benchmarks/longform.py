@@ -8,17 +8,18 @@ espeak-ng's word events; `asr.demo.espeak`), moved by the utterance's place in t
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import jiwer
 import numpy as np
 import soundfile as sf
 from lhotse.cut import Cut
 
 from asr.frames import SAMPLE_RATE
-from asr.inference.timestamps import Word
+from asr.inference.onnx_files import DECODER, ENCODER, JOINER, TOKENS, onnx_file
+from asr.inference.timestamps import SPACE_PIECE, Word
 
 NOISE_DBFS = -65.0  # the demo corpus's noise floor, also in the gaps
 
@@ -88,15 +89,19 @@ def join_cuts(
 
 
 def matched_starts(hypothesis: Sequence[Word], reference: Sequence[Word]) -> list[float]:
-    """Start time errors (hypothesis - reference, seconds) of the words the two share,
-    aligned by their text (the correctly recognized words)."""
-    matcher = difflib.SequenceMatcher(
-        None, [w.word for w in hypothesis], [w.word for w in reference], autojunk=False
-    )
+    """Start time errors (hypothesis - reference, seconds) of the words the two share in
+    their word alignment (the edit-distance one the WER counts: the correct words)."""
+    if not hypothesis or not reference:
+        return []
+    alignment = jiwer.process_words(
+        " ".join(w.word for w in reference), " ".join(w.word for w in hypothesis)
+    ).alignments[0]
     errors = []
-    for a, b, size in matcher.get_matching_blocks():
-        for k in range(size):
-            hyp, ref = hypothesis[a + k], reference[b + k]
+    for chunk in alignment:
+        if chunk.type != "equal":
+            continue
+        for k in range(chunk.ref_end_idx - chunk.ref_start_idx):
+            hyp, ref = hypothesis[chunk.hyp_start_idx + k], reference[chunk.ref_start_idx + k]
             if hyp.start is None or ref.start is None:
                 raise ValueError("words without times")
             errors.append(hyp.start - ref.start)
@@ -116,3 +121,29 @@ def error_summary(errors: Iterable[float]) -> dict:
         "p95_abs_s": round(float(np.percentile(absolute, 95)), 4),
         "mean_signed_s": round(float(values.mean()), 4),
     }
+
+
+def sherpa_word_times(directory: Path, audio: list[np.ndarray]) -> list[list[Word]]:
+    """sherpa-onnx's greedy search of an export (`asr-export --format onnx`) on each
+    utterance, its token timestamps grouped into words (a word starts at its first token;
+    sherpa-onnx gives no end: it is set to the last token's time)."""
+    import sherpa_onnx
+
+    parts = [str(directory / onnx_file(name, False)) for name in (ENCODER, DECODER, JOINER)]
+    recognizer = sherpa_onnx.OfflineRecognizer.from_transducer(
+        *parts, str(directory / TOKENS), num_threads=1, decoding_method="greedy_search"
+    )
+    out = []
+    for samples in audio:
+        stream = recognizer.create_stream()
+        stream.accept_waveform(SAMPLE_RATE, samples)
+        recognizer.decode_stream(stream)
+        words: list[Word] = []
+        for token, time in zip(stream.result.tokens, stream.result.timestamps, strict=True):
+            start = round(float(time), 3)
+            if token.startswith((SPACE_PIECE, " ")) or not words:  # sherpa: "▁" as " "
+                words.append(Word(token.lstrip(SPACE_PIECE + " "), start, start))
+            else:
+                words[-1] = Word(words[-1].word + token, words[-1].start, start)
+        out.append([w for w in words if w.word])
+    return out

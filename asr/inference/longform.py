@@ -1,54 +1,52 @@
-"""Long recordings: overlapping windows, decoded in small batches and merged.
+"""Recordings of any length: cut into segments (`asr.inference.segments`), decoded a batch
+of segments at a time, and stitched back together.
 
-A recording longer than one window is cut into windows of `window` seconds that start
-every `window - overlap` seconds. Each window is read from the file on its own, turned
-into features (normalized per window, as training normalizes per utterance; or with the
-whole recording's statistics, `normalize="recording"`, from a first pass), encoded and
-decoded; the words of consecutive windows are merged in their overlap:
+Segments of different stretches of speech are separated by pauses, so their words are
+simply put one after the other. The overlapping windows of one long stretch are merged
+in their overlap:
 
 - with word times (transducers), the words both windows heard in the overlap are matched
-  (same word, starts within `MATCH_SECONDS`) and the recording switches from the earlier
-  window to the later at the matched word nearest the middle of the overlap, the point
-  farthest from both windows' edges; with no such word, at the middle of the overlap;
-- without times (attention decoders), the end of the earlier window's text and the start
+  (same word, starts within `MATCH_SECONDS`) and the text switches from the earlier window
+  to the later at the matched word nearest the middle of the overlap, the point farthest
+  from both windows' edges; with no such word, at the middle of the overlap;
+- without times (attention decoders), the end of the earlier window's words and the start
   of the later's are aligned, and the switch is at the middle of their longest common run.
 
-Memory holds `batch` windows of audio and features, and the words: it does not grow
-with the recording's length.
+Memory holds one batch of segments (`batch_seconds` of audio) and the words: it does not
+grow with the recording's length.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import difflib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from asr.inference.audio import AudioSource
+from asr.inference.segments import Segment, plan_segments, recording_energies, speech_stretches
 from asr.inference.timestamps import Word
 
 # Measured on the demo model: recipes/demo/RESULTS.md, "Long recordings"
 # (scripts/benchmark_longform.py).
-DEFAULT_WINDOW, DEFAULT_OVERLAP = 20.0, 4.0
-DEFAULT_MAX_PAUSE = 0.3
+DEFAULT_WINDOW, DEFAULT_OVERLAP, DEFAULT_MAX_PAUSE = 20.0, 4.0, 0.3
 MATCH_SECONDS = 0.3  # the same word heard by two windows starts within this much
-STATS_PIECE_SECONDS = 60.0  # the first pass of normalize="recording" reads this much at once
 
 
 @dataclass(frozen=True)
 class WindowConfig:
-    """How recordings are prepared and cut: `window` seconds every `window - overlap`
-    seconds, `batch` windows encoded together; `normalize` the features per `window` or
-    with the whole `recording`'s mean and variance; pauses longer than `max_pause` seconds
-    shortened to it, in recordings of any length (`asr.inference.pauses`; 0: never)."""
+    """How recordings are cut: at pauses longer than `max_pause` seconds (0: never), and a
+    stretch of speech longer than `window` seconds into windows every `window - overlap`
+    seconds; segments are decoded in batches of up to `batch_seconds` of audio."""
 
     window: float = DEFAULT_WINDOW
     overlap: float = DEFAULT_OVERLAP
-    batch: int = 4
-    normalize: str = "window"
     max_pause: float = DEFAULT_MAX_PAUSE
+    batch_seconds: float = 4 * DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
         if not self.window > 0:
@@ -58,31 +56,27 @@ class WindowConfig:
                 f"overlap must be between 0 and half the window ({self.window / 2} s), "
                 f"got {self.overlap} s"
             )
-        if self.batch < 1:
-            raise ValueError(f"batch must be >= 1, got {self.batch}")
         if self.max_pause < 0:
             raise ValueError(f"max_pause must be >= 0 seconds, got {self.max_pause}")
-        if self.normalize not in ("window", "recording"):
-            raise ValueError(f"normalize must be 'window' or 'recording', got {self.normalize!r}")
+        if not self.batch_seconds > 0:
+            raise ValueError(f"batch_seconds must be positive, got {self.batch_seconds}")
 
 
-def plan_windows(duration: float, window: float, overlap: float) -> list[tuple[float, float]]:
-    """(start, end) seconds of the windows that cover `duration` seconds."""
-    if duration <= window:
-        return [(0.0, duration)]
-    step = window - overlap
-    count = math.ceil((duration - overlap) / step)
-    return [(i * step, min(i * step + window, duration)) for i in range(count)]
+def segments_of(source: AudioSource, config: WindowConfig) -> list[Segment]:
+    """The segments to decode of a recording (its energies read a block at a time)."""
+    energies = recording_energies(source) if config.max_pause > 0 else np.zeros(0)
+    stretches = speech_stretches(energies, source.duration, config.max_pause)
+    return list(plan_segments(stretches, config.window, config.overlap))
 
 
-def _match_timed(earlier: list[Word], later: list[Word], low: float, high: float):
+def _match_timed(
+    earlier: list[Word], later: list[Word], low: float, high: float
+) -> tuple[int, int] | None:
     """(i, j): earlier[i] and later[j] are the same word nearest the middle of the overlap
     [low, high], or None."""
     middle = (low + high) / 2
     tail = [i for i, w in enumerate(earlier) if w.start >= low - MATCH_SECONDS]
     head = [j for j, w in enumerate(later) if w.start <= high + MATCH_SECONDS]
-    if not tail or not head:
-        return None
     matcher = difflib.SequenceMatcher(
         None, [earlier[i].word for i in tail], [later[j].word for j in head], autojunk=False
     )
@@ -94,7 +88,9 @@ def _match_timed(earlier: list[Word], later: list[Word], low: float, high: float
     pairs = [
         (i, j)
         for i, j in pairs
-        if abs(earlier[i].start - later[j].start) <= MATCH_SECONDS and low <= later[j].start <= high
+        if abs(earlier[i].start - later[j].start) <= MATCH_SECONDS
+        and low <= later[j].start <= high
+        and (i == 0 or earlier[i - 1].start <= later[j].start)  # the words stay in order
     ]
     return min(pairs, key=lambda p: abs(later[p[1]].start - middle), default=None)
 
@@ -124,58 +120,64 @@ def merge_untimed(earlier: list[Word], later: list[Word], overlap_fraction: floa
     return earlier[: len(earlier) - len(tail) + a + cut] + later[b + cut :]
 
 
-def feature_stats(
-    source: AudioSource, extract: Callable[[np.ndarray], np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation per feature bin of the whole recording, read a piece
-    at a time (`extract`: samples -> unnormalized (T, F) features)."""
-    total = squares = None
-    count = 0
-    start = 0.0
-    while start < source.duration:
-        feats = extract(source.read(start, start + STATS_PIECE_SECONDS)).astype(np.float64)
-        start += STATS_PIECE_SECONDS
-        if feats.shape[0] == 0:
-            continue
-        total = feats.sum(0) if total is None else total + feats.sum(0)
-        squares = (feats**2).sum(0) if squares is None else squares + (feats**2).sum(0)
-        count += feats.shape[0]
-    if total is None or squares is None:
-        raise ValueError(f"{source.name}: no audio to normalize")
-    mean = total / count
-    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
-    return mean.astype(np.float32), std.astype(np.float32)
+def stitch(decoded: Sequence[tuple[Segment, list[Word]]], timed: bool) -> list[Word]:
+    """One recording's words from its segments' (in order): stretches one after the
+    other, the windows of a stretch merged."""
+    words: list[Word] = []
+    previous: Segment | None = None
+    for segment, segment_words in decoded:
+        if previous is None or previous.stretch != segment.stretch:
+            words += segment_words
+        elif timed:
+            words = merge_timed(words, segment_words, segment.start, previous.end)
+        else:
+            fraction = (previous.end - segment.start) / (segment.end - segment.start)
+            words = merge_untimed(words, segment_words, fraction)
+        previous = segment
+    return words
 
 
-def windows(source: AudioSource, config: WindowConfig) -> Iterator[list[tuple[float, np.ndarray]]]:
-    """Batches of (start seconds, samples) of the windows of `source`."""
-    plan = plan_windows(source.duration, config.window, config.overlap)
-    for first in range(0, len(plan), config.batch):
-        yield [
-            (start, source.read(start, end)) for start, end in plan[first : first + config.batch]
-        ]
+Decode = Callable[[Sequence[np.ndarray], Sequence[float]], list[list[Word]]]
 
 
-def transcribe_windows(
-    source: AudioSource,
-    config: WindowConfig,
-    decode_batch: Callable[[Sequence[np.ndarray], Sequence[float]], list[list[Word]]],
-    timed: bool,
-) -> list[Word]:
-    """The words of a long recording: `decode_batch(samples, start seconds)` gives each
-    window's words (with times offset by its start when `timed`), merged window by window."""
-    plan = plan_windows(source.duration, config.window, config.overlap)
-    merged: list[Word] = []
-    index = 0
-    for batch in windows(source, config):
-        starts = [start for start, _ in batch]
-        for words in decode_batch([samples for _, samples in batch], starts):
-            if index == 0:
-                merged = words
-            elif timed:
-                low, high = plan[index][0], plan[index - 1][1]
-                merged = merge_timed(merged, words, low, high)
-            else:
-                merged = merge_untimed(merged, words, config.overlap / config.window)
-            index += 1
-    return merged
+class SegmentBatches:
+    """Segments of several recordings, decoded a batch at a time by `decode(samples,
+    start seconds)` (each segment's words, times counted from its recording's start)."""
+
+    def __init__(self, decode: Decode, batch_seconds: float, max_count: int) -> None:
+        self.decode, self.batch_seconds, self.max_count = decode, batch_seconds, max_count
+        self.pending: list[tuple[int, Segment, np.ndarray]] = []
+        self.done: dict[int, list[tuple[Segment, list[Word]]]] = {}
+
+    def add(self, recording: int, segment: Segment, samples: np.ndarray) -> None:
+        self.pending.append((recording, segment, samples))
+        seconds = sum(s.end - s.start for _, s, _ in self.pending)
+        if seconds >= self.batch_seconds or len(self.pending) >= self.max_count:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        batch = sorted(self.pending, key=lambda p: len(p[2]))  # similar lengths pad least
+        decoded = self.decode([p[2] for p in batch], [p[1].start for p in batch])
+        for (recording, segment, _), words in zip(batch, decoded, strict=True):
+            self.done.setdefault(recording, []).append((segment, words))
+        self.pending.clear()
+        release_freed_memory()
+
+    def words(self, recording: int, timed: bool) -> list[Word]:
+        """A recording's words, once all its segments are decoded."""
+        decoded = sorted(self.done.pop(recording, []), key=lambda d: d[0].start)
+        return stitch(decoded, timed)
+
+
+def release_freed_memory() -> None:
+    """Give the memory freed by a batch back to the system (glibc's `malloc_trim`):
+    without it the peak RSS of a 30-minute recording crept up by about 150 MB over its
+    first minutes, as the heap kept the varying sizes of each batch's tensors."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

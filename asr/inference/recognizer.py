@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr.data.features import FeatureConfig, compute_features, normalize_features, to_mono
+from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import (
     NO_TOKEN_TIMES,
@@ -24,17 +24,15 @@ from asr.decoding.search import (
     default_options,
     has_token_times,
 )
-from asr.frames import FRAMES_PER_SECOND
+from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.inference.audio import AudioInput, AudioSource, open_audio, read_audio
 from asr.inference.bundle import load_bundle
-from asr.inference.longform import WindowConfig, feature_stats, transcribe_windows
-from asr.inference.pauses import shorten_pauses
+from asr.inference.longform import SegmentBatches, WindowConfig, segments_of
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
 from asr.models.build import Model
 
 __all__ = ["AudioInput", "Recognizer", "load_recognizer", "read_audio"]
 
-Windows = list[list[Word]]  # per window its words
 MIN_SAMPLES = 400  # one 25 ms feature frame: shorter audio is transcribed as nothing
 
 
@@ -66,26 +64,6 @@ class Recognizer:
         """(T, F) features of 16 kHz samples, (N,) or (channels, N), as the model expects."""
         return torch.from_numpy(compute_features(to_mono(audio), self.features, self._extractor))
 
-    def _audio_features(
-        self, samples: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Features of audio to transcribe with its long pauses shortened
-        (`self.windows.max_pause`, `asr.inference.pauses`), and the index of each frame in
-        the audio; normalized with `stats` (mean, std per bin) if given, else as the model
-        expects."""
-        raw, index = shorten_pauses(self._raw_features(to_mono(samples)), self.windows.max_pause)
-        if stats is not None:
-            mean, std = stats
-            return torch.from_numpy(((raw - mean) / (std + 1e-5)).astype(np.float32)), index
-        return torch.from_numpy(normalize_features(raw, self.features.normalize)), index
-
-    def _raw_features(self, samples: np.ndarray) -> np.ndarray:
-        return compute_features(
-            samples,
-            FeatureConfig(**{**self.features.__dict__, "normalize": "none"}),
-            self._extractor,
-        )
-
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
         padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
@@ -111,68 +89,43 @@ class Recognizer:
         self,
         feats: Sequence[torch.Tensor],
         offsets: Sequence[float] | None = None,
-        frame_maps: Sequence[np.ndarray] | None = None,
+        ends: Sequence[float] | None = None,
     ) -> list[Transcript]:
-        """Per utterance its text and words with their times where the model gives token
-        times (words without times otherwise). Times are in seconds from the utterance's
-        offset in `offsets`; `frame_maps` give each feature frame's index in the audio
-        where frames were left out (`_audio_features`)."""
+        """Per utterance its text and words, with their times in seconds from its offset
+        in `offsets` where the model gives token times (without times otherwise); no word
+        ends after its audio's end in `ends` (default: its last feature frame's)."""
         offsets = offsets or [0.0] * len(feats)
+        if ends is None:
+            ends = [o + f.shape[0] / FRAMES_PER_SECOND for o, f in zip(offsets, feats, strict=True)]
         encoded = self._encode(feats)
         if not has_token_times(self.model):
             texts = [self.tokenizer.decode(i) for i in decode(self.model, *encoded, self.options)]
             return [Transcript(text, words_of_text(text)) for text in texts]
         seconds = self.model.frame_seconds
-        factor = round(seconds * FRAMES_PER_SECOND)  # feature frames per encoder frame
         hyps = decode_timed(self.model, *encoded, self.options)
         transcripts = []
-        for n, (hyp, offset) in enumerate(zip(hyps, offsets, strict=True)):
-            frames = np.asarray(hyp.frames, dtype=np.int64) * factor
-            if frame_maps is not None:
-                frames = frame_maps[n][np.minimum(frames, len(frame_maps[n]) - 1)]
-            starts = offset + frames / FRAMES_PER_SECOND
+        for hyp, offset, end in zip(hyps, offsets, ends, strict=True):
+            starts = [offset + frame * seconds for frame in hyp.frames]
             pieces = [self.tokenizer.id_to_piece(i) for i in hyp.tokens]
-            words = words_from_tokens(pieces, starts.tolist(), seconds)
+            words = words_from_tokens(pieces, starts, seconds, end)
             transcripts.append(Transcript(self.tokenizer.decode(hyp.tokens), words))
         return transcripts
 
-    def _transcribe_samples(
-        self,
-        samples: Sequence[np.ndarray],
-        offsets: Sequence[float],
-        stats: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> list[Transcript]:
-        """`transcripts_of_features` of audio; audio too short for one feature frame is
-        transcribed as nothing."""
-        results = [Transcript("", []) for _ in samples]
+    def _decode_segments(
+        self, samples: Sequence[np.ndarray], offsets: Sequence[float]
+    ) -> list[list[Word]]:
+        """The words of each piece of audio (times from its offset); audio too short for
+        one feature frame has none."""
+        results: list[list[Word]] = [[] for _ in samples]
         kept = [i for i, s in enumerate(samples) if len(s) >= MIN_SAMPLES]
         if kept:
-            feats, maps = zip(*(self._audio_features(samples[i], stats) for i in kept), strict=True)
-            done = self.transcripts_of_features(feats, [offsets[i] for i in kept], maps)
+            feats = [self.features_of(samples[i]) for i in kept]
+            starts = [offsets[i] for i in kept]
+            ends = [offsets[i] + len(samples[i]) / SAMPLE_RATE for i in kept]
+            done = self.transcripts_of_features(feats, starts, ends)
             for i, transcript in zip(kept, done, strict=True):
-                results[i] = transcript
+                results[i] = transcript.words
         return results
-
-    def transcribe_long(self, source: AudioSource) -> Transcript:
-        """A recording of any length, in overlapping windows (`self.windows`)."""
-        stats = None
-        if self.windows.normalize == "recording":
-            if self.features.normalize == "none":
-                raise ValueError(
-                    "normalize='recording' needs a model whose features are normalized "
-                    "outside it: an ONNX encoder normalizes each window itself"
-                )
-            stats = feature_stats(
-                source, lambda s: shorten_pauses(self._raw_features(s), self.windows.max_pause)[0]
-            )
-
-        def decode_batch(
-            samples: Sequence[np.ndarray], starts: Sequence[float]
-        ) -> list[list[Word]]:
-            return [t.words for t in self._transcribe_samples(samples, starts, stats)]
-
-        words = transcribe_windows(source, self.windows, decode_batch, has_token_times(self.model))
-        return Transcript.of_words(words)
 
     def transcribe(
         self,
@@ -180,32 +133,28 @@ class Recognizer:
         batch_size: int = 16,
         timestamps: bool = False,
     ) -> list[str] | list[Transcript]:
-        """Texts of audio files or 16 kHz mono float arrays (one per input), of any length:
-        a recording longer than `self.windows.window` seconds is decoded in overlapping
-        windows, read from its file a window at a time. With `timestamps`, a `Transcript`
-        per input: its text and words, each with its start and end in seconds."""
-        if timestamps and not has_token_times(self.model):
+        """Texts of audio files or 16 kHz mono float arrays (one per input), of any length.
+
+        Each recording is cut at its long pauses, and its long stretches of speech into
+        overlapping windows (`self.windows`, `asr.inference.longform`); the pieces of all
+        the inputs are decoded in batches of at most `batch_size` pieces and
+        `self.windows.batch_seconds` of audio, and a long file is read a piece at a time.
+        With `timestamps`, a `Transcript` per input: its text and its words, each with its
+        start and end in seconds."""
+        timed = has_token_times(self.model)
+        if timestamps and not timed:
             raise ValueError(NO_TOKEN_TIMES)
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
-        results: list[Transcript] = [Transcript("", [])] * len(audio)
-        pending: list[tuple[int, np.ndarray]] = []  # short inputs, decoded in batches
-
-        def flush() -> None:
-            done = self._transcribe_samples([s for _, s in pending], [0.0] * len(pending))
-            for (i, _), transcript in zip(pending, done, strict=True):
-                results[i] = transcript
-            pending.clear()
-
-        for i, item in enumerate(audio):
+        batches = SegmentBatches(self._decode_segments, self.windows.batch_seconds, batch_size)
+        for index, item in enumerate(audio):
             source = open_audio(item)
-            if source.duration > self.windows.window:
-                results[i] = self.transcribe_long(source)
-                continue
-            pending.append((i, source.read()))
-            if len(pending) == batch_size:
-                flush()
-        flush()
+            if source.duration <= self.windows.window:  # short: read it once
+                source = AudioSource(source.name, source.duration, _samples=source.read())
+            for segment in segments_of(source, self.windows):
+                batches.add(index, segment, source.read(segment.start, segment.end))
+        batches.flush()
+        results = [Transcript.of_words(batches.words(i, timed)) for i in range(len(audio))]
         return results if timestamps else [t.text for t in results]
 
 

@@ -10,12 +10,14 @@ audio.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 SPACE_PIECE = "\u2581"  # SentencePiece's word boundary, "▁"
 OUTPUT_FORMATS = ("text", "json", "srt", "ctm")
 SRT_MAX_WORDS, SRT_MAX_SECONDS = 12, 5.0  # one subtitle cue at most
+SRT_PAUSE_SECONDS = 0.8  # a pause this long starts a new cue
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,14 @@ class Transcript:
 
 
 def words_from_tokens(
-    pieces: Sequence[str], starts: Sequence[float], token_seconds: float
+    pieces: Sequence[str],
+    starts: Sequence[float],
+    token_seconds: float,
+    audio_end: float = math.inf,
 ) -> list[Word]:
     """Words of a hypothesis's `pieces` (SentencePiece pieces, one per token) emitted at
-    `starts` seconds, each token lasting `token_seconds` (an encoder frame)."""
+    `starts` seconds, each token lasting `token_seconds` (an encoder frame), in audio that
+    ends at `audio_end` seconds (no word ends later)."""
     if len(pieces) != len(starts):
         raise ValueError(f"{len(pieces)} pieces but {len(starts)} times")
     groups: list[tuple[str, float, float]] = []  # (text, first token's start, last's)
@@ -56,7 +62,7 @@ def words_from_tokens(
     groups = [g for g in groups if g[0]]  # a lone "▁" that nothing followed
     words = []
     for i, (text, first, last) in enumerate(groups):
-        end = last + token_seconds
+        end = min(last + token_seconds, audio_end)
         if i + 1 < len(groups):
             end = min(end, groups[i + 1][1])
         words.append(Word(text, round(first, 3), round(max(end, first), 3)))
@@ -83,11 +89,17 @@ def _timed(transcript: Transcript, name: str) -> list[Word]:
 
 
 def to_srt(transcript: Transcript, name: str = "audio") -> str:
-    """SubRip subtitles: cues of at most SRT_MAX_WORDS words and SRT_MAX_SECONDS seconds."""
+    """SubRip subtitles: cues of at most SRT_MAX_WORDS words and SRT_MAX_SECONDS seconds,
+    a new one after a pause of SRT_PAUSE_SECONDS."""
     cues: list[list[Word]] = []
     for word in _timed(transcript, name):
         last = cues[-1] if cues else None
-        if last and len(last) < SRT_MAX_WORDS and word.end - last[0].start <= SRT_MAX_SECONDS:
+        if (
+            last
+            and len(last) < SRT_MAX_WORDS
+            and word.end - last[0].start <= SRT_MAX_SECONDS
+            and word.start - last[-1].end < SRT_PAUSE_SECONDS
+        ):
             last.append(word)
         else:
             cues.append([word])

@@ -1,4 +1,5 @@
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -29,6 +30,33 @@ def test_manifests_match_the_transcripts(tiny_corpus) -> None:
         for kind in ("recordings", "supervisions"):
             assert (tiny_corpus.manifests / f"librispeech_{kind}_{part}.jsonl.gz").is_file()
     assert "1001-11001-0000" in tiny_corpus.transcripts("train-clean-100")
+    cut = next(iter(load_cuts(tiny_corpus.cuts("test-clean"))))
+    words = [item for item in cut.supervisions[0].alignment["word"] if item.symbol]
+    assert " ".join(w.symbol for w in words) == cut.supervisions[0].text  # the word times
+
+
+def test_newer_transcripts_make_a_part_again(tiny_corpus, tmp_path: Path, caplog) -> None:
+    root = tmp_path / "LibriSpeech"
+    shutil.copytree(tiny_corpus.librispeech / "dev-clean", root / "dev-clean")
+    out = tmp_path / "manifests"
+    prepare_manifests(root, out)
+    bad = sorted(root.rglob("*.alignment.txt"))[0]
+    bad.write_text("not an alignment\n")  # a rebuilt corpus, with one broken file
+    later = (out / "librispeech_cuts_dev-clean.jsonl.gz").stat().st_mtime + 2
+    os.utime(bad, (later, later))  # newer, whatever the file system's time resolution
+    with caplog.at_level(logging.INFO, logger="asr.data.corpus"):
+        report = prepare_manifests(root, out)["dev-clean"]
+    assert "older than the transcripts of dev-clean: preparing it again" in caplog.text
+    assert f"{bad}: not a word alignment file, ignored" in caplog.text
+    assert report.utterances == len(tiny_corpus.transcripts("dev-clean"))
+    aligned = [c for c in load_cuts(out / "librispeech_cuts_dev-clean.jsonl.gz")]
+    without = {c.id for c in aligned if c.supervisions[0].alignment is None}
+    assert without == {
+        line.split()[0]
+        for line in bad.with_name(bad.name.replace(".alignment.txt", ".trans.txt"))
+        .read_text()
+        .splitlines()
+    }
 
 
 def test_rerun_skips_existing_parts(tiny_corpus, caplog: pytest.LogCaptureFixture) -> None:

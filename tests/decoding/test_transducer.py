@@ -110,3 +110,14 @@ def test_zero_length_sample_and_empty_batch():
     model, enc, lens = _hand_built()
     assert greedy_search(model, enc, torch.tensor([0, 3])) == [[], [1, 1]]
     assert greedy_search(model, enc[:0], lens[:0]) == []
+
+
+def test_greedy_search_gives_each_token_s_frame():
+    from asr.decoding.transducer import greedy_search_timed
+
+    model, enc, lens = _hand_built()
+    timed = greedy_search_timed(model, enc, lens)
+    # TABLE: frame 0 emits 3; frame 2 emits 5 and 6; frame 3 emits 2; B's frame 1 emits 1, 1
+    assert [(t.tokens, t.frames) for t in timed] == [([3, 5, 6, 2], [0, 2, 2, 3]), ([1, 1], [1, 1])]
+    one = greedy_search_timed(model, enc, lens, GreedyOptions(max_symbols_per_frame=1))
+    assert [(t.tokens, t.frames) for t in one] == [([3, 5], [0, 2]), ([1], [1])]

@@ -125,3 +125,26 @@ def test_options_are_checked() -> None:
         BeamOptions(beam_size=2, nbest=3)
     with pytest.raises(ValueError, match="max_symbols_per_frame"):
         BeamOptions(max_symbols_per_frame=0)
+
+
+@pytest.mark.parametrize("symbols", [1, 3])
+def test_beam_hypotheses_carry_their_tokens_frames(symbols: int) -> None:
+    from asr.decoding.search import decode_timed
+    from asr.decoding.transducer import greedy_search_timed
+
+    model = _random_model(9, "lstm", seed=2)
+    enc = 3 * torch.randn(3, 16, 6, dtype=torch.float64)
+    lens = torch.tensor([16, 9, 4])
+    greedy = greedy_search_timed(model, enc, lens, GreedyOptions(max_symbols_per_frame=symbols))
+    one = beam_search(model, enc, lens, BeamOptions(beam_size=1, max_symbols_per_frame=symbols))
+    assert [list(h[0].frames) for h in one] == [g.frames for g in greedy]  # beam 1 is greedy
+    options = BeamOptions(beam_size=4, max_symbols_per_frame=symbols, nbest=4)
+    for hyps, n in zip(beam_search(model, enc, lens, options), lens.tolist(), strict=True):
+        for hyp in hyps:
+            assert len(hyp.frames) == len(hyp.tokens)
+            assert list(hyp.frames) == sorted(hyp.frames) and all(0 <= f < n for f in hyp.frames)
+            counts = [hyp.frames.count(f) for f in set(hyp.frames)]
+            assert max(counts, default=0) <= symbols
+    best = decode_timed(model, enc, lens, options)
+    assert [b.tokens for b in best] == decode(model, enc, lens, options)
+    assert sum(len(b.frames) for b in best) > 5

@@ -139,6 +139,10 @@ def test_lhotse_reads_it(corpus: Path) -> None:
         recordings, supervisions = manifests[part]["recordings"], manifests[part]["supervisions"]
         assert len(recordings) == len(supervisions) == len(transcripts)
         assert {s.id: s.text for s in supervisions} == transcripts
+        # the word times: lhotse reads them as the LibriSpeech alignments
+        for sup in supervisions:
+            words = [item for item in sup.alignment["word"] if item.symbol]
+            assert " ".join(item.symbol for item in words) == sup.text
         cuts = CutSet.from_manifests(recordings=recordings, supervisions=supervisions)
         assert len(cuts) == len(transcripts)
         assert all(r.sampling_rate == SAMPLE_RATE for r in recordings)
@@ -264,3 +268,22 @@ def test_librispeech_parts_extend_the_demo_corpus_plan() -> None:
     for part in ("dev-other", "test-other"):
         assert full[part] and all(set(u.text.split()) <= known for u in full[part])
     assert len(train_words) > len(known)  # the other training parts bring words of their own
+
+
+def test_word_times_follow_the_audio(corpus: Path) -> None:
+    """Each word's recorded start: in order, inside the file, and the first one where the
+    speech starts (espeak-ng's word event is at the word's first phoneme)."""
+    from lhotse.recipes.librispeech import parse_alignments
+
+    checked = 0
+    for alignment_file in sorted(corpus.glob("test-clean/*/*/*.alignment.txt")):
+        for utt_id, items in parse_alignments(alignment_file).items():
+            audio, rate = sf.read(alignment_file.parent / f"{utt_id}.flac", dtype="float32")
+            words = [item for item in items if item.symbol]
+            starts = [w.start for w in words]
+            assert starts == sorted(starts) and all(w.duration >= 0 for w in words)
+            assert words[-1].end <= len(audio) / rate - 0.15 + 1e-3  # the silence after
+            onset = np.flatnonzero(np.abs(audio) > 0.01 * np.abs(audio).max())[0] / rate
+            assert abs(starts[0] - onset) < 0.12, (utt_id, starts[0], onset)
+            checked += 1
+    assert checked >= 5

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import asr
+from asr.benchmarks.longform import sherpa_word_times
 from asr.inference.cli import transcribe_main
 from asr.inference.onnx_export import export_onnx
 from asr.inference.onnx_runtime import load_onnx_recognizer
@@ -108,6 +109,24 @@ def test_onnx_beam_search_and_default_symbols_match_pytorch(
         for d in ("onnx", "pytorch")
     )
     assert onnx_hyps == pytorch_hyps and len(onnx_hyps) == len(test_flacs)
+
+
+def test_word_times_of_the_export_match_pytorch_and_sherpa_onnx(
+    stateless_run, stateless_export, test_flacs
+):
+    flacs = test_flacs[:6]
+    pytorch = load_recognizer(stateless_run, max_symbols_per_frame=1)
+    ours = load_onnx_recognizer(stateless_export, max_symbols_per_frame=1)
+    expected = pytorch.transcribe(flacs, timestamps=True)
+    assert ours.transcribe(flacs, timestamps=True) == expected
+    assert sum(len(t.words) for t in expected) > 10
+    # sherpa-onnx's token timestamps, each utterance decoded whole as sherpa-onnx does
+    audio = [read_audio(flac) for flac in flacs]
+    whole = [pytorch.transcripts_of_features([pytorch.features_of(a)])[0] for a in audio]
+    sherpa = sherpa_word_times(stateless_export, audio)
+    assert [[(w.word, w.start) for w in s] for s in sherpa] == [
+        [(w.word, w.start) for w in t.words] for t in whole
+    ]
 
 
 def test_lstm_and_aed_models_export_for_our_onnxruntime_decoder(

@@ -52,8 +52,8 @@ def test_srt_cues_hold_at_most_their_words_and_seconds() -> None:
     ]
     cue_words = [len(b.splitlines()[2].split()) for b in blocks]
     assert sum(cue_words) == 30 and max(cue_words) <= SRT_MAX_WORDS
-    long = to_srt(_transcript(3, step=3700.0), "a.wav")  # past an hour
-    assert "01:01:40,000 --> 01:01:40,300" in long
+    long = to_srt(_transcript(3, step=3700.0), "a.wav")  # past an hour, one cue per pause
+    assert "2\n01:01:40,000 --> 01:01:40,300\nW1\n\n3\n02:03:20,000" in long
 
 
 def test_ctm_json_and_text_lines() -> None:
