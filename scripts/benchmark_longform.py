@@ -15,9 +15,9 @@ Every line is JSON:
   (repeated to that length) transcribed in windows in a fresh process: WER, the WER of the
   same utterances decoded one by one, word start errors, RTFx, and the process's peak
   RSS beside its RSS once the model is loaded and warm.
-- `sweep`: with `--sweep`, the first length cut in fixed windows only (`max_pause` 0), and
-  the same utterances joined without gaps (one stretch of speech) in windows of several
-  sizes and overlaps, merged at the overlaps.
+- `sweep`: with `--sweep`, the first length cut at longer pauses only (0.5 s) and in fixed
+  windows only (`max_pause` 0); the same utterances joined without gaps, cut as by default
+  and, as one stretch of speech, in windows of several sizes merged at the overlaps.
 
 The joined files go to `--work-dir` (default: a temporary directory).
 """
@@ -51,15 +51,18 @@ from asr.inference.timestamps import Transcript, Word
 from asr.metrics import corpus_errors
 
 GAPS = (0.5, 1.5)  # seconds of noise floor between two joined utterances
-# --sweep: (gaps, window, overlap, max_pause). The joined file in fixed windows only; then
-# utterances joined without gaps (0.3 s of quiet between two, their own edges): one stretch
-# of speech, decoded in overlapping windows merged at the overlap.
+NO_GAPS = (0.0, 0.0)  # 0.3 s of quiet between two utterances: their own edges
+# --sweep: (gaps, window, overlap, max_pause). The joined file cut at longer pauses only
+# and in fixed windows only; then the utterances joined without gaps, cut at pauses as by
+# default, and as one stretch of speech in overlapping windows merged at the overlaps.
 SWEEP = (
-    (GAPS, 20.0, 4.0, 0.0),
-    ((0.0, 0.0), 10.0, 2.0, 0.0),
-    ((0.0, 0.0), 20.0, 2.0, 0.0),
-    ((0.0, 0.0), 20.0, 4.0, 0.0),
-    ((0.0, 0.0), 30.0, 6.0, 0.0),
+    (GAPS, DEFAULT_WINDOW, DEFAULT_OVERLAP, 0.5),
+    (GAPS, DEFAULT_WINDOW, DEFAULT_OVERLAP, 0.0),
+    (NO_GAPS, DEFAULT_WINDOW, DEFAULT_OVERLAP, DEFAULT_MAX_PAUSE),
+    (NO_GAPS, 10.0, 2.0, 0.0),
+    (NO_GAPS, 20.0, 2.0, 0.0),
+    (NO_GAPS, 20.0, 4.0, 0.0),
+    (NO_GAPS, 30.0, 6.0, 0.0),
 )
 
 

@@ -42,7 +42,7 @@ from asr.inference.bundle import (
     export_encoder,
     select_checkpoints,
 )
-from asr.inference.longform import DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
+from asr.inference.longform import DEFAULT_MAX_PAUSE, DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
 from asr.inference.manifest_decoding import decode_manifest
 from asr.inference.recognizer import Recognizer, load_recognizer
 from asr.inference.timestamps import OUTPUT_FORMATS, Transcript, render
@@ -208,7 +208,8 @@ def _add_transcribe_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=float,
         default=DEFAULT_WINDOW,
-        help=f"longer recordings are decoded in windows of this many seconds "
+        help=f"a stretch of speech without pauses longer than this is decoded in "
+        f"overlapping windows of this many seconds "
         f"(default {DEFAULT_WINDOW:g})",
     )
     parser.add_argument(
@@ -216,6 +217,13 @@ def _add_transcribe_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_OVERLAP,
         help=f"seconds shared by consecutive windows (default {DEFAULT_OVERLAP:g})",
+    )
+    parser.add_argument(
+        "--max-pause",
+        type=float,
+        default=DEFAULT_MAX_PAUSE,
+        help=f"recordings are cut at pauses longer than this many seconds (default "
+        f"{DEFAULT_MAX_PAUSE:g}; 0: windows only)",
     )
 
 
@@ -252,7 +260,7 @@ def transcribe_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     inputs = list(args.inputs)
     timestamps = args.timestamps or args.output_format in ("srt", "ctm")
-    windows = WindowConfig(args.window, args.overlap)
+    windows = WindowConfig(args.window, args.overlap, args.max_pause)
     model = _split_model(args, inputs, 1)
     if args.output_format == "srt" and len(inputs) > 1 and args.output_dir is None:
         parser.error("srt of several files needs --output-dir (one .srt per file)")

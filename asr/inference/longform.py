@@ -33,19 +33,22 @@ from asr.inference.timestamps import Word
 
 # Measured on the demo model: recipes/demo/RESULTS.md, "Long recordings"
 # (scripts/benchmark_longform.py).
-DEFAULT_WINDOW, DEFAULT_OVERLAP, DEFAULT_MAX_PAUSE = 20.0, 4.0, 0.3
+DEFAULT_WINDOW, DEFAULT_OVERLAP = 20.0, 4.0
+DEFAULT_MAX_PAUSE, DEFAULT_PAUSE_PAD = 0.25, 0.15
 MATCH_SECONDS = 0.3  # the same word heard by two windows starts within this much
 
 
 @dataclass(frozen=True)
 class WindowConfig:
-    """How recordings are cut: at pauses longer than `max_pause` seconds (0: never), and a
-    stretch of speech longer than `window` seconds into windows every `window - overlap`
-    seconds; segments are decoded in batches of up to `batch_seconds` of audio."""
+    """How recordings are cut: at pauses longer than `max_pause` seconds (0: never),
+    keeping `pause_pad` seconds of each on either side of the speech, and a stretch of
+    speech longer than `window` seconds into windows every `window - overlap` seconds;
+    segments are decoded in batches of up to `batch_seconds` of audio."""
 
     window: float = DEFAULT_WINDOW
     overlap: float = DEFAULT_OVERLAP
     max_pause: float = DEFAULT_MAX_PAUSE
+    pause_pad: float = DEFAULT_PAUSE_PAD
     batch_seconds: float = 4 * DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
@@ -58,6 +61,8 @@ class WindowConfig:
             )
         if self.max_pause < 0:
             raise ValueError(f"max_pause must be >= 0 seconds, got {self.max_pause}")
+        if self.pause_pad < 0:
+            raise ValueError(f"pause_pad must be >= 0 seconds, got {self.pause_pad}")
         if not self.batch_seconds > 0:
             raise ValueError(f"batch_seconds must be positive, got {self.batch_seconds}")
 
@@ -65,7 +70,7 @@ class WindowConfig:
 def segments_of(source: AudioSource, config: WindowConfig) -> list[Segment]:
     """The segments to decode of a recording (its energies read a block at a time)."""
     energies = recording_energies(source) if config.max_pause > 0 else np.zeros(0)
-    stretches = speech_stretches(energies, source.duration, config.max_pause)
+    stretches = speech_stretches(energies, source.duration, config.max_pause, config.pause_pad)
     return list(plan_segments(stretches, config.window, config.overlap))
 
 

@@ -3,12 +3,13 @@ none.
 
 Models are trained on utterances with short silences at their edges. Decoding a long
 recording in fixed windows hands them several sentences and the seconds of silence
-between them at once, which they never saw: on the demo model, fixed 20 s windows cost
-1.3 to 2 WER points against decoding the utterances one by one, and a second of silence
-either side of an utterance raised its WER from 7.9 % to 36 % (recipes/demo/RESULTS.md,
-"Long recordings"). So a recording is first cut at every pause longer than `max_pause`
-seconds, keeping `max_pause / 2` seconds of it on each side of the speech; a stretch of
-speech longer than the window is cut into overlapping windows, merged afterwards
+between them at once, which they never saw: on the demo model, fixed 20 s windows over
+test utterances joined with 0.5-1.5 s gaps doubled the WER of decoding them one by one,
+and a second of silence either side of an utterance raised its WER from 7.9 % to 36 %
+(recipes/demo/RESULTS.md, "Long recordings and word timestamps"). So a recording is first
+cut at every pause longer than `max_pause` seconds, keeping `pause_pad` seconds of it on
+each side of the speech (the demo corpus's utterances have 0.15 s); a stretch of speech
+longer than the window is cut into overlapping windows, merged afterwards
 (`asr.inference.longform`).
 
 A frame (25 ms every 10 ms) is quiet when its energy is more than `QUIET_MARGIN_DB` below
@@ -71,24 +72,26 @@ def quiet_frames(energies: np.ndarray) -> np.ndarray:
 
 
 def speech_stretches(
-    energies: np.ndarray, duration: float, max_pause: float
+    energies: np.ndarray, duration: float, max_pause: float, keep: float | None = None
 ) -> list[tuple[float, float]]:
     """(start, end) seconds of the stretches between pauses longer than `max_pause`
-    seconds, each with `max_pause / 2` seconds of its pauses (0: one stretch, the whole)."""
+    seconds (0: one stretch, the whole), each with `keep` seconds of the pause on either
+    side (default `max_pause / 2`; at most half the pause)."""
     if max_pause <= 0:
         return [(0.0, duration)] if duration > 0 else []
     quiet = quiet_frames(energies)
     edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
-    keep = max_pause / 2
+    keep = max_pause / 2 if keep is None else keep
     stretches, start = [], 0.0
     for first, stop in zip(edges[::2], edges[1::2], strict=True):  # quiet frames [first, stop)
         begin = first / FRAMES_PER_SECOND
         end = duration if stop == len(quiet) else stop / FRAMES_PER_SECOND
         if end - begin <= max_pause:
             continue
+        kept = min(keep, (end - begin) / 2)
         if begin > start:
-            stretches.append((start, min(begin + keep, duration)))
-        start = duration if stop == len(quiet) else end - keep  # ends in a pause: done
+            stretches.append((start, min(begin + kept, duration)))
+        start = duration if stop == len(quiet) else end - kept  # ends in a pause: done
     if start < duration:
         stretches.append((start, duration))
     return [(round(float(a), 3), round(float(b), 3)) for a, b in stretches if b > a]

@@ -52,6 +52,11 @@ def test_stretches_are_cut_at_long_pauses_only() -> None:
     duration = len(energies) / 100
     # the 1 s lead-in, the 1.5 s pause and the 0.5 s tail are cut; the 0.2 s pause is not
     assert speech_stretches(energies, duration, 0.3) == [(0.85, 4.35), (5.55, 8.85)]
+    # keeping 0.05 s of each pause; a pause shorter than twice that is split in the middle
+    assert speech_stretches(energies, duration, 0.3, keep=0.05) == [(0.95, 4.25), (5.65, 8.75)]
+    assert speech_stretches(energies, duration, 0.1, keep=0.15) == [
+        (0.85, 3.1), (3.1, 4.35), (5.55, 8.85)
+    ]  # fmt: skip
     assert speech_stretches(energies, duration, 0.0) == [(0.0, duration)]
     assert speech_stretches(energies, duration, 2.0) == [(0.0, duration)]
     silence = np.full(500, np.log(1e-9))  # -90 dBFS: no speech at all
@@ -80,6 +85,8 @@ def test_window_config_names_the_bad_value() -> None:
         WindowConfig(window=10, overlap=6)
     with pytest.raises(ValueError, match="max_pause must be >= 0"):
         WindowConfig(max_pause=-1)
+    with pytest.raises(ValueError, match="pause_pad must be >= 0"):
+        WindowConfig(pause_pad=-0.1)
 
 
 def _words(*items: tuple[str, float]) -> list[Word]:
