@@ -10,19 +10,16 @@ import soundfile as sf
 
 from asr.demo.espeak import PEAK_DBFS, postprocess
 from asr.demo.lexicon import CATEGORIES
-from asr.demo.synth import (
+from asr.demo.plan import (
     EXTRA_PARTS,
-    MARKER,
     PARTS,
     TEST_ONLY_SPEAKER,
     TRAIN_SPEAKERS,
     Speaker,
-    check_voices,
     estimate_seconds,
-    main,
-    make_demo_corpus,
     plan_corpus,
 )
+from asr.demo.synth import MARKER, check_voices, main, make_demo_corpus
 from asr.frames import SAMPLE_RATE
 
 TINY = {"train_hours": 0.012, "dev_minutes": 0.25, "test_minutes": 0.3, "seed": 3}
