@@ -15,8 +15,10 @@ __version__ = "0.1.0"
 def load_model(path: str | Path, device: str = "cpu", beam_size: int = 1) -> Recognizer:
     """Load an exported bundle (or a training checkpoint, or the directory of an ONNX export,
     decoded with onnxruntime on the CPU) of any model kind; `.transcribe(audio) -> list[str]`
-    takes file paths or 16 kHz mono arrays. `beam_size` above 1: beam search (for transducers
-    up to 3 tokens per frame, as greedy search). Needs neither Hydra nor Lightning."""
+    takes file paths or 16 kHz mono arrays of any length, and with `timestamps=True` gives
+    each word's start and end (transducers; docs/transcribe.md). `beam_size` above 1: beam
+    search (for transducers up to 3 tokens per frame, as greedy search). Needs neither
+    Hydra nor Lightning."""
     from asr.inference.recognizer import load_recognizer
 
     if Path(path).is_dir():

@@ -280,8 +280,10 @@ def transcribe_main(argv: list[str] | None = None) -> None:
         target = args.output_dir / f"{path.stem}.{suffix}"
         target.write_text(out)
         print(f"wrote {target}", file=sys.stderr)
-    if failed:
+    if failed and len(inputs) > 1:
         raise SystemExit(f"asr-transcribe: {failed} of {len(inputs)} file(s) could not be read")
+    if failed:  # the one file, named above
+        raise SystemExit(1)
 
 
 @command

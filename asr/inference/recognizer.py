@@ -39,7 +39,7 @@ MIN_SAMPLES = 400  # one 25 ms feature frame: shorter audio is transcribed as no
 class Recognizer:
     """A model with its tokenizer and feature settings, ready to transcribe. `options`:
     the search (default: greedy; `AedSearchOptions(beam_size=4)` for attention decoders);
-    `windows`: how recordings longer than one window are cut (`WindowConfig`)."""
+    `windows`: how recordings are cut at pauses and in windows (`WindowConfig`)."""
 
     def __init__(
         self,
