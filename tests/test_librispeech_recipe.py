@@ -54,9 +54,9 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
         "DATA": str(data),
         "EXP": str(exp),
         "VOCAB_SIZE": "64",
-        "NUM_BUCKETS": "2",
+        "NUM_BUCKETS": "1",  # 2D: 1 duration x 2 token bins (each bucket costs probes)
         "BATCH_MEMORY": "300MiB",
-        "BATCH_TOLERANCE": "0.3",  # 3-4 probes a bucket instead of 6-7
+        "BATCH_TOLERANCE": "0.5",  # 2-3 probes a bucket instead of 6-7
         "DEVICE": "cpu",
         "AVG": "2",
         "OMP_NUM_THREADS": "1",
