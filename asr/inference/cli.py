@@ -264,6 +264,10 @@ def transcribe_main(argv: list[str] | None = None) -> None:
     model = _split_model(args, inputs, 1)
     if args.output_format == "srt" and len(inputs) > 1 and args.output_dir is None:
         parser.error("srt of several files needs --output-dir (one .srt per file)")
+    stems = [path.stem for path in inputs]
+    if args.output_dir is not None and len(set(stems)) < len(stems):
+        twice = sorted({stem for stem in stems if stems.count(stem) > 1})
+        parser.error(f"--output-dir: several inputs are named {', '.join(twice)} (one file each)")
     recognizer = _recognizer(args, model, windows)
     paths, failed = _readable(inputs)
     transcripts = recognizer.transcribe(paths, timestamps=True) if timestamps else None

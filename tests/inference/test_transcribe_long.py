@@ -118,6 +118,8 @@ def test_timestamps_formats_from_the_command_line(bundle, joined, tmp_path, caps
     assert srt.startswith("1\n00:00:0") and " --> " in srt
     text, _, _ = _run([bundle, joined.path, "--timestamps"], capsys)
     assert text.startswith(f"{joined.path}\t{transcript.words[0].word}[")
+    _, err, code = _run([bundle, joined.path, joined.path, "-o", tmp_path], capsys)
+    assert code == 2 and "several inputs are named joined (one file each)" in err
 
 
 def test_attention_decoders_transcribe_long_audio_but_give_no_times(aed_run, joined, capsys):
