@@ -160,8 +160,28 @@ def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path
         assert all(len(sent) == 300 for sent in rank["sent"])  # 10 % of 3,000
     traffic = ranks[0]["traffic"]
     assert traffic["sent_entries"] == 300 and traffic["entries"] == 3000
-    assert traffic["sent_bytes"] == 300 * (4 + 8)  # int32 index + float64 value
-    assert traffic["dense_bytes"] == 3000 * 8
+    # two ranks: each sends its payload to the other, and receives the other's
+    assert traffic["payload_bytes"] == traffic["sent_bytes"] == 300 * (4 + 8)  # int32 + float64
+    assert traffic["received_bytes"] == traffic["sent_bytes"]
+    assert traffic["dense_bytes"] == 3000 * 8  # a ring all-reduce of 2: the bucket each way
+
+
+@pytest.mark.slow  # real processes over gloo
+@pytest.mark.parametrize("world", [3, 4])
+def test_traffic_is_counted_both_ways_against_the_dense_ring(
+    run_ranks, tmp_path: Path, world: int
+) -> None:
+    """An all-gather of W payloads moves W - 1 of them each way per rank; the dense
+    reference is a ring all-reduce's 2 (W - 1) / W of the bucket each way."""
+    ranks = run_ranks(tmp_path, dgc_ninety_percent, steps=2, world=world)
+    payload, bucket = 300 * (4 + 8), 3000 * 8  # int32 indices + float64 values; float64
+    for rank in ranks:
+        traffic = rank["traffic"]
+        assert traffic["payload_bytes"] == payload and traffic["world"] == world
+        assert traffic["sent_bytes"] == traffic["received_bytes"] == (world - 1) * payload
+        assert traffic["dense_bytes"] == round(2 * (world - 1) * bucket / world)
+    compression = ranks[0]["traffic"]["dense_bytes"] / ((world - 1) * payload)
+    assert compression == pytest.approx(2 * bucket / (world * payload))  # shrinks with W
 
 
 @pytest.mark.slow  # real processes over gloo

@@ -41,6 +41,9 @@ def test_dgc_trains_and_logs_its_traffic(train_two_ranks, tmp_path: Path) -> Non
         assert float(row["comm/sparsity"]) == pytest.approx(1 - sent_share, abs=1e-5)
         ratio = 4 * entries / (4 * sum(vectors) + 8 * top_k)
         assert float(row["comm/compression"]) == pytest.approx(ratio, rel=1e-3)
+        # two ranks: a rank's payload goes out once and the other's comes in
+        same = {row[f"comm/{name}_bytes"] for name in ("payload", "sent", "received")}
+        assert len(same) == 1 and row["comm/compression_sent"] == row["comm/compression"]
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert losses and all(loss == loss for loss in losses)  # no NaN
     assert {"lr-SGD/pg1", "lr-SGD/pg2"} <= rows[0].keys()  # AdamW's moments are in the hook

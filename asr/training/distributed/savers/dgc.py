@@ -29,9 +29,11 @@ so no gradient is lost, only delayed. Following the paper and its code:
   99.6 % by default), `warmup_steps` optimizer steps each, before reaching `sparsity`.
 
 At sparsity 0 the hook all-reduces, giving exactly DDP's averaged gradient. Each step's
-bytes are counted: `sent_bytes` what this rank contributes (indices as int32 plus values),
-`dense_bytes` the bucket bytes a dense all-reduce exchanges; their ratio is the
-compression ratio (logged by `asr.training.distributed.savers.dgc_monitor`). Residual, velocity
+bytes are counted both ways (`StepTraffic`): this rank's payload (indices as int32 plus
+values), the bytes it sends and receives when the all-gather runs as a ring ((W - 1)
+payloads each way: what a rank receives grows with the ranks), and the dense reference,
+a ring all-reduce's 2 (W - 1) / W x the bucket bytes each way; dense / received is the
+compression (logged by `asr.training.distributed.savers.dgc_monitor`). Residual, velocity
 and the hook's Adam moments are per-rank state: the state is kept per bucket, moved to
 the new buckets when DDP rebuilds them, and written
 beside `last.ckpt` by every rank (`asr.training.distributed.savers.dgc_resume`), so a resumed run
@@ -236,11 +238,11 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
     sparsity = state.sparsity()
     index = bucket.index()
     traffic = state.traffic
-    traffic.dense_bytes += buffer.numel() * buffer.element_size()
-    traffic.entries += buffer.numel()
+    traffic.world = world
+    traffic.count_bucket(buffer)
     is_last = bucket.is_last()
     if sparsity == 0.0 and not state.moments_in_hook and not state.residual:
-        traffic.count_dense_send(buffer)
+        traffic.count_all_reduce(buffer)
         buffer.copy_(clip_locally(state, buffer))
         work = dist.all_reduce(buffer.div_(world), group=state.process_group, async_op=True)
         return _finish(work.get_future(), state, is_last, lambda fut: fut.value()[0])
@@ -270,8 +272,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
             values.view(torch.uint8),
         ]
     )
-    traffic.sent_bytes += payload.numel()
-    traffic.sent_entries += sent.numel()
+    traffic.count_all_gather(payload, sent.numel())
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=state.process_group, async_op=True)
     dense_bytes = dense_values.numel() * dense_values.element_size()
@@ -297,7 +298,7 @@ def _dense_adam(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Futur
     current_layout(state, bucket)  # the moments are kept per bucket, moved on rebuilds
     grad = clip_locally(state, working_precision(buffer))
     grad = grad.div(state.world_size())
-    state.traffic.count_dense_send(buffer)
+    state.traffic.count_all_reduce(buffer)
     work = dist.all_reduce(grad, group=state.process_group, async_op=True)
     index = bucket.index()
 

@@ -134,7 +134,7 @@ def refresh_second_moment(state: DGCState, index: int) -> None:
     estimate = mean_square.add_((second - mean_square).clamp_(min=0.0), alpha=1.0 / world)
     shared = estimate.to(torch.bfloat16)
     dist.all_reduce(shared, group=state.process_group)
-    state.traffic.sent_bytes += shared.numel() * shared.element_size()
+    state.traffic.count_all_reduce(shared, entries=False)
     # kept unnormalized, as Adam keeps v: the frozen bias correction divides it back
     adam = state.adam
     assert adam is not None

@@ -11,9 +11,10 @@ from asr.training.distributed.savers.dgc_state import DGCState
 
 
 class CompressionMonitor(Callback):
-    """Logs each optimizer step's traffic (`comm/sent_bytes`, `comm/dense_bytes`,
-    `comm/compression`, `comm/sparsity`) and starts the warm-up where a resumed run
-    left it."""
+    """Logs each optimizer step's traffic (`StepTraffic`: `comm/payload_bytes`,
+    `comm/sent_bytes`, `comm/received_bytes`, `comm/dense_bytes`, `comm/compression` =
+    dense / received, `comm/compression_sent` = dense / sent, `comm/sparsity`) and starts
+    the warm-up where a resumed run left it."""
 
     def __init__(self, state: DGCState) -> None:
         self.state = state
@@ -30,9 +31,12 @@ class CompressionMonitor(Callback):
             return  # inside gradient accumulation, or before the first exchange
         self._logged_step = trainer.global_step
         values = {
+            "comm/payload_bytes": float(traffic.payload_bytes),
             "comm/sent_bytes": float(traffic.sent_bytes),
+            "comm/received_bytes": float(traffic.received_bytes),
             "comm/dense_bytes": float(traffic.dense_bytes),
             "comm/compression": traffic.compression,
+            "comm/compression_sent": traffic.compression_sent,
             "comm/sparsity": 1.0 - traffic.sent_entries / max(traffic.entries, 1),
         }
         for name, value in values.items():

@@ -103,22 +103,62 @@ class DGCConfig:
 
 @dataclass
 class StepTraffic:
-    """What one rank exchanged in one optimizer step, over all buckets."""
+    """What one rank exchanged in one optimizer step, over all buckets, in bytes.
 
+    - `payload_bytes`: this rank's own contribution (its index and value pairs; a dense
+      step's whole buckets).
+    - `sent_bytes`, `received_bytes`: what this rank sends and receives over the wire when
+      the collectives run as rings (gloo's and NCCL's way at these sizes): an all-gather of
+      W payloads moves (W - 1) of them each way per rank, an all-reduce of B bytes
+      2 (W - 1) / W x B each way.
+    - `dense_bytes`: what DDP's dense ring all-reduce of the same buckets would move each
+      way per rank, 2 (W - 1) / W x the buckets' bytes: the reference of `compression`.
+      (At W = 2 all three of sent, payload and dense reduce to the old single counts.)
+    """
+
+    world: int = 1
+    payload_bytes: int = 0
     sent_bytes: int = 0
+    received_bytes: int = 0
     dense_bytes: int = 0
     sent_entries: int = 0
     entries: int = 0
 
     @property
     def compression(self) -> float:
-        """Dense bytes / sent bytes (1 for a dense step)."""
+        """Dense ring bytes / received bytes (1 for a dense step)."""
+        return self.dense_bytes / max(self.received_bytes, 1)
+
+    @property
+    def compression_sent(self) -> float:
+        """Dense ring bytes / sent bytes."""
         return self.dense_bytes / max(self.sent_bytes, 1)
 
-    def count_dense_send(self, buffer: Tensor) -> None:
-        """Count `buffer` as sent whole (a dense all-reduce of it)."""
-        self.sent_bytes += buffer.numel() * buffer.element_size()
-        self.sent_entries += buffer.numel()
+    def ring_share(self, nbytes: int) -> int:
+        """Bytes each rank sends (and receives) in a ring all-reduce of `nbytes` bytes."""
+        return round(2 * (self.world - 1) * nbytes / self.world)
+
+    def count_bucket(self, buffer: Tensor) -> None:
+        """Count a gradient bucket that a dense all-reduce would exchange."""
+        self.dense_bytes += self.ring_share(buffer.numel() * buffer.element_size())
+        self.entries += buffer.numel()
+
+    def count_all_reduce(self, tensor: Tensor, entries: bool = True) -> None:
+        """Count `tensor` all-reduced whole (`entries`: a gradient's, sent in full)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        self.payload_bytes += nbytes
+        self.sent_bytes += self.ring_share(nbytes)
+        self.received_bytes += self.ring_share(nbytes)
+        if entries:
+            self.sent_entries += tensor.numel()
+
+    def count_all_gather(self, payload: Tensor, entries: int) -> None:
+        """Count this rank's `payload` gathered by all ranks (`entries` gradient entries)."""
+        nbytes = payload.numel() * payload.element_size()
+        self.payload_bytes += nbytes
+        self.sent_bytes += (self.world - 1) * nbytes
+        self.received_bytes += (self.world - 1) * nbytes
+        self.sent_entries += entries
 
 
 @dataclass(frozen=True)
