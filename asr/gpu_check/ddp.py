@@ -146,15 +146,18 @@ def column(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
 
 def dgc_traffic(rows: list[dict[str, str]]) -> dict[str, Any]:
     """What `CompressionMonitor` logged per optimizer step, and how many steps were sparse
-    (sent fewer bytes than a dense all-reduce would have)."""
-    sent = [v for _, v in column(rows, "comm/sent_bytes")]
-    dense = [v for _, v in column(rows, "comm/dense_bytes")]
+    (this rank's payload smaller than its gradient buckets: at any number of ranks, one
+    included, where the ring bytes are all 0)."""
+    payload = [v for _, v in column(rows, "comm/payload_bytes")]
+    buckets = [v for _, v in column(rows, "comm/bucket_bytes")]
     return {
-        "sent_bytes": sent,
-        "dense_bytes": dense,
+        "payload_bytes": payload,
+        "bucket_bytes": buckets,
+        "sent_bytes": [v for _, v in column(rows, "comm/sent_bytes")],
+        "dense_bytes": [v for _, v in column(rows, "comm/dense_bytes")],
         "sparsity": [v for _, v in column(rows, "comm/sparsity")],
         "compression": [v for _, v in column(rows, "comm/compression")],
-        "sparse_steps": sum(s < d for s, d in zip(sent, dense, strict=False)),
+        "sparse_steps": sum(p < b for p, b in zip(payload, buckets, strict=False)),
     }
 
 

@@ -48,7 +48,7 @@ def metrics_rows(losses: list[str], sent: list[float], dense: float) -> list[dic
     0.., `CompressionMonitor`'s traffic after each optimizer step (1..)."""
     rows = [{"step": str(i), "train/loss": loss} for i, loss in enumerate(losses)]
     rows += [
-        {"step": str(i + 1), "comm/sent_bytes": str(s), "comm/dense_bytes": str(dense)}
+        {"step": str(i + 1), "comm/payload_bytes": str(s), "comm/bucket_bytes": str(dense)}
         for i, s in enumerate(sent)
     ]
     rows += [{"step": str(i), "val/wer": "100.0"} for i in range(2, len(losses), 3)]

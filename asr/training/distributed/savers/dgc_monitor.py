@@ -11,7 +11,8 @@ from asr.training.distributed.savers.dgc_state import DGCState
 
 
 class CompressionMonitor(Callback):
-    """Logs each optimizer step's traffic (`StepTraffic`: `comm/payload_bytes`,
+    """Logs each optimizer step's traffic (`StepTraffic`: `comm/bucket_bytes`,
+    `comm/payload_bytes`,
     `comm/sent_bytes`, `comm/received_bytes`, `comm/dense_bytes`, `comm/compression` =
     dense / received, `comm/compression_sent` = dense / sent, `comm/sparsity`) and starts
     the warm-up where a resumed run left it."""
@@ -31,6 +32,7 @@ class CompressionMonitor(Callback):
             return  # inside gradient accumulation, or before the first exchange
         self._logged_step = trainer.global_step
         values = {
+            "comm/bucket_bytes": float(traffic.bucket_bytes),
             "comm/payload_bytes": float(traffic.payload_bytes),
             "comm/sent_bytes": float(traffic.sent_bytes),
             "comm/received_bytes": float(traffic.received_bytes),

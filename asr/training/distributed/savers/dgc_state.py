@@ -105,8 +105,9 @@ class DGCConfig:
 class StepTraffic:
     """What one rank exchanged in one optimizer step, over all buckets, in bytes.
 
-    - `payload_bytes`: this rank's own contribution (its index and value pairs; a dense
-      step's whole buckets).
+    - `bucket_bytes`: the gradient buckets' size; `payload_bytes`: this rank's own
+      contribution (its index and value pairs; a dense step's whole buckets). Their ratio
+      is the compression at any W, one rank included (where nothing crosses a wire).
     - `sent_bytes`, `received_bytes`: what this rank sends and receives over the wire when
       the collectives run as rings (gloo's and NCCL's way at these sizes): an all-gather of
       W payloads moves (W - 1) of them each way per rank, an all-reduce of B bytes
@@ -117,6 +118,7 @@ class StepTraffic:
     """
 
     world: int = 1
+    bucket_bytes: int = 0
     payload_bytes: int = 0
     sent_bytes: int = 0
     received_bytes: int = 0
@@ -126,12 +128,17 @@ class StepTraffic:
 
     @property
     def compression(self) -> float:
-        """Dense ring bytes / received bytes (1 for a dense step)."""
+        """Dense ring bytes / received bytes (1 for a dense step); with one rank, where
+        nothing crosses a wire, bucket bytes / payload bytes."""
+        if self.world == 1:
+            return self.bucket_bytes / max(self.payload_bytes, 1)
         return self.dense_bytes / max(self.received_bytes, 1)
 
     @property
     def compression_sent(self) -> float:
-        """Dense ring bytes / sent bytes."""
+        """Dense ring bytes / sent bytes (one rank: as `compression`)."""
+        if self.world == 1:
+            return self.compression
         return self.dense_bytes / max(self.sent_bytes, 1)
 
     def ring_share(self, nbytes: int) -> int:
@@ -140,6 +147,7 @@ class StepTraffic:
 
     def count_bucket(self, buffer: Tensor) -> None:
         """Count a gradient bucket that a dense all-reduce would exchange."""
+        self.bucket_bytes += buffer.numel() * buffer.element_size()
         self.dense_bytes += self.ring_share(buffer.numel() * buffer.element_size())
         self.entries += buffer.numel()
 
