@@ -19,7 +19,7 @@ from lhotse.cut import Cut
 
 from asr.frames import SAMPLE_RATE
 from asr.inference.onnx_files import DECODER, ENCODER, JOINER, TOKENS, onnx_file
-from asr.inference.timestamps import SPACE_PIECE, Word
+from asr.inference.timestamps import SPACE_PIECE, Word, words_from_tokens
 
 NOISE_DBFS = -65.0  # the demo corpus's noise floor, also in the gaps
 
@@ -138,12 +138,7 @@ def sherpa_word_times(directory: Path, audio: list[np.ndarray]) -> list[list[Wor
         stream = recognizer.create_stream()
         stream.accept_waveform(SAMPLE_RATE, samples)
         recognizer.decode_stream(stream)
-        words: list[Word] = []
-        for token, time in zip(stream.result.tokens, stream.result.timestamps, strict=True):
-            start = round(float(time), 3)
-            if token.startswith((SPACE_PIECE, " ")) or not words:  # sherpa: "▁" as " "
-                words.append(Word(token.lstrip(SPACE_PIECE + " "), start, start))
-            else:
-                words[-1] = Word(words[-1].word + token, words[-1].start, start)
-        out.append([w for w in words if w.word])
+        pieces = [token.replace(" ", SPACE_PIECE) for token in stream.result.tokens]  # "▁" as " "
+        starts = [round(float(time), 3) for time in stream.result.timestamps]
+        out.append(words_from_tokens(pieces, starts, token_seconds=0.0))
     return out

@@ -51,12 +51,7 @@ def decode(
         if not isinstance(options, aed.AedSearchOptions):
             raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
         return aed.decode(model, encoder_out, encoder_lens, options)
-    if isinstance(options, transducer.BeamOptions):
-        hyps = transducer.beam_search(model, encoder_out, encoder_lens, options)
-        return [list(best[0].tokens) if best else [] for best in hyps]
-    if not isinstance(options, transducer.GreedyOptions):
-        raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
-    return transducer.greedy_search(model, encoder_out, encoder_lens, options)
+    return [hyp.tokens for hyp in decode_timed(model, encoder_out, encoder_lens, options)]
 
 
 NO_TOKEN_TIMES = (

@@ -53,12 +53,10 @@ _SynthCallback = ctypes.CFUNCTYPE(
 
 @dataclass(frozen=True)
 class WordEvent:
-    """A word of the text (`start_char`, `length`: where in it; espeak counts "couldn't"
-    as 6 characters) and the time its first
+    """A word of the text (`start_char`: where it starts in it) and the time its first
     phoneme starts in espeak's output, in seconds."""
 
     start_char: int
-    length: int
     seconds: float
 
 
@@ -107,9 +105,7 @@ class Espeak:
             if event.type == _EVENT_LIST_TERMINATED:
                 break
             if event.type == _EVENT_WORD:
-                self._words.append(
-                    WordEvent(event.text_position - 1, event.length, event.audio_position / 1000)
-                )
+                self._words.append(WordEvent(event.text_position - 1, event.audio_position / 1000))
             elif event.type == _EVENT_END:
                 self._end = event.audio_position / 1000
         return 0  # 0 = continue

@@ -35,6 +35,12 @@ class AudioSource:
     _recording: Recording | None = None
     _samples: np.ndarray | None = None
 
+    def in_memory(self) -> AudioSource:
+        """The same recording read whole once, its pieces then sliced from memory."""
+        if self._samples is not None:
+            return self
+        return AudioSource(self.name, self.duration, _samples=self.read())
+
     def read(self, start: float = 0.0, end: float | None = None) -> np.ndarray:
         """Mono float32 samples from `start` to `end` seconds (None: to the end)."""
         end = self.duration if end is None else min(end, self.duration)

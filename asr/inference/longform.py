@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import difflib
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -152,12 +153,13 @@ class SegmentBatches:
     def __init__(self, decode: Decode, batch_seconds: float, max_count: int) -> None:
         self.decode, self.batch_seconds, self.max_count = decode, batch_seconds, max_count
         self.pending: list[tuple[int, Segment, np.ndarray]] = []
+        self.pending_seconds = 0.0
         self.done: dict[int, list[tuple[Segment, list[Word]]]] = {}
 
     def add(self, recording: int, segment: Segment, samples: np.ndarray) -> None:
         self.pending.append((recording, segment, samples))
-        seconds = sum(s.end - s.start for _, s, _ in self.pending)
-        if seconds >= self.batch_seconds or len(self.pending) >= self.max_count:
+        self.pending_seconds += segment.end - segment.start
+        if self.pending_seconds >= self.batch_seconds or len(self.pending) >= self.max_count:
             self.flush()
 
     def flush(self) -> None:
@@ -168,6 +170,7 @@ class SegmentBatches:
         for (recording, segment, _), words in zip(batch, decoded, strict=True):
             self.done.setdefault(recording, []).append((segment, words))
         self.pending.clear()
+        self.pending_seconds = 0.0
         release_freed_memory()
 
     def words(self, recording: int, timed: bool) -> list[Word]:
@@ -176,13 +179,17 @@ class SegmentBatches:
         return stitch(decoded, timed)
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, looked up once (`find_library` runs a subprocess), or None."""
+    name = ctypes.util.find_library("c")
+    return None if name is None else getattr(ctypes.CDLL(name), "malloc_trim", None)
+
+
 def release_freed_memory() -> None:
     """Give the memory freed by a batch back to the system (glibc's `malloc_trim`):
     without it the peak RSS of a 30-minute recording crept up by about 150 MB over its
     first minutes, as the heap kept the varying sizes of each batch's tensors."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -25,7 +25,7 @@ from asr.decoding.search import (
     has_token_times,
 )
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
-from asr.inference.audio import AudioInput, AudioSource, open_audio, read_audio
+from asr.inference.audio import AudioInput, open_audio, read_audio
 from asr.inference.bundle import load_bundle
 from asr.inference.longform import SegmentBatches, WindowConfig, segments_of
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
@@ -150,7 +150,7 @@ class Recognizer:
         for index, item in enumerate(audio):
             source = open_audio(item)
             if source.duration <= self.windows.window:  # short: read it once
-                source = AudioSource(source.name, source.duration, _samples=source.read())
+                source = source.in_memory()
             for segment in segments_of(source, self.windows):
                 batches.add(index, segment, source.read(segment.start, segment.end))
         batches.flush()
