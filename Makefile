@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-fast lint bench install clean-demo gpu-check gpu-wheels
+.PHONY: demo test test-long test-fast lint bench install clean-demo gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -19,9 +19,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	bash recipes/demo/run.sh
 
-## The whole test suite (slow tests included: a few minutes).
+## The test suite (slow tests included: about 10 minutes), all but the `long` tests.
 test: $(STAMP)
-	pytest -q -n 2 --durations=15
+	pytest -q -n 2 -m "not long" --durations=15
+
+## The `long` tests: whole recipes, the GPU check's rehearsal, processes killed and resumed.
+test-long: $(STAMP)
+	pytest -q -n 2 -m long --durations=15
 
 test-fast: $(STAMP)
 	pytest -q -n 2 -m "not slow" --durations=15

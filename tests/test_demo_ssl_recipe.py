@@ -29,6 +29,7 @@ STEPS = 10
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_every_stage_after_prepare_runs_and_compares(tiny_corpus, feature_manifests, tmp_path):
     exp = tmp_path / "exp"
     env = {

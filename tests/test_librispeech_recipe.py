@@ -46,6 +46,7 @@ def _recipe(env: dict[str, str], *args: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None:
     data, exp = tmp_path / "data", tmp_path / "exp"
     sizes = {"train_hours": 0.02, "dev_minutes": 0.3, "test_minutes": 0.3, "seed": 1}

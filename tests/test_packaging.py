@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_wheel_install_finds_its_configs(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: building writes build/ beside the sources
     shutil.copytree(ROOT / "asr", source / "asr", ignore=shutil.ignore_patterns("__pycache__"))

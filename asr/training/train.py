@@ -249,7 +249,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 f"rank {trainer.global_rank} of {trainer.world_size} lost contact with the other "
                 f"processes ({type(err).__name__}): one of them died or hung (its own log says "
                 f"why; a hung one is given up after distributed.timeout="
-                f"{cfg.distributed.timeout} s). Run the same command again to resume from "
+                f"{cfg.distributed.timeout} s, one that never started after "
+                f"distributed.startup_timeout={cfg.distributed.startup_timeout} s). Run the "
+                "same command again to resume from "
                 f"{ckpt_dir / RESUME_CHECKPOINT}."
             ) from err
         raise

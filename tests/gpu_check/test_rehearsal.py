@@ -18,7 +18,7 @@ from asr.gpu_check.runner import SECTION_NAMES
 from asr.gpu_check.ssl import MAX_STEPS as SSL_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

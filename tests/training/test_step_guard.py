@@ -254,6 +254,7 @@ def kill_after_first_checkpoint(command: list[str], last: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_skip_budget_counts_on_after_kill_and_resume(skip_budget_run) -> None:
     """Killed after a mid-epoch checkpoint and run again, the run stops where the
     uninterrupted one did, with the same counts (not a budget started afresh at the resume,

@@ -17,7 +17,10 @@ class DistributedConfig:
     """Keys of the `distributed` config.
 
     - `timeout`: seconds a collective waits for the other processes before the run stops
-      with an error (a process died or hung). Also bounds the start-up rendezvous.
+      with an error (a process died or hung).
+    - `startup_timeout`: seconds the processes wait for each other to start (the
+      rendezvous); never less than `timeout`. A short `timeout` that notices a hang quickly
+      must not stop a run whose processes start a few seconds apart.
     - `find_unused_parameters`: `auto` (only when the objective needs it), `true`, `false`.
     - `cpu_threads`: torch threads per process in multi-process CPU runs; null: the
       `OMP_NUM_THREADS` environment variable if set, else 1.
@@ -30,6 +33,7 @@ class DistributedConfig:
     """
 
     timeout: float = 600.0
+    startup_timeout: float = 600.0
     find_unused_parameters: bool | str = "auto"
     cpu_threads: int | None = None
     compression: DGCConfig | None = None
@@ -46,6 +50,10 @@ class DistributedConfig:
             )
         if out.timeout <= 0:
             raise ValueError(f"distributed.timeout must be positive seconds, got {out.timeout}")
+        if out.startup_timeout <= 0:
+            raise ValueError(
+                f"distributed.startup_timeout must be positive seconds, got {out.startup_timeout}"
+            )
         if out.cpu_threads is not None and out.cpu_threads < 1:
             raise ValueError(f"distributed.cpu_threads must be >= 1 or null, got {out.cpu_threads}")
         return out

@@ -35,6 +35,7 @@ from asr.training.distributed.savers.dgc_monitor import CompressionMonitor
 from asr.training.distributed.savers.dgc_state import AdamMoments, DGCState
 from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.savers.straggler import Straggler
+from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import OptimConfig
 
 log = logging.getLogger(__name__)
@@ -176,17 +177,22 @@ def build_strategy(
         log.info(
             "DDP looks for unused parameters every step (%s)", ", ".join(parts_without_gradient)
         )
-    ddp = {
-        "find_unused_parameters": find_unused,
-        "timeout": timedelta(seconds=config.timeout),
-    }
+    ddp = {"find_unused_parameters": find_unused, **timeouts(config)}
     if config.compression is not None:
         state = DGCState(config.compression, momentum=optimizer_momentum, adam=adam_moments)
         return HookedDDPStrategy(ddp_comm_state=state, ddp_comm_hook=dgc_hook, **ddp)
     if config.adascale is not None:
         state = AdaScaleState(config.adascale)
         return HookedDDPStrategy(ddp_comm_state=state, ddp_comm_hook=adascale_hook, **ddp)
-    return DDPStrategy(**ddp)
+    return StartupGraceDDPStrategy(**ddp)
+
+
+def timeouts(config: DistributedConfig) -> dict[str, timedelta]:
+    """A strategy's timeouts: each collective's, and the start-up rendezvous's."""
+    return {
+        "timeout": timedelta(seconds=config.timeout),
+        "startup_timeout": timedelta(seconds=config.startup_timeout),
+    }
 
 
 def decentralized_strategy(
@@ -207,4 +213,4 @@ def decentralized_strategy(
             "(recipes/demo/RESULTS.md). Use optim=adamw_cosine with about sqrt(learners) "
             "times DDP's learning rate"
         )
-    return DecentralizedStrategy(config.gossip, timeout=timedelta(seconds=config.timeout))
+    return DecentralizedStrategy(config.gossip, **timeouts(config))

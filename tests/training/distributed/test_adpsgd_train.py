@@ -12,6 +12,7 @@ ADPSGD = ("trainer.strategy=adpsgd", "distributed.gossip.spread_every_n_steps=2"
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_adpsgd_trains_validates_the_consensus_and_resumes(train_two_ranks, tmp_path: Path) -> None:
     exp = tmp_path / "exp"
     train_two_ranks(exp, *ADPSGD, "trainer.max_epochs=1")

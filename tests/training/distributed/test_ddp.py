@@ -271,6 +271,7 @@ def killed_two_process_run(main_run, main_setup) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill_two_processes_mid_epoch_then_resume(main_run, killed_two_process_run) -> None:
     stopped = killed_two_process_run["stopped"]
     state = stopped["AsrDataModule"]
@@ -324,6 +325,7 @@ class _BatchIds(L.Callback):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill_one_process_mid_epoch_then_resume(
     train_overrides, feature_manifests, tmp_path
 ) -> None:
@@ -382,6 +384,7 @@ def _start_long_run(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize(("fault", "timeout"), [(signal.SIGKILL, 600), (signal.SIGSTOP, 8)])
 def test_a_rank_that_dies_or_hangs_stops_the_others_with_a_clear_error(
     train_overrides, tmp_path, fault, timeout
@@ -438,16 +441,25 @@ def test_torchrun_launch(train_overrides, tmp_path) -> None:
     assert ckpt["global_step"] == 3 and ckpt["AsrDataModule"]["world_size"] == 2
 
 
+LATE_NODE_TIMEOUT = 8  # seconds
+
+
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_nodes_simulated_on_one_machine(train_overrides, tmp_path) -> None:
+    # node 1 starts later than distributed.timeout: the rendezvous waits startup_timeout
     exp = tmp_path / "exp"
     args = [*_short_run_overrides(train_overrides, exp), "trainer.devices=1", "trainer.num_nodes=2"]
+    args.append(f"distributed.timeout={LATE_NODE_TIMEOUT}")
     env = {**ENV, "MASTER_ADDR": "localhost", "MASTER_PORT": str(_free_port())}
     logs = [tmp_path / f"node{n}.log" for n in range(2)]
-    procs = [
-        start([str(BIN / "asr-train"), *args], logs[n], {**env, "NODE_RANK": str(n)})
-        for n in range(2)
-    ]
+    procs = [start([str(BIN / "asr-train"), *args], logs[0], {**env, "NODE_RANK": "0"})]
+    deadline = time.monotonic() + TIMEOUT
+    while "Initializing distributed" not in logs[0].read_text():
+        assert procs[0].poll() is None and time.monotonic() < deadline, logs[0].read_text()
+        time.sleep(0.2)
+    time.sleep(LATE_NODE_TIMEOUT + 2)
+    procs.append(start([str(BIN / "asr-train"), *args], logs[1], {**env, "NODE_RANK": "1"}))
     try:
         codes = [p.wait(timeout=TIMEOUT) for p in procs]
     finally:

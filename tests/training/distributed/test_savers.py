@@ -77,6 +77,7 @@ FROZEN_VARIANCE = (  # the defaults (99.6 %, every parameter sparse), but for th
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_frozen_variance_trains_refreshes_and_resumes_where_it_was(
     train_two_ranks, tmp_path: Path
 ) -> None:

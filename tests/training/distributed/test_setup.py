@@ -18,6 +18,7 @@ from asr.training.distributed.savers.dgc_state import DGCConfig
 from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.setup import TrainingFacts, setup_distributed
+from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import optim_config
 from asr.training.step_guard import LOCAL
 
@@ -39,11 +40,12 @@ def test_one_process_keeps_lightnings_strategy_and_asks_nothing_special() -> Non
 def test_plain_ddp_is_lightnings_with_its_unused_parameter_search_resolved() -> None:
     warm_up = facts(parts_without_gradient=("predictor", "joiner"), num_nodes=2)
     setup = setup_distributed(DistributedConfig(), warm_up)
-    assert type(setup.strategy) is DDPStrategy and setup.features is DENSE
+    assert type(setup.strategy) is StartupGraceDDPStrategy and setup.features is DENSE
+    assert isinstance(setup.strategy, DDPStrategy)
     assert setup.resolved == {
         "world_size": 4,
         "find_unused_parameters": True,
-        "strategy": "DDPStrategy",
+        "strategy": "StartupGraceDDPStrategy",
     }
     assert setup.features.step_group() is None and not setup.features.clips_in_hook
 
@@ -98,3 +100,15 @@ def test_the_straggler_is_a_callback_of_the_door() -> None:
     setup = setup_distributed(DistributedConfig(), facts(straggler_rank=1, straggler_slowdown=3))
     (straggler,) = setup.callbacks
     assert isinstance(straggler, Straggler) and (straggler.rank, straggler.slowdown) == (1, 3.0)
+
+
+def test_the_rendezvous_waits_at_least_the_collectives_timeout() -> None:
+    config = DistributedConfig(timeout=8.0, startup_timeout=300.0)
+    strategy = setup_distributed(config, facts()).strategy
+    assert isinstance(strategy, StartupGraceDDPStrategy)
+    assert strategy._timeout.total_seconds() == 8.0
+    assert strategy.startup_timeout.total_seconds() == 300.0
+    longer = setup_distributed(DistributedConfig(timeout=900.0), facts()).strategy
+    assert longer.startup_timeout.total_seconds() == 900.0
+    with pytest.raises(ValueError, match="distributed.startup_timeout"):
+        DistributedConfig.from_mapping({"startup_timeout": 0})

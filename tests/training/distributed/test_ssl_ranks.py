@@ -117,6 +117,7 @@ def killed_ssl_run(ssl_run, ssl_setup) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_pre_training_killed_with_minus_9_resumes_to_the_same_weights(
     ssl_run, killed_ssl_run
 ) -> None:

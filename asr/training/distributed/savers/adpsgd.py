@@ -36,7 +36,6 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from asr.config_keys import ConfigError
@@ -47,6 +46,7 @@ from asr.training.distributed.savers.gossip import (
     average_replicas,
     flatten,
 )
+from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.step_guard import LOCAL
 
 log = logging.getLogger(__name__)
@@ -92,11 +92,11 @@ class DecentralizedConfig:
         )
 
 
-class DecentralizedStrategy(DDPStrategy):
+class DecentralizedStrategy(StartupGraceDDPStrategy):
     """AD-PSGD (`node_size` 1) or H-ADPSGD over Lightning's DDP process setup."""
 
     def __init__(self, config: DecentralizedConfig, timeout: timedelta, **kwargs: Any) -> None:
-        super().__init__(timeout=timeout, **kwargs)
+        super().__init__(timeout=timeout, **kwargs)  # `startup_timeout` among the kwargs
         self.config = config
         self.gossip: Gossip | None = None  # on the ranks that gossip (node leaders)
         self.exchange_group: dist.ProcessGroup | None = None  # gloo, every rank: exchanges

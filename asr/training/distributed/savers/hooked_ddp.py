@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.strategies import DDPStrategy
-
 from asr.training.distributed.savers.adascale import AdaScaleState
 from asr.training.distributed.savers.dgc_resume import (
     carries_rank_state,
@@ -17,9 +15,10 @@ from asr.training.distributed.savers.dgc_resume import (
     save_rank_state,
 )
 from asr.training.distributed.savers.dgc_state import DGCState
+from asr.training.distributed.startup import StartupGraceDDPStrategy
 
 
-class HookedDDPStrategy(DDPStrategy):
+class HookedDDPStrategy(StartupGraceDDPStrategy):
     """`DDPStrategy` that registers its communication hook on any device (Lightning's
     registers it only on CUDA, so a CPU/gloo run would silently train dense)."""
 
