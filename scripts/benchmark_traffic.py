@@ -9,12 +9,16 @@ hook's own count (`StepTraffic`) on every rank:
 
 - `dgc_allgather`: the DGC hook (plain SGD, no warm-up) at each sparsity: every rank's
   (index, value) payload gathered by all ranks;
+- `dgc_reduce_scatter`: the same with `exchange: reduce_scatter`: each rank's pairs sent to
+  the owners of their regions, summed there, and each region's largest sums all-gathered;
 - `dense_ring`: DDP's all-reduce as a ring moves 2 (W - 1) / W of the buckets each way per
   rank (the reference; the hook at sparsity 0 counts it).
 
 One JSON line per (exchange, sparsity, W): payload, sent and received bytes per rank and
-step (equal on every rank, checked), the dense reference, received against the dense
-reference, and received against the same exchange at the smallest W.
+step (the mean over ranks, and the most any rank received: the reduce-scatter's first round
+depends on where each rank's pairs lie), the dense reference, received against the dense
+reference, and received against the same exchange at the smallest W. Every byte a rank
+counts as sent is counted as received by another (checked).
 """
 
 from __future__ import annotations
@@ -57,12 +61,20 @@ class _Layers(nn.Module):
         return sum(layer(inputs).square().mean() for layer in self.layers)
 
 
-def _traffic(entries: int, sparsity: float, rank: int) -> dict:
+CASES = {  # name: (sparsity of the run or None for each --sparsities, exchange)
+    "dense_ring": (0.0, "allgather"),
+    "dgc_allgather": (None, "allgather"),
+    "dgc_reduce_scatter": (None, "reduce_scatter"),
+}
+
+
+def _traffic(entries: int, sparsity: float, exchange: str, rank: int) -> dict:
     """A few steps of the DGC hook at `sparsity` on this rank: its last step's traffic."""
     torch.manual_seed(0)
     model = DistributedDataParallel(_Layers(entries))
     total = sum(p.numel() for p in model.parameters())
-    state = DGCState(DGCConfig(sparsity=sparsity, warmup_steps=0), total_entries=total)
+    config = DGCConfig(sparsity=sparsity, warmup_steps=0, exchange=exchange)
+    state = DGCState(config, total_entries=total)
     model.register_comm_hook(state, dgc_hook)
     generator = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
@@ -72,28 +84,37 @@ def _traffic(entries: int, sparsity: float, rank: int) -> dict:
     return {**vars(state.last_traffic), "entries_total": total}
 
 
-def _worker(rank: int, world: int, port: int, entries: int, sparsities: list, out: str) -> None:
+def _worker(rank: int, world: int, port: int, entries: int, cases: list, out: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        results = {str(s): _traffic(entries, s, rank) for s in [0.0, *sparsities]}
+        results = {case: _traffic(entries, *case[1:], rank) for case in cases}
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def measure(world: int, entries: int, sparsities: list[float]) -> dict[str, dict]:
-    """Each sparsity's traffic (0: the dense all-reduce), the same on every rank."""
+def measure(world: int, entries: int, cases: list[tuple]) -> dict[tuple, dict]:
+    """Each case's traffic, (name, sparsity, exchange): the first rank's counts with the
+    mean and the most received over the ranks."""
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_worker, (world, _free_port(), entries, sparsities, out), nprocs=world)
+        mp.spawn(_worker, (world, _free_port(), entries, cases, out), nprocs=world)
         ranks = [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
-    for rank in ranks[1:]:
-        for key, traffic in rank.items():
-            for name in ("sent_bytes", "received_bytes", "dense_bytes"):
-                if traffic[name] != ranks[0][key][name]:
-                    raise RuntimeError(f"ranks differ in {name} at sparsity {key}")
-    return ranks[0]
+    results = {}
+    for case in cases:
+        counts = [rank[case] for rank in ranks]
+        sent = sum(c["sent_bytes"] for c in counts)
+        received = [c["received_bytes"] for c in counts]
+        if sent != sum(received):
+            raise RuntimeError(f"{case}: {sent} bytes sent, {sum(received)} received")
+        results[case] = {
+            **counts[0],
+            "sent_bytes": sent / world,
+            "received_bytes": sum(received) / world,
+            "most_received_bytes": max(received),
+        }
+    return results
 
 
 def main() -> None:
@@ -102,24 +123,28 @@ def main() -> None:
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.996, 0.999])
     parser.add_argument("--entries", type=int, default=1_000_000, help="float32 parameters")
     args = parser.parse_args()
-    first: dict[str, float] = {}
+    cases = [
+        (name, sparsity if fixed is None else fixed, exchange)
+        for name, (fixed, exchange) in CASES.items()
+        for sparsity in (args.sparsities if fixed is None else [fixed])
+    ]
+    first: dict[tuple, float] = {}
     for world in args.worlds:
-        for key, traffic in measure(world, args.entries, args.sparsities).items():
-            sparsity = float(key)
-            exchange = "dense_ring" if sparsity == 0.0 else "dgc_allgather"
+        for case, traffic in measure(world, args.entries, cases).items():
             received = traffic["received_bytes"]
-            first.setdefault(key, received)
+            first.setdefault(case, received)
             line = {
-                "exchange": exchange,
-                "sparsity": sparsity,
+                "exchange": case[0],
+                "sparsity": case[1],
                 "world": world,
                 "entries": traffic["entries_total"],
                 "payload_bytes": traffic["payload_bytes"],
-                "sent_bytes": traffic["sent_bytes"],
-                "received_bytes": received,
+                "sent_bytes": round(traffic["sent_bytes"]),
+                "received_bytes": round(received),
+                "most_received_bytes": traffic["most_received_bytes"],
                 "dense_ring_bytes": traffic["dense_bytes"],
                 "dense_over_received": round(traffic["dense_bytes"] / max(received, 1), 2),
-                f"received_vs_world_{args.worlds[0]}": round(received / first[key], 3),
+                f"received_vs_world_{args.worlds[0]}": round(received / first[case], 3),
             }
             print(json.dumps(line), flush=True)
 

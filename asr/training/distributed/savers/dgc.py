@@ -53,6 +53,7 @@ from asr.training.distributed.savers.dgc_adam import (
     refresh_second_moment,
     track_local_moments,
 )
+from asr.training.distributed.savers.dgc_reduce import reduce_scatter_exchange
 from asr.training.distributed.savers.dgc_state import (
     STATE_KINDS,
     BucketLayout,
@@ -262,6 +263,25 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
     values = residual[indices]
     sent = torch.cat([layout.dense, indices])
     residual[sent] = 0.0
+    if state.config.exchange == "reduce_scatter":
+        pairs = (sent, torch.cat([dense_values, values]))
+        return _reduce_scatter(state, bucket, layout, residual, pairs, rate)
+    return _all_gather(state, bucket, layout, residual, (indices, values, dense_values), rate)
+
+
+def _all_gather(
+    state: DGCState,
+    bucket: dist.GradBucket,
+    layout: BucketLayout,
+    residual: Tensor,
+    picked: tuple[Tensor, Tensor, Tensor],
+    rate: float,
+) -> torch.futures.Future[Tensor]:
+    """`exchange: allgather`: every rank gathers every rank's pairs (`picked`: the top-k
+    indices, their values and the dense entries' values, taken out of `residual`)."""
+    indices, values, dense_values = picked
+    index, buffer, world = bucket.index(), bucket.buffer(), state.world_size()
+    sent = torch.cat([layout.dense, indices])
     state.last_sent[index] = sent
     if state.config.momentum_masking and state.moments_in_hook:
         state.velocity[index][sent] = 0.0  # momentum factor masking (SGD's u, or Adam's m)
@@ -272,7 +292,7 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
             values.view(torch.uint8),
         ]
     )
-    traffic.count_all_gather(payload, sent.numel())
+    state.traffic.count_all_gather(payload, sent.numel())
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=state.process_group, async_op=True)
     dense_bytes = dense_values.numel() * dense_values.element_size()
@@ -288,7 +308,36 @@ def dgc_hook(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[T
             total.div_(rate)  # the optimizer multiplies by the rate again
         return total.div_(world).to(buffer.dtype)
 
-    return _finish(work.get_future(), state, is_last, decode)
+    return _finish(work.get_future(), state, bucket.is_last(), decode)
+
+
+def _reduce_scatter(
+    state: DGCState,
+    bucket: dist.GradBucket,
+    layout: BucketLayout,
+    residual: Tensor,
+    pairs: tuple[Tensor, Tensor],
+    rate: float,
+) -> torch.futures.Future[Tensor]:
+    """`exchange: reduce_scatter` (`asr.training.distributed.savers.dgc_reduce`) of this
+    rank's `pairs` (indices and values, taken out of `residual`)."""
+    sent, values = pairs
+    index, buffer, world = bucket.index(), bucket.buffer(), state.world_size()
+    k = sent.numel() - layout.dense.numel()
+    work, finish = reduce_scatter_exchange(
+        residual, sent, values, layout.dense, k, state.process_group, state.traffic
+    )
+
+    def decode(fut: torch.futures.Future) -> Tensor:
+        total, applied = finish()
+        state.last_sent[index] = sent[applied]
+        if state.config.momentum_masking and state.moments_in_hook:
+            state.velocity[index][sent[applied]] = 0.0  # where this rank's entry moved
+        if state.adam is not None:
+            total.div_(rate)
+        return total.div_(world).to(buffer.dtype)
+
+    return _finish(work.get_future(), state, bucket.is_last(), decode)
 
 
 def _dense_adam(state: DGCState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:

@@ -39,6 +39,10 @@ class DGCConfig:
     - `selection`: `bucket` (one top-k over each DDP bucket: the largest entries wherever
       they are) or `tensor` (each parameter tensor sends its own share, at least one entry:
       the paper's layer-wise threshold).
+    - `exchange`: `allgather` (every rank receives every rank's pairs: (W - 1) k per
+      rank, growing with the ranks W) or `reduce_scatter` (each rank sums one region of
+      the bucket and all-gathers its largest sums: about 2 (W - 1) / W x k per rank at
+      any W; `asr.training.distributed.savers.dgc_reduce`).
     - `dense_vectors`: 1-D parameters (biases, normalization scales and shifts) are sent
       whole every step, as the paper's code does.
     - `momentum_masking`: clear the momentum (SGD's velocity, or AdamW's first moment)
@@ -55,6 +59,7 @@ class DGCConfig:
     variance_freeze_step: int = 500
     variance_refresh_steps: int = 500
     selection: str = "bucket"
+    exchange: str = "allgather"
     dense_vectors: bool = False
     momentum_masking: bool = True
     seed: int = 0
@@ -73,6 +78,9 @@ class DGCConfig:
             )
         check_choice("distributed.compression.kind", self.kind, ["dgc"])
         check_choice("distributed.compression.selection", self.selection, ["bucket", "tensor"])
+        check_choice(
+            "distributed.compression.exchange", self.exchange, ["allgather", "reduce_scatter"]
+        )
         if self.variance_freeze_step < 1:
             raise ConfigError(
                 "distributed.compression.variance_freeze_step must be >= 1, got "
@@ -162,11 +170,21 @@ class StepTraffic:
 
     def count_all_gather(self, payload: Tensor, entries: int) -> None:
         """Count this rank's `payload` gathered by all ranks (`entries` gradient entries)."""
+        nbytes = self.count_payload(payload, entries)
+        self.count_exchange(sent=(self.world - 1) * nbytes, received=(self.world - 1) * nbytes)
+
+    def count_payload(self, payload: Tensor, entries: int) -> int:
+        """Count this rank's own contribution, `payload` holding `entries` gradient
+        entries; its bytes."""
         nbytes = payload.numel() * payload.element_size()
         self.payload_bytes += nbytes
-        self.sent_bytes += (self.world - 1) * nbytes
-        self.received_bytes += (self.world - 1) * nbytes
         self.sent_entries += entries
+        return nbytes
+
+    def count_exchange(self, sent: int, received: int) -> None:
+        """Count bytes this rank sent to and received from the others."""
+        self.sent_bytes += sent
+        self.received_bytes += received
 
 
 @dataclass(frozen=True)
