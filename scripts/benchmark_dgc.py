@@ -19,7 +19,8 @@ the one-process demo), then tests the best checkpoint on test-clean. Runs:
   from the ranks' local estimates and every parameter sparse; `dgc_adamw_refresh_vectors`:
   the same with 1-D parameters whole (84x); `dgc_adamw_refresh_996`: 99.6 %, refreshed
   every 500 steps, every parameter sparse (111x): the defaults of
-  `distributed/compression=dgc` since 2026-11-26. Every run names the DGC keys it depends
+  `distributed/compression=dgc` since 2026-11-26; `dgc_reduce_scatter_996`: the same with
+  `exchange: reduce_scatter`. Every run names the DGC keys it depends
   on, so a change of defaults does not change what it measures. (The runs of the AdamW
   modes `direction` and `gradient`, removed since, are in recipes/demo/RESULTS.md.)
 - `dense_sgd`, `dgc_sgd`: the same pair with `optim=sgd_cosine optim.lr=0.05` (momentum
@@ -84,6 +85,13 @@ RUNS = {  # name: extra asr-train overrides (every DGC key a run depends on name
         "distributed.compression.variance_refresh_steps=500",
         "distributed.compression.sparsity=0.996",
         "distributed.compression.dense_vectors=false",
+    ],
+    "dgc_reduce_scatter_996": [  # the same with the exchange whose bytes stay flat in W
+        "distributed/compression=dgc",
+        "distributed.compression.variance_refresh_steps=500",
+        "distributed.compression.sparsity=0.996",
+        "distributed.compression.dense_vectors=false",
+        "distributed.compression.exchange=reduce_scatter",
     ],
     "dense_sgd": ["optim=sgd_cosine", "optim.lr=0.05"],
     "dgc_sgd": ["optim=sgd_cosine", "optim.lr=0.05", *PAPER],
