@@ -95,11 +95,13 @@ def main() -> None:
     parser.add_argument("--max-duration", type=float, default=8.0, help="audio s per rank, step")
     parser.add_argument("--slowdown", type=float, default=2.0)
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated")
+    parser.add_argument("--out", type=Path, help="keep each run's directory here")
     args = parser.parse_args()
     args.data_dir = args.data_dir.resolve()
     ensure_corpus(args.data_dir, args.train_hours)
     rate: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = args.out or tmp
         for name in args.runs.split(","):
             if name not in RUNS:
                 sys.exit(f"unknown run {name!r}; valid: {', '.join(RUNS)}")

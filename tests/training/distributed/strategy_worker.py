@@ -3,16 +3,18 @@ Lightning with `DecentralizedStrategy`, each rank on its own data (started like 
 would: RANK, LOCAL_RANK, WORLD_SIZE in the environment). Records the weights after every
 optimizer step to `out_dir/rank{R}.pt`.
 
-    strategy_worker.py RANK WORLD PORT OUT_DIR NODE_SIZE STEPS [RING] [delay|sync|ddp]
+    strategy_worker.py RANK WORLD PORT OUT_DIR NODE_SIZE STEPS [RING] [delay|sync|ddp|straggle]
 
 `sync`: synchronous gossip; `ddp`: Lightning's DDPStrategy instead (both with momentum SGD,
-to compare the two step by step).
+to compare the two step by step); `straggle`: rank 1 sleeps 0.1 s after each step. Each
+step's end time is recorded too.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,11 +41,15 @@ class Regression(L.LightningModule):
 
 
 class Record(L.Callback):
-    def __init__(self) -> None:
+    def __init__(self, pause: float = 0.0) -> None:
         self.weights: list[torch.Tensor] = []
+        self.times: list[float] = []
+        self.pause = pause
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
         self.weights.append(torch.cat([p.detach().reshape(-1) for p in pl_module.parameters()]))
+        time.sleep(self.pause)
+        self.times.append(time.monotonic())
 
 
 def main(
@@ -77,7 +83,7 @@ def main(
         if mode == "ddp"
         else DecentralizedStrategy(config, timeout=timedelta(seconds=60))
     )
-    record = Record()
+    record = Record(0.1 if mode == "straggle" and rank == 1 else 0.0)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
@@ -93,7 +99,8 @@ def main(
     momentum = 0.9 if mode in ("sync", "ddp") else 0.0
     trainer.fit(Regression(momentum), DataLoader(TensorDataset(x, y), batch_size=4))
     final = torch.cat([p.detach().reshape(-1) for p in trainer.lightning_module.parameters()])
-    torch.save({"weights": record.weights, "final": final}, Path(out_dir) / f"rank{rank}.pt")
+    result = {"weights": record.weights, "final": final, "times": record.times}
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
 
 
 if __name__ == "__main__":

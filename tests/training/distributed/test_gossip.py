@@ -225,6 +225,20 @@ def test_adpsgd_strategy_trains_and_ends_at_the_consensus(
 
 
 @pytest.mark.slow  # real processes over gloo
+def test_a_straggler_does_not_hold_back_the_other_replica(run_workers, tmp_path: Path) -> None:
+    # rank 1 sleeps 0.1 s after each step; nothing per step may wait for it but the
+    # exchanges it answers from its service thread (Lightning's per-step SIGTERM broadcast
+    # held both ranks at the straggler's pace)
+    steps = 20
+    fast, slow = _run_strategy(run_workers, tmp_path, 2, 1, steps, "fixed", "straggle")
+    fast_time = fast["times"][-1] - fast["times"][0]
+    slow_time = slow["times"][-1] - slow["times"][0]
+    assert slow_time > 0.1 * (steps - 1)
+    assert fast_time < 0.4 * slow_time, (fast_time, slow_time)
+    assert torch.allclose(fast["final"], slow["final"], atol=1e-6)
+
+
+@pytest.mark.slow  # real processes over gloo
 def test_two_synchronous_replicas_train_as_ddp_does(run_workers, tmp_path: Path) -> None:
     # momentum SGD through the strategy's whole path (Lightning's optimizer step, the lock,
     # the exchange): two replicas averaged after every step, each without staleness, follow

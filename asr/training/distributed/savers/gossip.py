@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -172,6 +173,10 @@ class Gossip:
         self.active = is_active(self.position)
         self.step = 0
         self.exchanges = 0  # averages this member took part in
+        # seconds: an active's training thread blocked on its exchanges; a passive's
+        # service spent answering (from a request's weights received to the reply sent),
+        # and of that waiting for the lock (the optimizer's update)
+        self.timings = {"active_wait": 0.0, "answer": 0.0, "answer_lock": 0.0}
         self._in_flight: tuple[threading.Thread, Tensor, dict[str, Tensor]] | None = None
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
@@ -211,7 +216,9 @@ class Gossip:
             self._in_flight = (thread, mine, box)
             return
         box = {}
+        start = time.perf_counter()
         self._ask(peer, step, mine, box)
+        self.timings["active_wait"] += time.perf_counter() - start
         with self.lock:
             assign(self.params, (mine + box["peer"]) / 2)
         self.exchanges += 1
@@ -228,7 +235,9 @@ class Gossip:
         if self._in_flight is None:
             return
         thread, sent, box = self._in_flight
+        start = time.perf_counter()
         thread.join()
+        self.timings["active_wait"] += time.perf_counter() - start
         self._in_flight = None
         if "peer" not in box:
             raise RuntimeError(f"rank {self.me}: the delayed weight exchange failed")
@@ -250,8 +259,11 @@ class Gossip:
                     continue
                 theirs = torch.empty(self.numel, dtype=torch.float32)
                 dist.recv(theirs, src, group=self.group)
+                start = time.perf_counter()
                 with self.lock:  # not while the optimizer updates the weights
+                    self.timings["answer_lock"] += time.perf_counter() - start
                     self._reply(theirs, src)
+                self.timings["answer"] += time.perf_counter() - start
         except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
             self._server_error = err
 
