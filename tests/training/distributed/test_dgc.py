@@ -508,3 +508,34 @@ def test_warm_up_schedule_and_config_checks() -> None:
         DGCConfig(sparsity=1.0)
     with pytest.raises(ConfigError, match="sample_fraction"):
         DGCConfig(sample_fraction=0.0)
+
+
+def test_regions_keep_the_forced_entries_then_the_largest_sums_padded_alike() -> None:
+    from asr.training.distributed.savers.dgc_reduce import (
+        PAD,
+        keep_largest,
+        kept_per_region,
+        pack,
+        region_size,
+        unpack,
+    )
+
+    indices, values = torch.tensor([7, 0, 2_000_000]), torch.tensor([1.5, -2.0, 0.25])
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(unpack(pack(indices, values), values.dtype), (indices, values), strict=True)
+    )
+    assert [region_size(10, 3, r) for r in range(3)] == [4, 3, 3]  # 0 3 6 9 | 1 4 7 | 2 5 8
+    assert region_size(2, 3, 2) == 0
+    dense = torch.tensor([9, 10, 11])  # regions 0, 1, 2 of 3 hold 1 each
+    assert kept_per_region(dense, k=5, world=3) == 1 + 2
+    # rank 1's region of 12 entries: 1, 4, 7, 10; entry 10 is forced in, then the 2 largest
+    sums = torch.tensor([0.5, -3.0, 2.0, 0.1], dtype=torch.float64)
+    kept_indices, kept = unpack(keep_largest(sums, dense, 3, world=3, rank=1), sums.dtype)
+    assert sorted(kept_indices.tolist()) == [4, 7, 10]
+    assert sorted(kept.tolist()) == [-3.0, 0.1, 2.0]
+    # a region smaller than the pairs every rank sends is padded with PAD
+    tiny_indices, _ = unpack(
+        keep_largest(torch.ones(1), dense[:0], 3, world=3, rank=2), torch.float32
+    )
+    assert tiny_indices.tolist() == [2, PAD, PAD]
