@@ -285,6 +285,7 @@ def test_kill_two_processes_mid_epoch_then_resume(main_run, killed_two_process_r
 
 
 @pytest.mark.slow
+@pytest.mark.long  # needs the killed run
 def test_resuming_inside_an_epoch_with_another_world_size_fails_clearly(
     main_run, killed_two_process_run, single_thread
 ) -> None:
