@@ -4,6 +4,11 @@
 #   recipes/demo/run.sh                       # every stage
 #   recipes/demo/run.sh --stage train         # from a stage on (name or number)
 #   recipes/demo/run.sh --stage 4 --stop-stage 4
+#   recipes/demo/run.sh --dry-run --stage train -- trainer.max_epochs=4
+#
+# --dry-run lists the stages it would run and the overrides after "--", checked by resolving
+# the experiment's config (read-only), then exits: nothing is run or written. The project's
+# .venv (make install) is used when asr-train is not on PATH (recipes/stages.sh).
 #
 # Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 bins, 5 batch-sizes, 6 train,
 # 7 decode, 8 export, 9 transcribe, 10 plots. Each stage skips work already done, so re-running is
@@ -32,7 +37,7 @@ source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
-if run 2 || run 4; then
+if run 2 || run 4 || [[ -n $dry_run ]]; then
   # The tokenizer is the experiment's data.tokenizer (asr/configs/data/demo.yaml), whose name
   # bpe<N>.model gives the vocabulary size: the config is the one place for both.
   tokenizer=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
@@ -42,6 +47,7 @@ if run 2 || run 4; then
   [[ $vocab_size =~ ^[0-9]+$ ]] || {
     echo "data.tokenizer=$tokenizer: expected a name bpe<vocabulary size>.model" >&2; exit 2; }
 fi
+end_dry_run "experiment: $experiment, data: $data, exp: $exp, tokenizer: $tokenizer"
 
 if run 0; then say 0
   asr-make-demo-corpus "$data" --train-hours "$train_hours"

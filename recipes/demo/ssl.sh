@@ -5,6 +5,11 @@
 #   recipes/demo/ssl.sh                          # every stage
 #   recipes/demo/ssl.sh --stage finetune         # from a stage on (name or number)
 #   recipes/demo/ssl.sh --stage 4 --stop-stage 4
+#   recipes/demo/ssl.sh --dry-run --stage finetune   # the stages it would run; runs nothing
+#
+# --dry-run lists the stages it would run, the overrides after "--" and the fine-tuning runs,
+# then exits: nothing is run or written. The project's .venv (make install) is used when
+# asr-train is not on PATH (recipes/stages.sh).
 #
 # Stages: 0 prepare (recipes/demo/run.sh's corpus .. batch-sizes, each skipped when done),
 # 1 subset (a fixed FRACTION of the training audio, chosen by SUBSET_SEED, with its
@@ -55,6 +60,7 @@ ctc_steps=${CTC_STEPS:-$(python -c "import sys; print(round(280 * float(sys.argv
 finetune_runs=()
 for lr in $scratch_lrs; do finetune_runs+=("scratch_lr$lr-seed$seed"); done
 for objective in $objectives; do finetune_runs+=("$objective-seed$seed"); done
+end_dry_run "data: $data, exp: $exp, fine-tuning runs: ${finetune_runs[*]}"
 
 if run 0; then say 0
   DATA=$data "$here/run.sh" --stop-stage batch-sizes

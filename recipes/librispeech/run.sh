@@ -4,6 +4,11 @@
 #   recipes/librispeech/run.sh                           # every stage, 960 h
 #   PARTS=mini recipes/librispeech/run.sh                # mini LibriSpeech (train-clean-5, dev-clean-2)
 #   recipes/librispeech/run.sh --stage train -- trainer.devices=4
+#   recipes/librispeech/run.sh --dry-run --stage train   # the stages it would run; runs nothing
+#
+# --dry-run lists the stages it would run and the overrides after "--", then exits: nothing is
+# run, downloaded or written. The project's .venv (make install) is used when asr-train is not
+# on PATH (recipes/stages.sh).
 #
 # Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features, 5 bins, 6 batch-sizes,
 # 7 train, 8 decode, 9 export, 10 results (a table, training curves, buckets). Each stage
@@ -84,6 +89,7 @@ data_args=(
   "data.train_cuts=[$(join "${train_cuts[@]}")]" "data.valid_cuts=[$(join "${dev_cuts[@]}")]"
   "data.test_cuts=[$(cuts "${test_parts[0]}")]" "data.features.source=$features"
 )
+end_dry_run "parts: $parts (training on ${train_parts[*]}), data: $data, exp: $exp"
 
 if run 0; then say 0
   asr-prepare-manifests --download-only --corpus-dir "$data/LibriSpeech" --parts "$download"
