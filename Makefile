@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-long test-fast lint bench install clean-demo gpu-check gpu-wheels
+.PHONY: demo test test-long test-fast lint bench install clean-demo gpu-check gpu-wheels docs docs-build
 
 install: $(STAMP)
 
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version.split()[0]} at {sys.executable}"'
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --progress-bar off -e '.[dev,deploy]'
+	$(VENV)/bin/python -m pip install --progress-bar off -e '.[dev,deploy,docs]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 ## Build the demo corpus, train a small Conformer-Transducer, decode, print WER.
@@ -42,6 +42,14 @@ gpu-check: $(STAMP)
 ## Wheels for the GPU check on a machine that reaches no registry (docs/gpu.md): .gpu-wheels/
 gpu-wheels:
 	bash scripts/prepare_gpu_wheels.sh .gpu-wheels
+
+## The documentation site at http://127.0.0.1:8000, rebuilt as the pages change.
+docs: $(STAMP)
+	mkdocs serve
+
+## Build the site into site/ with --strict: a broken link or reference fails (make test does it too).
+docs-build: $(STAMP)
+	mkdocs build --strict
 
 lint: $(STAMP)
 	ruff check asr tests scripts

@@ -138,9 +138,9 @@ def _mapping(
             lines += _mapping(type(value), nested, indent + 2, f"{key}.", file, seen)
         elif _is_sequence(value) and any(isinstance(item, str) for item in value):
             lines.append(f"{pad}{name}:")
-            lines += [f"{pad}  - {_scalar(item)}" for item in value]
+            lines += [f"{pad}  - {yaml_scalar(item)}" for item in value]
         else:
-            lines.append(f"{pad}{name}: {_scalar(value)}")
+            lines.append(f"{pad}{name}: {yaml_scalar(value)}")
     return lines
 
 
@@ -149,7 +149,7 @@ def _comment(text: str, indent: int) -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=pad, subsequent_indent=pad)
 
 
-def _scalar(value: Any) -> str:
+def yaml_scalar(value: Any) -> str:
     """`value` in YAML, in one line (a sequence of numbers in flow style)."""
     if _is_sequence(value):
         value = [list(v) if _is_sequence(v) else v for v in value]
