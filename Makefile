@@ -52,8 +52,8 @@ docs-build: $(STAMP)
 	mkdocs build --strict
 
 lint: $(STAMP)
-	ruff check asr tests scripts
-	ruff format --check asr tests scripts
+	ruff check asr tests scripts docs/hooks.py
+	ruff format --check asr tests scripts docs/hooks.py
 
 clean-demo:
 	rm -rf data/demo exp/demo

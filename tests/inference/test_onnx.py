@@ -129,6 +129,7 @@ def test_word_times_of_the_export_match_pytorch_and_sherpa_onnx(
     ]
 
 
+@pytest.mark.long  # 130 s: two more models trained and exported (make test-long)
 def test_lstm_and_aed_models_export_for_our_onnxruntime_decoder(
     trained_run, aed_run, test_flacs, tmp_path, capsys
 ):
