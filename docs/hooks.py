@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import os
 import posixpath
@@ -47,6 +48,7 @@ def on_files(files: Files, config) -> Files:
 
 def on_pre_build(config) -> None:
     """Check README.md's relative links (files and headings) before the pages are built."""
+    heading_slugs.cache_clear()  # `mkdocs serve` builds again after an edit
     for problem in broken_links(ROOT / "README.md"):
         log.warning(problem)
 
@@ -129,6 +131,7 @@ def broken_links(path: Path) -> list[str]:
     return problems
 
 
+@functools.cache
 def heading_slugs(path: Path) -> set[str]:
     """GitHub's anchors of the headings of a Markdown file."""
     slugs: set[str] = set()
@@ -148,13 +151,9 @@ def _repo_path(file: File) -> str:
 
 
 def _lines_outside_fences(text: str) -> list[str]:
-    lines, fenced = [], False
-    for line in text.splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-        elif not fenced:
-            lines.append(line)
-    return lines
+    kept: list[str] = []
+    _outside_fences(text, lambda stretch: kept.append(stretch) or stretch)
+    return "".join(kept).splitlines()
 
 
 def _outside_fences(text: str, change) -> str:

@@ -13,7 +13,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from asr.training.config_files import FILES
-from asr.training.config_render import ConfigFile, key_docs, part_values, yaml_scalar
+from asr.training.config_render import (
+    ConfigFile,
+    entries,
+    field_values,
+    part_values,
+    yaml_scalar,
+)
 
 INTRO = """# Config reference
 
@@ -43,27 +49,22 @@ def _section(file: ConfigFile) -> str:
     prefix = _prefix(file)
     for part in file.parts:
         values = part_values(part.cls, part.overrides, part.key or file.path)
-        start = f"{prefix}{part.key}." if part.key else prefix
+        start = f"{part.key}." if part.key else ""
         for key, value, doc in _rows(part.cls, values, start, file):
-            lines.append(f"| `{key}` | {_default(value)} | {_cell(doc)} |")
+            lines.append(f"| `{prefix}{key}` | {_default(value)} | {_cell(doc)} |")
     return "\n".join(lines) + "\n"
 
 
 def _rows(
     cls: type, values: Mapping[str, Any], prefix: str, file: ConfigFile
 ) -> Iterator[tuple[str, Any, str]]:
-    """(full key, default, docstring line) of each key of `cls`, nested sections flattened."""
-    docs = key_docs(cls)
-    relative = prefix.removeprefix(_prefix(file))
-    for name, value in values.items():
-        if relative + name in file.omit:
-            continue
-        value = file.links.get(relative + name, value)
+    """(key in the file, default, docstring line) of each key of `cls`, nested sections
+    flattened."""
+    for key, _, value, doc in entries(cls, values, prefix, file):
         if dataclasses.is_dataclass(value):
-            nested = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            yield from _rows(type(value), nested, f"{prefix}{name}.", file)
+            yield from _rows(type(value), field_values(value), f"{key}.", file)
         else:
-            yield prefix + name, value, docs[name]
+            yield key, value, doc
 
 
 def _prefix(file: ConfigFile) -> str:

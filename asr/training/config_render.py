@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,7 @@ def part_values(cls: type, overrides: Mapping[str, Any], section: str) -> dict[s
     built from the overrides (`dataclass_from_keys`), so a variant is checked as a config."""
     if dataclasses.is_dataclass(cls):
         config = dataclass_from_keys(cls, overrides, section)
-        return {f.name: getattr(config, f.name) for f in dataclasses.fields(cls)}
+        return field_values(config)
     parameters = _keyword_arguments(cls)
     unknown = sorted(set(overrides) - set(parameters))
     if unknown:
@@ -114,6 +114,29 @@ def key_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def entries(
+    cls: type,
+    values: Mapping[str, Any],
+    prefix: str,
+    file: ConfigFile,
+    seen: set[str] | None = None,
+) -> Iterator[tuple[str, str, Any, str]]:
+    """(key under `prefix`, name, value, docstring line) of each key of `cls` that `file`
+    does not omit, its link in place of its value; every key goes into `seen`."""
+    docs = key_docs(cls)
+    for name, value in values.items():
+        key = prefix + name
+        if seen is not None:
+            seen.add(key)
+        if key not in file.omit:
+            yield key, name, file.links.get(key, value), docs[name]
+
+
+def field_values(config: Any) -> dict[str, Any]:
+    """A dataclass instance's keys and values."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
 def _mapping(
     cls: type,
     values: Mapping[str, Any],
@@ -124,18 +147,12 @@ def _mapping(
 ) -> list[str]:
     """The lines of `values`, the keys of `cls`, each under its comment; the full keys
     go into `seen`."""
-    docs, pad, lines = key_docs(cls), " " * indent, []
-    for name, value in values.items():
-        key = prefix + name
-        seen.add(key)
-        if key in file.omit:
-            continue
-        lines += _comment(docs[name], indent)
-        value = file.links.get(key, value)
+    pad, lines = " " * indent, []
+    for key, name, value, doc in entries(cls, values, prefix, file, seen):
+        lines += _comment(doc, indent)
         if dataclasses.is_dataclass(value):
-            nested = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
             lines.append(f"{pad}{name}:")
-            lines += _mapping(type(value), nested, indent + 2, f"{key}.", file, seen)
+            lines += _mapping(type(value), field_values(value), indent + 2, f"{key}.", file, seen)
         elif _is_sequence(value) and any(isinstance(item, str) for item in value):
             lines.append(f"{pad}{name}:")
             lines += [f"{pad}  - {yaml_scalar(item)}" for item in value]
