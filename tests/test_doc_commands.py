@@ -1,7 +1,10 @@
-"""The first command of each shell block of README.md and docs/ runs for a new user: in a clean
-environment (no activated venv), from the repository root, activated only where the page has
-said so above it. Commands are made safe and quick: `make -n`, the recipes' `--dry-run`, and
-`--help` for any other program; nothing runs for real and nothing is written."""
+"""The first command of each shell block of README.md and docs/, and every recipe line, runs for
+a new user: in a clean environment (no activated venv), from the repository root, activated only
+where the page has said so above it. Commands are made safe and quick: `make -n`, `--help` for
+any program but the recipes. A recipe line runs as typed where that is cheap: from its train
+stage (`--stage train`), the recipe runs that stage for real with `--cfg job` after the
+overrides, so asr-train prints the config it would train with (every line of the recipe up to
+it runs too); any other recipe line runs with `--dry-run`. Nothing is written."""
 
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ EXTERNAL = {
     "srun": "SLURM's job launcher, on clusters only",
 }
 PYTHONS = {"python", "python3", "python3.11"}
+# The recipes whose train stage runs as typed (only its asr-train, with `--cfg job` added).
+CHEAP_TRAIN_STAGE = {"recipes/demo/run.sh": "train", "recipes/librispeech/run.sh": "train"}
 RUN_AS_IS = {".", "source", "cd", "export"}
 ASSIGNMENTS = re.compile(r"""^(?:[A-Za-z_]\w*=(?:'[^']*'|"[^"]*"|[^\s'"])*\s+)*""")
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
@@ -88,9 +93,8 @@ def transform(command: str) -> str:
     if head == "make":
         return f"{env}make -n{rest[len('make') :]}"
     script = words[1] if head in {"bash", "sh"} and len(words) > 1 else head
-    if script.removeprefix("./").startswith("recipes/") and script.endswith(".sh"):
-        at = words.index("--") if "--" in words else len(words)
-        return env + shlex.join([*words[:at], "--dry-run", *words[at:]])
+    if is_recipe(script):
+        return env + recipe_run(script.removeprefix("./"), words)
     if head in PYTHONS and len(words) > 2 and words[1] == "-m":
         return f"{env}{head} -m {words[2]} --help"
     if head in PYTHONS | {"bash", "sh"} and len(words) > 1 and not words[1].startswith("-"):
@@ -98,9 +102,26 @@ def transform(command: str) -> str:
     return f"{env}{shlex.quote(head)} --help"
 
 
-def first_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number, command) of each shell block's first command line: blank and comment
-    lines skipped, continuations joined; in `console` blocks only the `$ ` lines."""
+def is_recipe(word: str) -> bool:
+    return word.removeprefix("./").startswith("recipes/") and word.endswith(".sh")
+
+
+def recipe_run(script: str, words: list[str]) -> str:
+    """A recipe's command line `words` as the test runs it: from the train stage as typed,
+    with `--stop-stage` there and `--cfg job` after the overrides; else with `--dry-run`."""
+    at = words.index("--") if "--" in words else len(words)
+    options, overrides = words[:at], words[at:]
+    stage = options[options.index("--stage") + 1] if "--stage" in options[:-1] else None
+    cheap = stage is not None and stage == CHEAP_TRAIN_STAGE.get(script)
+    if cheap and "--stop-stage" not in options and "--dry-run" not in options:
+        return shlex.join([*options, "--stop-stage", stage, *(overrides or ["--"]), "--cfg", "job"])
+    return shlex.join([*options, "--dry-run", *overrides])
+
+
+def shell_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, command) of each shell block's first command line and of every later
+    one that runs a recipe: blank and comment lines skipped, continuations joined; in
+    `console` blocks only the `$ ` lines."""
     lines, fence, block, number, found = text.splitlines(), "", "", 0, False
     while number < len(lines):
         line, number = lines[number], number + 1
@@ -114,19 +135,28 @@ def first_lines(text: str) -> Iterator[tuple[int, str]]:
             continue
         if block == "console":
             line = line.strip()[2:] if line.strip().startswith("$ ") else ""
-        if found or block not in SHELL_BLOCKS or not line.strip() or line.lstrip()[0] == "#":
+        if block not in SHELL_BLOCKS or not line.strip() or line.lstrip()[0] == "#":
             continue
         start = number
         while line.rstrip().endswith("\\") and number < len(lines):
             line, number = line.rstrip()[:-1].rstrip() + " " + lines[number].strip(), number + 1
+        if found and not _runs_recipe(line):
+            continue
         found = True
         yield start, line.strip()
+
+
+def _runs_recipe(line: str) -> bool:
+    """Whether a shell line runs a recipe script (`recipes/x/run.sh`, `bash recipes/...`)."""
+    env = ASSIGNMENTS.match(line.strip()).group(0)
+    words = line.strip()[len(env) :].split()
+    return any(is_recipe(w) for w in words[:2])
 
 
 def page_commands(text: str, name: str) -> Iterator[DocCommand]:
     """The commands of one page, activated where the page has activated .venv above them."""
     lines = text.splitlines()
-    for number, line in first_lines(text):
+    for number, line in shell_lines(text):
         above = "\n".join(lines[: number - 1])
         prefix = ACTIVATE if any(a in above for a in ACTIVATIONS) else ""
         where = f"{name}:{number}"
@@ -208,16 +238,18 @@ def test_documented_command_runs(
     assert "command not found" not in done.stderr, shown
 
 
-def test_first_lines_of_blocks() -> None:
+def test_first_lines_of_blocks_and_recipe_lines() -> None:
     page = "\n".join([
         "```python", "import asr", "```",
         "```bash", "", "# a comment", "FOO=1 asr-train a=b \\", "    c=d &   # in the back",
-        "asr-decode x", "```",
+        "asr-decode x \\", "  recipes/demo/run.sh", "X=1 recipes/demo/run.sh --stage 2 \\",
+        "  -- a=b", "```",
         "```console", "output", "$ # a comment", "  $ make demo", "$ make test", "```",
         "```text", "make test", "```",
     ])  # fmt: skip
-    assert list(first_lines(page)) == [(7, "FOO=1 asr-train a=b c=d &   # in the back"),
-                                       (14, "make demo")]  # fmt: skip
+    assert list(shell_lines(page)) == [(7, "FOO=1 asr-train a=b c=d &   # in the back"),
+                                       (11, "X=1 recipes/demo/run.sh --stage 2 -- a=b"),
+                                       (17, "make demo")]  # fmt: skip
     assert split_commands("FOO=1 asr-train a=b c=d &   # in the back") == [
         "FOO=1 asr-train a=b c=d"
     ]
@@ -237,7 +269,19 @@ def test_first_lines_of_blocks() -> None:
         ("recipes/demo/run.sh", "recipes/demo/run.sh --dry-run"),
         (
             "EXPERIMENT=x recipes/demo/run.sh --stage train -- a=1",
-            "EXPERIMENT=x recipes/demo/run.sh --stage train --dry-run -- a=1",
+            "EXPERIMENT=x recipes/demo/run.sh --stage train --stop-stage train -- a=1 --cfg job",
+        ),
+        (
+            "recipes/librispeech/run.sh --stage train",
+            "recipes/librispeech/run.sh --stage train --stop-stage train -- --cfg job",
+        ),
+        (
+            "recipes/demo/run.sh --stage 6 -- a=1",
+            "recipes/demo/run.sh --stage 6 --dry-run -- a=1",
+        ),
+        (
+            "recipes/demo/run.sh --stage train --stop-stage decode",
+            "recipes/demo/run.sh --stage train --stop-stage decode --dry-run",
         ),
         ("bash recipes/demo/ssl.sh --stage 2", "bash recipes/demo/ssl.sh --stage 2 --dry-run"),
         ("asr-train experiment=demo trainer.devices=2", "asr-train --help"),

@@ -1,5 +1,6 @@
-"""The recipes' --dry-run and their finding the project's environment, as a new user runs
-them: a clean environment whose PATH has no asr-train, a checkout with or without .venv."""
+"""The recipes as a new user runs them (a clean environment whose PATH has no asr-train, a
+checkout with or without .venv): --dry-run, finding the project's environment, each stage
+started alone, and the batches the demo trains with."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from asr.data.buckets import SamplerConfig
+from asr.training.config_files import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 CLEAN_PATH = "/usr/bin:/bin"
@@ -101,3 +106,66 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
     assert "  ssl stage 4: finetune\n  ssl stage 5: decode\n  ssl stage 6: compare\n" in done.stdout
     assert "fine-tuning runs: scratch_lr0.0015-seed7 scratch_lr0.003-seed7" in done.stdout
     assert not (root / "data").exists() and not (root / "exp").exists()
+
+
+def _stdout_after_banner(done: subprocess.CompletedProcess) -> str:
+    """What the recipe printed after its last stage banner (`=== stage N: ...`)."""
+    lines = done.stdout.splitlines()
+    banners = [i for i, line in enumerate(lines) if line.startswith("=== ")]
+    assert banners, done.stdout[-2000:]
+    return "\n".join(lines[banners[-1] + 1 :])
+
+
+@pytest.mark.slow
+def test_demo_trains_with_the_shipped_batches_unless_searched(tmp_path: Path) -> None:
+    """Stage 6 as typed, with `--cfg job` after the overrides: asr-train prints the sampler it
+    would train with. By default the preset's shipped buckets and batch sizes; with
+    BATCH_SEARCH=1 the searched file, which replaces them."""
+    root = _checkout(tmp_path, venv=True)
+    work = tmp_path / "work"
+    args = ("--stage", "train", "--stop-stage", "train", "--", "--cfg", "job", "-p", "data.sampler")
+    env = {"DATA": f"{work}/data", "EXP": f"{work}/exp"}
+    shipped = yaml.safe_load((CONFIG_DIR / "batches" / "demo.yaml").read_text())
+    done = _recipe(root, "demo/run.sh", *args, **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sampler = yaml.safe_load(_stdout_after_banner(done))
+    assert sampler["bins_file"] is None
+    for key in ("bucket_duration_bins", "bucket_batch_size", "max_tps"):
+        assert sampler[key] == shipped[key], key
+    searched = work / "exp" / "batch_sizes.yaml"  # what stage 5 writes with BATCH_SEARCH=1
+    searched.parent.mkdir(parents=True)
+    plan = {"bucket_duration_bins": [[4.0, 50], [9.0, 90]], "bucket_batch_size": [6, 3]}
+    searched.write_text(yaml.safe_dump(plan))
+    done = _recipe(root, "demo/run.sh", *args, BATCH_SEARCH="1", **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sampler = yaml.safe_load(_stdout_after_banner(done))
+    assert sampler["bins_file"] == str(searched)
+    sampler["seed"] = 0  # an interpolation, unresolved without --resolve
+    config = SamplerConfig.from_mapping(sampler)  # as the training reads it
+    assert config.bucket_duration_bins == ((4.0, 50), (9.0, 90))
+    assert config.bucket_batch_size == (6, 3) and config.max_tps is None
+    assert sorted(p.name for p in work.rglob("*")) == ["batch_sizes.yaml", "exp"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "stages"),
+    [("demo/run.sh", range(4, 11)), ("librispeech/run.sh", range(8, 11))],
+)
+def test_each_later_stage_starts_alone_and_fails_only_on_what_is_missing(
+    tmp_path: Path, script: str, stages: range
+) -> None:
+    """`--stage N` before anything was made, as a user types it: a stage that needs an
+    earlier one's output stops with a message naming it, never on a shell error (an unset
+    variable, a bad number)."""
+    root = _checkout(tmp_path, venv=True)
+    work = tmp_path / "work"
+    for stage in stages:
+        env = {"DATA": f"{work}/data", "EXP": f"{work}/exp"}
+        args = ("--stage", str(stage), "--stop-stage", str(stage))
+        done = _recipe(root, script, *args, **env)
+        shell_errors = ("unbound variable", "invalid integer", "syntax error", "command not found")
+        assert not any(e in done.stderr for e in shell_errors), (stage, done.stderr[-2000:])
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1]
+            assert str(work) in last or "no epoch checkpoint" in last, (stage, last)

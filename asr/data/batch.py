@@ -20,6 +20,7 @@ class Batch:
     - `cut_ids`, `texts`: one per utterance, in batch order.
     - `skipped`: reason -> ids of the cuts the dataset dropped while building this batch
       (unreadable audio, empty or impossible transcript, unknown characters).
+    - `first_fault`: the first dropped cut and why, in one line ("" when none was dropped).
     """
 
     features: torch.Tensor
@@ -29,6 +30,7 @@ class Batch:
     cut_ids: list[str]
     texts: list[str]
     skipped: dict[str, list[str]] = field(default_factory=dict)
+    first_fault: str = ""
 
     def __len__(self) -> int:
         return len(self.cut_ids)

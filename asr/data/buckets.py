@@ -39,8 +39,10 @@ class SamplerConfig:
     - `bucket_duration_bins`: upper edges of the buckets, inclusive: seconds `[d, ...]`
       (1D) or `[[seconds, tokens], ...]` (2D). Cuts beyond the last edge are dropped
       (counted).
-    - `bins_file`: a YAML file written by `asr-estimate-bins` or `asr-oomptimizer`; its
-      `bucket_duration_bins`, `bucket_batch_size` and `max_tps` apply unless given here.
+    - `bins_file`: a YAML file written by `asr-estimate-bins` or `asr-oomptimizer`. It
+      replaces `bucket_duration_bins` and `bucket_batch_size` (null where it has none,
+      e.g. a preset's shipped batches, `batches=...`) and a per-bucket `max_tps`; a single
+      `max_tps` here stays unless the file has its own.
     - `bucket_batch_size`: a fixed batch size per bucket (same length as the bins).
     - `max_tps`: tokens per second above which a cut is dropped (counted); one number or
       one per bucket.
@@ -74,14 +76,16 @@ class SamplerConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
-        """Build from a config mapping; an unknown key is an error that names it. The keys
-        of `bins_file` fill those not given."""
+        """Build from a config mapping; an unknown key is an error that names it. A
+        `bins_file` replaces the buckets (see the class docstring)."""
         values = checked_keys(cls, cfg, "data.sampler")
         if values.get("bins_file"):
             from_file = read_bins(values["bins_file"])
-            for key in ("bucket_duration_bins", "bucket_batch_size", "max_tps"):
-                if values.get(key) is None and from_file.get(key) is not None:
-                    values[key] = from_file[key]
+            values["bucket_duration_bins"] = from_file.get("bucket_duration_bins")
+            values["bucket_batch_size"] = from_file.get("bucket_batch_size")
+            per_bucket = isinstance(values.get("max_tps"), Sequence)
+            if from_file.get("max_tps") is not None or per_bucket:
+                values["max_tps"] = from_file.get("max_tps")
         if values.get("bucket_duration_bins") is not None:
             values["bucket_duration_bins"] = tuple(_bin(b) for b in values["bucket_duration_bins"])
         if values.get("bucket_batch_size") is not None:

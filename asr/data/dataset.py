@@ -14,7 +14,9 @@ skipping every cut.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -107,6 +109,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.subsampling_factor = subsampling_factor
         self._extractor = features.extractor()
         self._warned: set[str] = set()
+        self._first_fault = ""  # of the batch being built
         self._spec_augment = None
         if spec_augment is not None:
             cfg = spec_augment
@@ -127,13 +130,13 @@ class AsrDataset(torch.utils.data.Dataset):
             try:
                 feats = cut.load_features()
             except FEATURE_FILE_ERRORS as err:
-                return first_line(err)
+                return unreadable_detail(err, [cut.features.storage_path])
             return normalize_features(feats, self.features.normalize)
         check_sample_rate(cut.id, cut.sampling_rate)
         try:
             audio = cut.load_audio()
         except FILE_ERRORS as err:
-            return first_line(err)
+            return unreadable_detail(err, audio_paths(cut))
         return compute_features(to_mono(audio), self.features, self._extractor)
 
     def _check_text(self, cut: Cut) -> tuple[str, list[int]] | str:
@@ -150,6 +153,7 @@ class AsrDataset(torch.utils.data.Dataset):
 
     def _skip(self, skipped: dict[str, list[str]], cut: Cut, reason: str, detail: str) -> None:
         skipped.setdefault(reason, []).append(cut.id)
+        self._first_fault = self._first_fault or f"cut {cut.id}: {detail or reason}"
         if cut.id not in self._warned:  # once per cut and process, not every epoch
             self._warned.add(cut.id)
             log.warning("skipping cut %s: %s", cut.id, detail or reason)
@@ -157,6 +161,7 @@ class AsrDataset(torch.utils.data.Dataset):
     def __getitem__(self, cuts: CutSet) -> Batch:
         feats, tokens, texts, ids = [], [], [], []
         skipped: dict[str, list[str]] = {}
+        self._first_fault = ""
         for cut in cuts:
             checked = self._check_text(cut)
             if isinstance(checked, str):
@@ -182,7 +187,28 @@ class AsrDataset(torch.utils.data.Dataset):
             tokens.append(torch.tensor(token_ids, dtype=torch.long))
             texts.append(text)
             ids.append(cut.id)
-        return collate(feats, tokens, ids, texts, skipped, self.features.num_mel_bins)
+        batch = collate(feats, tokens, ids, texts, skipped, self.features.num_mel_bins)
+        batch.first_fault = self._first_fault
+        return batch
+
+
+def audio_paths(cut: Cut) -> list[str]:
+    """The files `cut`'s audio is read from (none for audio held in memory or a URL)."""
+    recording = getattr(cut, "recording", None)
+    sources = recording.sources if recording is not None else []
+    return [source.source for source in sources if source.type == "file"]
+
+
+def unreadable_detail(err: BaseException, paths: list[str]) -> str:
+    """Why a cut's file could not be read: `err` in one line, and for each relative path
+    among `paths` that does not exist, the directory it was resolved against (lhotse reads
+    relative paths from the working directory of the process)."""
+    detail = first_line(err).removesuffix(" Details:")  # lhotse's, before the next lines
+    for path in paths:
+        if path and not Path(path).is_absolute() and not Path(path).exists():
+            named = "" if path in detail else f"{path}: "
+            detail += f"; {named}a relative path, read from the working directory {os.getcwd()}"
+    return detail
 
 
 def collate(

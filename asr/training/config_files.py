@@ -68,6 +68,7 @@ FILES = (
   - _self_                      # first, so that experiment presets can override the keys below
   - model: conformer_transducer
   - data: librispeech
+  - batches: null               # shipped buckets and batch sizes (data.sampler keys), e.g. demo
   - trainer: default
   - optim: adamw_noam
   - logger: wandb_csv

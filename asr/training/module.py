@@ -180,7 +180,7 @@ class AsrLitModule(L.LightningModule):
         if reason:
             optimizer.zero_grad(set_to_none=True)  # optimizers leave grad-less weights alone
         self.nonfinite.record(nonfinite, step, reason)
-        self.skip_budget.add(totals)
+        self.skip_budget.add(totals, tally.first_fault)
         self.skip_budget.check()
         self.last_step_audio_seconds = totals.audio_seconds  # read by the EMA callback
         self._log_step(totals, norm)

@@ -55,7 +55,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -319,6 +319,26 @@ def sampler_keys(results: Sequence[BucketResult], is_2d: bool) -> dict[str, list
     return keys
 
 
+def plan_differences(found: Mapping[str, Any], shipped: Mapping[str, Any]) -> list[str]:
+    """Where the sampler keys `found` by a search differ from those a config `shipped`
+    (`bucket_duration_bins`, `bucket_batch_size`): one line per difference, none when they
+    agree."""
+    found_bins, shipped_bins = found["bucket_duration_bins"], shipped.get("bucket_duration_bins")
+    if shipped_bins is None or shipped.get("bucket_batch_size") is None:
+        return ["the config has no batch sizes to compare with"]
+    as_lists = [[list(b) if isinstance(b, Sequence) else b for b in bins]
+                for bins in (found_bins, shipped_bins)]  # fmt: skip
+    if as_lists[0] != as_lists[1]:
+        return [f"other buckets: {as_lists[0]} against the config's {as_lists[1]}"]
+    return [
+        f"bucket {edge}: batch size {new} (the config's {old})"
+        for edge, new, old in zip(
+            as_lists[0], found["bucket_batch_size"], shipped["bucket_batch_size"], strict=True
+        )
+        if new != old
+    ]
+
+
 # --- memory sizes ------------------------------------------------------------------------
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -468,9 +488,16 @@ def main(argv: list[str] | None = None) -> None:
     if lattice is not None:
         comment += f"\ntransducer lattice: {lattice}"
         log.info("transducer lattice: %s", lattice)
-    write_bins(args.output, sampler_keys(final, is_2d), comment)
+    keys = sampler_keys(final, is_2d)
+    write_bins(args.output, keys, comment)
     console.print(summary_table(final))
     print(f"{len(final)} buckets -> {args.output}")
+    shipped = OmegaConf.to_container(cfg.data.sampler, resolve=True)
+    if shipped.get("bucket_batch_size") is not None:  # a preset's (batches=...) or given
+        differences = plan_differences(keys, shipped)
+        print("against the config's data.sampler (its preset's shipped batches):")
+        for line in differences or ["the same buckets and batch sizes"]:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

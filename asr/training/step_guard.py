@@ -10,7 +10,8 @@ the same decision and none is left waiting in a collective:
 - it is skipped when no rank had a usable utterance;
 - the run stops when more than `max_skipped_fraction` of an epoch's cuts were unusable
   (`SkipBudget`): checked once `MIN_CUTS_MID_EPOCH` cuts have been seen, and at the end of
-  the epoch, so that a wrong corpus path or tokenizer does not cost a whole epoch.
+  the epoch; and at once when the run's first `FIRST_STEPS_ALL_UNUSABLE` optimizer steps
+  had no usable cut, so that a wrong corpus path or tokenizer costs seconds, not an epoch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from asr.errors import InputFault
 from asr.frames import FRAMES_PER_SECOND
 
 MIN_CUTS_MID_EPOCH = 2000
+# A run (fresh or resumed) stops when its first this many optimizer steps had no usable cut
+# on any rank: a wrong directory or tokenizer, not a few bad files (which would have to fill
+# every batch of these steps).
+FIRST_STEPS_ALL_UNUSABLE = 3
 
 
 class TrainingStopped(InputFault):
@@ -73,9 +78,11 @@ class StepTally:
     nonfinite_loss: bool = False
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> cuts
     cut_ids: list[str] = field(default_factory=list)
+    first_fault: str = ""  # the first unusable cut and why
 
     def add(self, batch: Batch, loss: torch.Tensor | None) -> None:
         self.utterances += len(batch)
+        self.first_fault = self.first_fault or batch.first_fault
         self.audio_seconds += float(batch.feature_lens.sum()) / FRAMES_PER_SECOND
         self.cut_ids += batch.cut_ids
         for reason, cut_ids in batch.skipped.items():
@@ -179,6 +186,11 @@ class SkipBudget:
     def __init__(self, max_fraction: float) -> None:
         self.max_fraction = max_fraction
         self.start_epoch()
+        # since this process started (not saved: a resumed run judges its own start)
+        self.run_steps = 0
+        self.run_used = 0
+        self.run_skipped = 0
+        self.first_fault = ""  # this rank's first unusable cut and why
 
     def start_epoch(self) -> None:
         self.used = 0
@@ -202,10 +214,15 @@ class SkipBudget:
         self.used = state.get("used", 0)
         self.skipped.update(state.get("skipped", {}))
 
-    def add(self, totals: StepTotals) -> None:
+    def add(self, totals: StepTotals, first_fault: str = "") -> None:
+        """Count one step's totals; `first_fault` is this rank's first unusable cut in it."""
         self.used += totals.utterances
         for reason, n in totals.skipped.items():
             self.skipped[reason] += n
+        self.run_steps += 1
+        self.run_used += totals.utterances
+        self.run_skipped += sum(totals.skipped.values())
+        self.first_fault = self.first_fault or first_fault
 
     @property
     def seen(self) -> int:
@@ -218,6 +235,14 @@ class SkipBudget:
     def check(self, epoch_end: bool = False) -> None:
         """Raise `TrainingStopped` when too large a fraction was skipped (mid-epoch only
         once `MIN_CUTS_MID_EPOCH` cuts were seen, to judge on a fair sample)."""
+        if self.run_used == 0 and self.run_steps >= FIRST_STEPS_ALL_UNUSABLE:
+            first = f"; the first: {self.first_fault}" if self.first_fault else ""
+            raise TrainingStopped(
+                f"the first {self.run_skipped} cuts of this run ({self.run_steps} steps) were "
+                f"all unusable{first}. "
+                "Check the manifests' paths (relative ones are read from the working "
+                "directory), the audio files and the tokenizer."
+            )
         seen = self.seen
         if not epoch_end and seen < MIN_CUTS_MID_EPOCH:
             return

@@ -44,7 +44,7 @@ from asr.training.loggers import build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import Objective, build_objective, first_full_loss_step
 from asr.training.optimizer import OptimConfig, optim_config
-from asr.training.precision import enlarge_onednn_cache, resolve_precision
+from asr.training.precision import emulated_bf16, enlarge_onednn_cache, resolve_precision
 from asr.training.step_guard import FaultConfig
 from asr.training.step_times import StepTimes
 
@@ -104,6 +104,12 @@ def build(cfg: DictConfig) -> Built:
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision = resolve_precision(trainer_cfg.pop("precision"), trainer_cfg["accelerator"])
     log.info("precision: %s", precision)
+    if emulated_bf16(precision, trainer_cfg["accelerator"]):
+        log.warning(
+            "trainer.precision=%s on a CPU without AVX512-BF16 or AMX: bf16 is emulated, "
+            "slower than 32-true, and oneDNN's LSTM may refuse it",
+            precision,
+        )
     facts = training_facts(cfg, trainer_cfg, objective, model, optim)
     parallel = setup_distributed(distributed, facts)
     trainer_cfg["strategy"] = parallel.strategy

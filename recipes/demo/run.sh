@@ -13,15 +13,21 @@
 # Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 bins, 5 batch-sizes, 6 train,
 # 7 decode, 8 export, 9 transcribe, 10 plots. Each stage skips work already done, so re-running is
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
-# -- trainer.max_epochs=2. BATCH_MEMORY is the memory one training step may use; stage 5
-# finds each bucket's batch size under it for the experiment's model, in the precision it
-# trains in (remove exp/<experiment>/batch_sizes.yaml to search again). Without BATCH_MEMORY
-# the batches are those that fit 180MiB in fp32 whatever the training precision (20-35 s of
-# audio): the demo's learning-rate schedule and epochs are tuned for those updates (a larger
-# budget gives fewer, larger updates and a worse model after 8 epochs), and a bf16 search gives
-# batches a few cuts apart from run to run. EXPERIMENT picks
-# the Hydra preset (default demo; demo_stateless, demo_aed_deep, demo_aed_flash), EXP its directory
-# (exp/<experiment>).
+# -- trainer.max_epochs=2.
+#
+# Batches: each demo preset ships its buckets and batch sizes (asr/configs/batches/, picked by
+# the preset), and training uses them, so that the demo takes the same steps, and gives the
+# same WER, on every machine; stages 4-5 then only say so. BATCH_SEARCH=1 estimates the
+# buckets from this corpus (stage 4, data/demo/bins.yaml) and searches the batch sizes on this
+# machine (stage 5, exp/<experiment>/batch_sizes.yaml; remove it to search again), prints
+# where they differ from the shipped ones, and trains with them. BATCH_MEMORY, the memory one
+# training step may use, implies BATCH_SEARCH=1 and sizes the batches in the training's
+# precision; without it the search uses the shipped sets' budget, 180MiB in fp32. The demo's
+# learning-rate schedule and epochs are tuned for the shipped batches: larger ones give fewer
+# updates and a worse model in the same epochs.
+#
+# EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_aed_deep,
+# demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
 
 stage=0
@@ -31,22 +37,25 @@ experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
 train_hours=${TRAIN_HOURS:-2}
 batch_memory=${BATCH_MEMORY:-}
+batch_search=${BATCH_SEARCH:-}
+[[ -n $batch_memory ]] && batch_search=1
+[[ $batch_search == 0 ]] && batch_search=
 
 names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe plots)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
-if run 2 || run 4 || [[ -n $dry_run ]]; then
-  # The tokenizer is the experiment's data.tokenizer (asr/configs/data/demo.yaml), whose name
-  # bpe<N>.model gives the vocabulary size: the config is the one place for both.
-  tokenizer=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
-    --cfg job --resolve -p data.tokenizer)
-  vocab_size=$(basename "$tokenizer" .model)
-  vocab_size=${vocab_size#bpe}
-  [[ $vocab_size =~ ^[0-9]+$ ]] || {
-    echo "data.tokenizer=$tokenizer: expected a name bpe<vocabulary size>.model" >&2; exit 2; }
-fi
+# The experiment's config, resolved with the overrides before any stage runs (a real run and
+# a dry run alike), so that a mistyped key fails at once. The tokenizer is its
+# data.tokenizer (asr/configs/data/demo.yaml), whose name bpe<N>.model gives the vocabulary
+# size: the config is the one place for both.
+tokenizer=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+  --cfg job --resolve -p data.tokenizer)
+vocab_size=$(basename "$tokenizer" .model)
+vocab_size=${vocab_size#bpe}
+[[ $vocab_size =~ ^[0-9]+$ ]] || {
+  echo "data.tokenizer=$tokenizer: expected a name bpe<vocabulary size>.model" >&2; exit 2; }
 end_dry_run "experiment: $experiment, data: $data, exp: $exp, tokenizer: $tokenizer"
 
 if run 0; then say 0
@@ -68,27 +77,34 @@ if run 3; then say 3
 fi
 bins=$data/bins.yaml
 batch_sizes=$exp/batch_sizes.yaml
+batches_args=()  # the preset's shipped batches, unless searched
+[[ -n $batch_search ]] && batches_args=(data.sampler.bins_file="$batch_sizes")
+shipped="the buckets and batch sizes that experiment=$experiment ships (asr/configs/batches/)"
 if run 4; then say 4
-  if [[ -f $bins ]]; then echo "$bins exists"; else
+  if [[ -z $batch_search ]]; then echo "training uses $shipped; BATCH_SEARCH=1 estimates them"
+  elif [[ -f $bins ]]; then echo "$bins exists"; else
     # 6 duration bins x 2 token bins of equal totals, per-bucket tokens-per-second limits
     asr-estimate-bins "$(cuts train-clean-100)" --tokenizer "$tokenizer" \
       --num-buckets 6 --num-token-buckets 2 -o "$bins"
   fi
 fi
 if run 5; then say 5
-  if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
+  if [[ -z $batch_search ]]; then echo "training uses $shipped; BATCH_SEARCH=1 searches them"
+  elif [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
     probe_args=()
     if [[ -z $batch_memory ]]; then
       batch_memory=180MiB
-      probe_args=(trainer.precision=32-true)  # the recipe's reference batches (see the top)
+      probe_args=(trainer.precision=32-true)  # the shipped sets' budget (see the top)
     fi
+    # it prints where its batch sizes differ from the shipped ones
     asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" "${probe_args[@]}" \
       --bins-file "$bins" --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
   fi
 fi
 if run 6; then say 6
-  asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" \
-    data.sampler.bins_file="$batch_sizes" "${train_args[@]}"
+  # run_test=false: stage 7 decodes the test set
+  asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" run_test=false \
+    "${batches_args[@]}" "${train_args[@]}"
 fi
 if run 7; then say 7
   asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" -o "$exp/decode-test-clean"
@@ -110,7 +126,13 @@ if run 9; then say 9
 fi
 if run 10; then say 10
   asr-plot training "$exp" -o "$exp/training.png"
-  asr-plot bins "$batch_sizes" --cuts "$(cuts train-clean-100)" -o "$exp/bins.png"
+  plan=$batch_sizes
+  if [[ -z $batch_search ]]; then  # the shipped buckets, as the training's config holds them
+    plan=$exp/batches.yaml
+    asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
+      --cfg job --resolve -p data.sampler > "$plan"
+  fi
+  asr-plot bins "$plan" --cuts "$(cuts train-clean-100)" -o "$exp/bins.png"
 fi
 if [[ -f $exp/decode-test-clean/wer.json ]]; then
   printf '\nTest WER (test-clean of the demo corpus): %s%%\n' \

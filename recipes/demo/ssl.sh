@@ -26,8 +26,8 @@
 # SEED reuses the pre-trained encoders). The from-scratch baseline gets the same steps and
 # the better (by dev WER) of SCRATCH_LRS. Extra arguments after "--" go to every
 # asr-train of stages 2 and 4 (Hydra overrides); PRETRAIN_ARGS and FINETUNE_ARGS
-# (space-separated overrides) to those of one stage. BATCH_SIZES: the fine-tuning's
-# batches (default run.sh's exp/demo/batch_sizes.yaml; empty: the preset's sampler).
+# (space-separated overrides) to those of one stage. BATCH_SIZES: a batch-size file for the
+# fine-tuning (default none: experiment=demo's shipped batches, asr/configs/batches/demo.yaml).
 # Each stage skips what is already done.
 set -euo pipefail
 
@@ -52,7 +52,7 @@ parse_stages "$@"
 here=$(dirname "$0")
 manifests=$data/manifests
 subset=$exp/subset/train-clean-100-feats-$fraction-seed$subset_seed.jsonl.gz
-batch_sizes=${BATCH_SIZES-exp/demo/batch_sizes.yaml}  # run.sh's stage 5, for experiment=demo
+batch_sizes=${BATCH_SIZES:-}
 bins_args=(); [[ -n $batch_sizes ]] && bins_args=(data.sampler.bins_file="$batch_sizes")
 read -ra pretrain_args <<< "${PRETRAIN_ARGS:-}"
 read -ra finetune_args <<< "${FINETUNE_ARGS:-}"

@@ -149,16 +149,24 @@ if run 7; then say 7
 fi
 # the model decoded and exported: the average of epochs EPOCH-AVG+1..EPOCH (as many as exist)
 last_epoch() {
+  [[ -d $exp/checkpoints ]] || return 0
   find "$exp/checkpoints" -name 'epoch=*.ckpt' | sed 's/.*epoch=\([0-9]*\)\.ckpt/\1/' | sort -n | tail -n 1
 }
-model_args() {
+# Sets `pick` to asr-decode/asr-export's --epoch/--avg arguments; exits when there is no
+# epoch to pick.
+pick_model() {
   local epoch=${EPOCH:-$(last_epoch)}
+  if [[ -z $epoch ]]; then
+    echo "no epoch checkpoint (epoch=NN.ckpt) in $exp/checkpoints: run the train stage first, or set EXP" >&2
+    exit 1
+  fi
+  [[ $epoch =~ ^[0-9]+$ ]] || { echo "EPOCH must be a number, not '$epoch'" >&2; exit 2; }
   epoch=$((10#$epoch))
   local n=$(( avg < epoch + 1 ? avg : epoch + 1 ))
-  echo "--epoch $epoch --avg $n"
+  pick=(--epoch "$epoch" --avg "$n")
 }
 if run 8; then say 8
-  read -ra pick <<< "$(model_args)"
+  pick_model
   for p in "${test_parts[@]}"; do
     for b in 1 "$beam"; do
       asr-decode "$exp/checkpoints" "$(cuts "$p")" "${pick[@]}" --beam-size "$b" \
@@ -167,11 +175,11 @@ if run 8; then say 8
   done
 fi
 if run 9; then say 9
-  read -ra pick <<< "$(model_args)"
+  pick_model
   asr-export "$exp/checkpoints" "${pick[@]}" -o "$exp/model.bundle.pt"
 fi
 if run 10; then say 10
-  read -ra pick <<< "$(model_args)"
+  pick_model
   python - "$exp" "${pick[*]}" "$beam" "${test_parts[@]}" <<'EOF'
 import json
 import sys

@@ -13,6 +13,7 @@ from asr.data.bins import (
     main,
     read_bins,
     token_sub_bins,
+    write_bins,
 )
 from asr.data.buckets import SamplerConfig, build_sampler
 from asr.data.synthetic_cuts import synthetic_cuts
@@ -185,3 +186,26 @@ def test_a_cut_beyond_the_last_bin_is_dropped_as_such_even_with_per_bin_tps_limi
     short_fast = MonoCut(id="short", start=0, duration=1.0, channel=0, custom={"num_tokens": 9})
     assert cut_filter.reason(long_fast) == "beyond the last bucket"
     assert cut_filter.reason(short_fast) == "tokens per second above max_tps"
+
+
+def test_a_bins_file_replaces_the_configs_buckets(tmp_path) -> None:
+    """A preset's shipped buckets (`batches=demo`) give way to a bins file, whole: its bins,
+    its batch sizes (none here: max_duration batches), and a per-bucket max_tps with them;
+    a single max_tps stays unless the file has its own."""
+    out = tmp_path / "bins.yaml"
+    write_bins(out, {"bucket_duration_bins": [2.0, 5.0]}, "by hand")
+    shipped = {
+        "bucket_duration_bins": [[3.0, 30], [8.0, 80]],
+        "bucket_batch_size": [9, 4],
+        "max_tps": [12.0, 12.5],
+    }
+    cfg = SamplerConfig.from_mapping({**shipped, "bins_file": str(out)})
+    assert cfg.bucket_duration_bins == (2.0, 5.0)
+    assert cfg.bucket_batch_size is None and cfg.max_tps is None
+    cfg = SamplerConfig.from_mapping({"max_tps": 14.0, "bins_file": str(out)})
+    assert cfg.max_tps == 14.0
+    write_bins(out, {"bucket_duration_bins": [2.0, 5.0], "max_tps": [13.0, 11.0]}, "by hand")
+    assert SamplerConfig.from_mapping({"max_tps": 14.0, "bins_file": str(out)}).max_tps == (
+        13.0,
+        11.0,
+    )

@@ -174,6 +174,19 @@ def test_corrupt_or_missing_stored_features_are_skipped_as_unreadable(
     ]
     assert batch.cut_ids == [stored[2].id]
     assert batch.skipped == {"unreadable audio": [stored[0].id, stored[1].id]}
+    assert batch.first_fault.startswith(f"cut {stored[0].id}: unreadable (")
+
+
+def test_an_unreadable_relative_path_names_the_directory_it_was_read_from(
+    dev_cuts: CutSet, tokenizer, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    cut = _with_audio_file(dev_cuts[0], Path("audio/gone.flac"), "gone")
+    batch = AsrDataset(tokenizer)[CutSet.from_cuts([cut, dev_cuts[1]])]
+    assert batch.cut_ids == [dev_cuts[1].id] and batch.skipped == {"unreadable audio": ["gone"]}
+    assert batch.first_fault.startswith("cut gone: unreadable (")
+    relative = f"a relative path, read from the working directory {tmp_path})"
+    assert batch.first_fault.endswith(f"'audio/gone.flac' failed.; {relative}")
 
 
 def test_a_wrong_sample_rate_stops_instead_of_skipping(dev_cuts: CutSet, tokenizer) -> None:

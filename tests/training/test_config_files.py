@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from asr.config_keys import ConfigError
+from asr.data.buckets import SamplerConfig
 from asr.training.config_files import CONFIG_DIR, FILES, generate, main
 from asr.training.config_render import NOTE, ConfigFile, Part, key_docs, render
 from asr.training.distributed.savers.adpsgd import DecentralizedConfig
@@ -24,7 +25,9 @@ HAND_WRITTEN = sorted(
     if str(path.relative_to(CONFIG_DIR)) not in GENERATED
 )
 PRESETS = [path for path in HAND_WRITTEN if path.startswith("experiment/")]
-ADJUSTMENTS = [path for path in HAND_WRITTEN if not path.startswith("experiment/")]
+# Shipped buckets and batch sizes (`batches=...`): searched data, not defaults.
+BATCH_PLANS = [path for path in HAND_WRITTEN if path.startswith("batches/")]
+ADJUSTMENTS = [path for path in HAND_WRITTEN if path not in PRESETS + BATCH_PLANS]
 
 
 def test_the_committed_files_are_as_generated(tmp_path: Path) -> None:
@@ -169,6 +172,24 @@ def test_a_preset_only_overrides(path: str) -> None:
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         base = OmegaConf.to_container(hydra.compose("train", overrides=groups))
     assert restated(preset, base) == []
+
+
+@pytest.mark.parametrize("path", BATCH_PLANS)
+def test_a_batch_plan_is_a_sampler_bins_file(path: str) -> None:
+    """`batches/*.yaml`: Hydra places its keys at `data.sampler`; they are the keys a bins file
+    holds, and the sampler reads them as one (so `asr-plot bins` and `bins_file=` take it)."""
+    text = (CONFIG_DIR / path).read_text()
+    assert text.startswith("# @package data.sampler\n")
+    keys = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / path))
+    assert set(keys) == {"bucket_duration_bins", "bucket_batch_size", "max_tps"}
+    config = SamplerConfig.from_mapping({"bins_file": str(CONFIG_DIR / path)})
+    assert len(config.bucket_batch_size) == len(config.bucket_duration_bins) == len(keys["max_tps"])
+    users = [
+        p
+        for p in PRESETS
+        if f"override /batches: {Path(path).stem}" in (CONFIG_DIR / p).read_text()
+    ]
+    assert users, f"no preset picks {path}"
 
 
 def test_the_gossip_keys_share_their_defaults() -> None:

@@ -20,6 +20,7 @@ from asr.training.oomptimizer import (
     cpu_probe,
     merge_equal_sizes,
     parse_memory_size,
+    plan_differences,
     search_bucket,
     search_buckets,
 )
@@ -450,3 +451,17 @@ def test_cli_sizes_pre_training_batches_by_duration_alone(
         oomptimizer.main([*TINY_SSL, f"data_dir={tmp_path}", "--buckets", "[[2, 20]]", *args[2:]])
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert "model.kind=ssl pre-trains on audio alone: give 1D bins" in line
+
+
+def test_plan_differences_name_each_bucket_that_differs() -> None:
+    shipped = {"bucket_duration_bins": [[3.0, 30], [8.0, 80]], "bucket_batch_size": [9, 4]}
+    assert plan_differences(dict(shipped), shipped) == []
+    found = {"bucket_duration_bins": [(3.0, 30), (8.0, 80)], "bucket_batch_size": [11, 4]}
+    assert plan_differences(found, shipped) == ["bucket [3.0, 30]: batch size 11 (the config's 9)"]
+    other = {"bucket_duration_bins": [2.0, 9.0], "bucket_batch_size": [9, 4]}
+    assert plan_differences(other, shipped) == [
+        "other buckets: [2.0, 9.0] against the config's [[3.0, 30], [8.0, 80]]"
+    ]
+    assert plan_differences(found, {"bucket_duration_bins": None}) == [
+        "the config has no batch sizes to compare with"
+    ]

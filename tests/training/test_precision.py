@@ -1,11 +1,11 @@
-"""`trainer.precision: auto` follows the hardware's bf16 support."""
+"""`trainer.precision: auto`: bf16 on GPUs that compute it, float32 on every CPU."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from asr.training.precision import device_type, native_bf16, resolve_precision
+from asr.training.precision import device_type, emulated_bf16, native_bf16, resolve_precision
 
 
 def cpu_flags() -> set[str]:
@@ -18,11 +18,26 @@ def cpu_flags() -> set[str]:
     pytest.skip("/proc/cpuinfo lists no flags")
 
 
-def test_auto_is_bf16_exactly_on_cpus_with_bf16_instructions():
+def test_native_bf16_follows_the_cpu_flags_and_the_isa_limits(monkeypatch) -> None:
     flags = cpu_flags()
-    assert native_bf16("cpu") == bool({"avx512_bf16", "amx_bf16", "amx_tile"} & flags)
-    expected = "bf16-mixed" if native_bf16("cpu") else "32-true"
-    assert resolve_precision("auto", "cpu") == expected
+    has_bf16 = bool({"avx512_bf16", "amx_bf16", "amx_tile"} & flags)
+    for variable in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(variable, raising=False)
+    assert native_bf16("cpu") == has_bf16
+    assert emulated_bf16("bf16-mixed", "cpu") == (not has_bf16)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # the no-AVX-512 path of any x86 CPU
+    assert not native_bf16("cpu") and emulated_bf16("bf16-mixed", "cpu")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert not native_bf16("cpu")
+    assert not emulated_bf16("32-true", "cpu")
+
+
+def test_auto_is_fp32_on_every_cpu() -> None:
+    """A CPU run's precision must not depend on the CPU (the demo's WER would)."""
+    assert resolve_precision("auto", "cpu") == "32-true"
+    expected = "bf16-mixed" if native_bf16("cuda") else "32-true"
+    assert resolve_precision("auto", "gpu") == expected
 
 
 def test_explicit_precisions_pass_through():

@@ -1,4 +1,5 @@
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from asr.data.corpus import load_cuts, open_cuts
 from asr.data.dataset import SKIP_REASONS, UNREADABLE
 from asr.data.tokenizer import Tokenizer
 from asr.training.step_guard import (
+    FIRST_STEPS_ALL_UNUSABLE,
     MIN_CUTS_MID_EPOCH,
     FaultConfig,
     NonFiniteGuard,
@@ -67,6 +69,22 @@ def test_skip_budget_state_carries_an_unfinished_epoch_only() -> None:
     next_epoch = SkipBudget(max_fraction=0.05)
     next_epoch.load_state_dict(budget.state_dict())
     assert next_epoch.seen == 0
+
+
+def test_a_run_whose_first_steps_had_no_usable_cut_stops_at_once() -> None:
+    budget = SkipBudget(max_fraction=0.05)
+    for step in range(FIRST_STEPS_ALL_UNUSABLE - 1):
+        budget.add(totals(0, unreadable_audio=4), "cut a: unreadable (gone.flac)" if step else "")
+        budget.check()  # not yet
+    budget.add(totals(0, empty_transcript=2), "cut b: empty transcript")
+    first = re.escape("the first: cut a: unreadable (gone.flac)")
+    with pytest.raises(TrainingStopped, match=rf"first 10 cuts of this run \(3 steps\).*{first}"):
+        budget.check()
+    started = SkipBudget(max_fraction=0.05)  # one usable cut first: judged by the fraction
+    started.add(totals(1))
+    for _ in range(2 * FIRST_STEPS_ALL_UNUSABLE):
+        started.add(totals(0, unreadable_audio=4))
+        started.check()
 
 
 def test_nonfinite_guard_stops_after_k_in_a_row_only() -> None:
@@ -231,6 +249,38 @@ def test_asr_train_ends_its_own_stop_with_one_line(skip_budget_run) -> None:
     debug = asr_train(skip_budget_run["command"]("debug"), ASR_DEBUG="1")
     assert debug.returncode == 1
     assert "Traceback" in debug.stderr and f"TrainingStopped: {stop}" in debug.stderr
+
+
+@pytest.mark.slow
+def test_relative_paths_read_from_elsewhere_stop_at_once_naming_the_directory(
+    train_overrides, feature_manifests, tmp_path: Path
+) -> None:
+    """A manifest with paths relative to the corpus, trained from another directory: every
+    cut is unreadable, and the run stops within its first steps in one line that names the
+    first path and the directory it was read from (not after MIN_CUTS_MID_EPOCH cuts)."""
+    cuts = list(load_cuts(feature_manifests[TRAIN]))
+    corpus = Path(cuts[0].features.storage_path).parent
+    relative = [
+        replace(c, features=replace(c.features, storage_path=Path(c.features.storage_path).name))
+        for c in cuts
+    ]
+    manifest = tmp_path / "relative.jsonl.gz"
+    CutSet.from_cuts(relative).to_file(manifest)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    args = [*train_overrides(tmp_path / "exp"), "experiment=demo", f"data.train_cuts=[{manifest}]"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [str(ASR_TRAIN), *args, "run_test=false"],
+        capture_output=True, text=True, env=env, cwd=elsewhere, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("asr-train: error: the first ") and "were all unusable" in line
+    assert relative[0].features.storage_path in line and str(corpus) not in line
+    assert f"read from the working directory {elsewhere}" in line
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "exp" / "checkpoints" / "epoch=00.ckpt").exists()
 
 
 def kill_after_first_checkpoint(command: list[str], last: Path) -> None:
