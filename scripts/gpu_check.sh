@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run scripts/gpu_check.py on a GPU machine that reaches no package registry.
+# Run scripts/gpu_check.py, or the demo recipe, on a GPU machine that reaches no package registry.
 #
 #   scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR [ARGS...]
+#   scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR --demo [RUN_SH_ARGS...]
 #
 # The machine's own Python (PYTHON, default python3; 3.12 on the GPU image) already holds torch,
 # torchaudio, Triton, Lightning, sentencepiece, numpy, matplotlib, onnx and onnxruntime. This
@@ -9,6 +10,8 @@
 # WHEELS_DIR (made online by scripts/prepare_gpu_wheels.sh) only the distributions that are not
 # installed yet, installs this checkout in editable mode, checks the imports the GPU check
 # needs, and runs `python scripts/gpu_check.py ARGS...` in the venv, exiting with its code.
+# With --demo it runs `recipes/demo/run.sh RUN_SH_ARGS...` there instead (make demo on the GPU:
+# DEVICE=auto picks it; logger=csv is added, as the image has no W&B).
 # Nothing is downloaded and nothing of the image is changed: pip runs with --no-index and
 # --no-deps and writes into the venv only. A re-run reuses the venv and installs nothing new.
 # With network access, `make gpu-check` is the ordinary path.
@@ -18,10 +21,12 @@ me=gpu_check.sh
 usage() {
     cat <<'EOF'
 usage: scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR [ARGS...]
+       scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR --demo [RUN_SH_ARGS...]
   Offline GPU check on the machine's own Python (default python3, 3.12 on the GPU image):
   a venv .venv-gpu-check with --system-site-packages, the missing packages from WHEELS_DIR
-  (made online by scripts/prepare_gpu_wheels.sh), then scripts/gpu_check.py ARGS...
-  With network access, use `make gpu-check` instead.
+  (made online by scripts/prepare_gpu_wheels.sh), then scripts/gpu_check.py ARGS...; with
+  --demo, recipes/demo/run.sh RUN_SH_ARGS... (the demo on the GPU, W&B off).
+  With network access, use `make gpu-check` (and `make demo`) instead.
 EOF
 }
 die() { echo "$me: $*" >&2; exit 1; }
@@ -44,6 +49,8 @@ fi
 (($#)) || { usage >&2; exit 2; }
 wheels_arg=$1
 shift
+demo=
+if [[ ${1:-} == --demo ]]; then demo=1; shift; fi
 wheels=$(cd "$wheels_arg" 2>/dev/null && pwd) \
     || die "wheel folder $wheels_arg not found (make it with scripts/prepare_gpu_wheels.sh $wheels_arg)"
 
@@ -178,11 +185,12 @@ else
 fi
 
 # The imports the GPU check needs; name the first missing module clearly.
-"$py" - <<'EOF' || die "imports failed (see above): the image lacks that package, or prepare_gpu_wheels.sh must add its wheel"
+"$py" - ${demo:+demo} <<'EOF' || die "imports failed (see above): the image lacks that package, or prepare_gpu_wheels.sh must add its wheel"
 import importlib, sys, traceback
 
+demo = sys.argv[1:] == ["demo"]  # the demo synthesizes its corpus with espeak-ng
 for module in ("asr.training.train", "asr.training.oomptimizer", "asr.decoding.search",
-               "lhotse", "hydra", "jiwer"):
+               "lhotse", "hydra", "jiwer", *(["asr.demo.synth", "espeakng_loader"] if demo else [])):
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -195,6 +203,12 @@ for module in ("asr.training.train", "asr.training.oomptimizer", "asr.decoding.s
 EOF
 echo "$me: environment ready in $((SECONDS - start)) s"
 
-[[ -f scripts/gpu_check.py ]] || die "scripts/gpu_check.py not found in $root"
 export VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH
+if [[ -n $demo ]]; then
+    args=("$@")
+    for i in "${!args[@]}"; do [[ ${args[$i]} == -- ]] && { args+=(logger=csv); break; }; done
+    [[ " ${args[*]} " == *" logger=csv "* ]] || args+=(-- logger=csv)
+    exec bash recipes/demo/run.sh "${args[@]}"
+fi
+[[ -f scripts/gpu_check.py ]] || die "scripts/gpu_check.py not found in $root"
 exec "$py" scripts/gpu_check.py "$@"

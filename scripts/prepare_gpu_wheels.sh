@@ -10,8 +10,9 @@
 # listed below, downloaded here for Linux x86-64 (manylinux) and the target CPython, each with
 # --no-deps, so the set is exactly this list and nothing the image has is pulled in again.
 # gpu_check.sh installs only those whose distribution the image lacks.
-# Not here on purpose: wandb and espeakng-loader (the check uses neither), torch and the rest
-# of the image (large; already there).
+# espeakng-loader is here for the demo on the GPU (gpu_check.sh --demo synthesizes its corpus).
+# Not here on purpose: wandb (neither uses it), torch and the rest of the image (large;
+# already there).
 #
 # DIR (default .gpu-wheels, kept out of git) receives the wheels and MANIFEST.txt: a header
 # naming the target Python, then one line per wheel with the reason it is there. Existing
@@ -68,6 +69,7 @@ wheels=(
     "$(pinned soundfile)|pyproject pin: audio I/O (bundles libsndfile; lhotse reads audio with it)"
     "$(pinned rich)|pyproject pin: oomptimizer console and Lightning's rich progress bar"
     "$(pinned pyyaml)|pyproject pin: bins and batch-size files, omegaconf (image has it via Lightning: skipped there)"
+    "$(pinned espeakng-loader)|pyproject pin: espeak-ng for the demo's corpus (gpu_check.sh --demo)"
     # --- what those need and the image lacks ---
     "rapidfuzz==3.14.6|jiwer 4 needs rapidfuzz>=3.9.7 (manylinux_2_28 wheel)"
     "click==8.5.1|jiwer needs click>=8.1.8, lhotse click>=7.1.1"

@@ -169,3 +169,27 @@ def test_each_later_stage_starts_alone_and_fails_only_on_what_is_missing(
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1]
             assert str(work) in last or "no epoch checkpoint" in last, (stage, last)
+
+
+@pytest.mark.slow
+def test_the_demo_picks_its_device(tmp_path: Path) -> None:
+    """DEVICE=cuda (what DEVICE=auto picks where torch sees a GPU) trains the demo preset on one
+    GPU, DEVICE=cpu on the CPU: the same shipped batches and schedule, the precision `auto`
+    resolves per device. Rehearsed here, on any machine, by the config stage 6 would train
+    with."""
+    root = _checkout(tmp_path, venv=True)
+    args = ("--stage", "train", "--stop-stage", "train", "--", "--cfg", "job", "-p", "")
+    shipped = yaml.safe_load((CONFIG_DIR / "batches" / "demo.yaml").read_text())
+    for device, accelerator in (("cuda", "gpu"), ("cpu", "cpu")):
+        done = _recipe(root, "demo/run.sh", *args, DEVICE=device)
+        assert done.returncode == 0, done.stderr[-3000:]
+        config = yaml.safe_load(_stdout_after_banner(done))
+        trainer = config["trainer"]
+        assert (trainer["accelerator"], trainer["devices"], trainer["precision"]) == (
+            accelerator,
+            1,
+            "auto",
+        )
+        assert config["data"]["sampler"]["bucket_batch_size"] == shipped["bucket_batch_size"]
+    done = _recipe(root, "demo/run.sh", "--dry-run", DEVICE="tpu")
+    assert done.returncode == 2 and "DEVICE must be auto, cpu or cuda, not 'tpu'" in done.stderr

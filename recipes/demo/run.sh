@@ -15,16 +15,22 @@
 # cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2.
 #
+# Device: DEVICE=auto (the default) trains and decodes on the GPU where torch sees one, else
+# on the CPU; cpu or cuda to choose. Either way the preset's batches and schedule, so a GPU
+# takes the same steps as a CPU, each much faster: fp32 on every CPU (every CPU gives the
+# same result), bf16 on a GPU (trainer.precision=auto).
+#
 # Batches: each demo preset ships its buckets and batch sizes (asr/configs/batches/, picked by
 # the preset), and training uses them, so that the demo takes the same steps, and gives the
 # same WER, on every machine; stages 4-5 then only say so. BATCH_SEARCH=1 estimates the
-# buckets from this corpus (stage 4, data/demo/bins.yaml) and searches the batch sizes on this
-# machine (stage 5, exp/<experiment>/batch_sizes.yaml; remove it to search again), prints
-# where they differ from the shipped ones, and trains with them. BATCH_MEMORY, the memory one
-# training step may use, implies BATCH_SEARCH=1 and sizes the batches in the training's
-# precision; without it the search uses the shipped sets' budget, 180MiB in fp32. The demo's
-# learning-rate schedule and epochs are tuned for the shipped batches: larger ones give fewer
-# updates and a worse model in the same epochs.
+# buckets from this corpus (stage 4, data/demo/bins.yaml) and searches the batch sizes on the
+# training device in the training's precision (stage 5, exp/<experiment>/batch_sizes.yaml;
+# remove it to search again), prints where they differ from the shipped ones, and trains with
+# them. BATCH_MEMORY is the memory one training step may use (setting it implies
+# BATCH_SEARCH=1; default 180MiB, the shipped sets' budget). The presets' learning-rate
+# schedules and epochs are tuned for their shipped batches: larger ones (a GPU holds
+# hundreds of these utterances) give fewer updates per epoch and a worse model in the same
+# epochs.
 #
 # EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_aed_deep,
 # demo_aed_flash), EXP its directory (exp/<experiment>).
@@ -33,8 +39,7 @@ set -euo pipefail
 stage=0
 stop_stage=10
 data=${DATA:-data/demo}
-experiment=${EXPERIMENT:-demo}
-exp=${EXP:-exp/$experiment}
+device=${DEVICE:-auto}
 train_hours=${TRAIN_HOURS:-2}
 batch_memory=${BATCH_MEMORY:-}
 batch_search=${BATCH_SEARCH:-}
@@ -44,19 +49,43 @@ batch_search=${BATCH_SEARCH:-}
 names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe plots)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
+if [[ $device == auto ]]; then  # torch (seconds to import) is asked only beside an NVIDIA driver
+  device=cpu
+  if [[ -e /proc/driver/nvidia/version ]]; then
+    device=$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
+  fi
+fi
+case $device in
+  cpu) accelerator=cpu ;;
+  cuda) accelerator=gpu ;;
+  *) echo "DEVICE must be auto, cpu or cuda, not '$device'" >&2; exit 2 ;;
+esac
+experiment=${EXPERIMENT:-demo}
+exp=${EXP:-exp/$experiment}
+device_args=(trainer.accelerator="$accelerator" trainer.devices=1)  # before the user's overrides
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 # The experiment's config, resolved with the overrides before any stage runs (a real run and
-# a dry run alike), so that a mistyped key fails at once. The tokenizer is its
-# data.tokenizer (asr/configs/data/demo.yaml), whose name bpe<N>.model gives the vocabulary
-# size: the config is the one place for both.
-tokenizer=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
-  --cfg job --resolve -p data.tokenizer)
+# a dry run alike), so that a mistyped key fails at once; `setting KEY` reads a key of it
+# (-p '' prints it whole whatever Hydra flags the overrides hold).
+config=$(asr-train experiment="$experiment" data_dir="$data" "${device_args[@]}" \
+  "${train_args[@]}" --cfg job --resolve -p '')
+setting() {
+  python -c 'import sys, yaml
+value = yaml.safe_load(sys.stdin)
+for key in sys.argv[1].split("."):
+    value = value.get(key) if isinstance(value, dict) else None
+print(value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None).strip())' \
+    "$1" <<< "$config"
+}
+# The tokenizer is data.tokenizer (asr/configs/data/demo.yaml), whose name bpe<N>.model gives
+# the vocabulary size: the config is the one place for both.
+tokenizer=$(setting data.tokenizer)
 vocab_size=$(basename "$tokenizer" .model)
 vocab_size=${vocab_size#bpe}
 [[ $vocab_size =~ ^[0-9]+$ ]] || {
   echo "data.tokenizer=$tokenizer: expected a name bpe<vocabulary size>.model" >&2; exit 2; }
-end_dry_run "experiment: $experiment, data: $data, exp: $exp, tokenizer: $tokenizer"
+end_dry_run "experiment: $experiment, device: $device, data: $data, exp: $exp, tokenizer: $tokenizer"
 
 if run 0; then say 0
   asr-make-demo-corpus "$data" --train-hours "$train_hours"
@@ -91,31 +120,26 @@ fi
 if run 5; then say 5
   if [[ -z $batch_search ]]; then echo "training uses $shipped; BATCH_SEARCH=1 searches them"
   elif [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
-    probe_args=()
-    if [[ -z $batch_memory ]]; then
-      batch_memory=180MiB
-      probe_args=(trainer.precision=32-true)  # the shipped sets' budget (see the top)
-    fi
     # it prints where its batch sizes differ from the shipped ones
-    asr-oomptimizer experiment="$experiment" data_dir="$data" "${train_args[@]}" "${probe_args[@]}" \
-      --bins-file "$bins" --memory-budget "$batch_memory" --device cpu -o "$batch_sizes"
+    asr-oomptimizer experiment="$experiment" data_dir="$data" "${device_args[@]}" "${train_args[@]}" \
+      --bins-file "$bins" --memory-budget "${batch_memory:-180MiB}" \
+      --device "$device" -o "$batch_sizes"
   fi
 fi
 if run 6; then say 6
   # run_test=false: stage 7 decodes the test set
   asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" run_test=false \
-    "${batches_args[@]}" "${train_args[@]}"
+    "${device_args[@]}" "${batches_args[@]}" "${train_args[@]}"
 fi
 if run 7; then say 7
-  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" -o "$exp/decode-test-clean"
+  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" --device "$device" \
+    -o "$exp/decode-test-clean"
 fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
   # A stateless predictor (EXPERIMENT=demo_stateless) is sherpa-onnx's: its ONNX graphs too
   # (docs/export.md; about 30 s more). Any model exports with asr-export --format onnx.
-  predictor=$(asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
-    --cfg job --resolve -p model.predictor.kind 2>/dev/null || true)
-  if [[ $predictor == stateless ]]; then
+  if [[ $(setting model.predictor.kind) == stateless ]]; then
     asr-export "$exp/checkpoints/last.ckpt" --format onnx -o "$exp/onnx"
   fi
 fi
@@ -129,8 +153,7 @@ if run 10; then say 10
   plan=$batch_sizes
   if [[ -z $batch_search ]]; then  # the shipped buckets, as the training's config holds them
     plan=$exp/batches.yaml
-    asr-train experiment="$experiment" data_dir="$data" "${train_args[@]}" \
-      --cfg job --resolve -p data.sampler > "$plan"
+    setting data.sampler > "$plan"
   fi
   asr-plot bins "$plan" --cuts "$(cuts train-clean-100)" -o "$exp/bins.png"
 fi
