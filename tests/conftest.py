@@ -159,6 +159,7 @@ def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") 
         "model.encoder.num_layers=2",
         "model.encoder.num_heads=2",
         "model.encoder.subsampling_factor=4",
+        "model.encoder.subsampling_channels=64",  # the tiny model's, whatever the demo's
         *model,
         "~batches",  # the demo's shipped buckets belong to the demo corpus, not this one
         "data.sampler.max_duration=10",
@@ -225,6 +226,7 @@ def trained_run(
     exp_dir = tmp_path_factory.mktemp("trained") / "exp"
     overrides = (
         "experiment=demo",
+        "~ema",  # the demo's EMA averages over its 7 epochs: after 45 steps, near the init
         f"trainer.max_epochs={TRAINED_EPOCHS}",
         "data.sampler.shuffle=false",
         "optim.lr=3e-3",

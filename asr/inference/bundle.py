@@ -215,11 +215,14 @@ def _save_atomically(obj: Any, output: Path) -> Path:
     return output
 
 
-def load_bundle(path: str | Path | list[Path]) -> tuple[Model, Tokenizer, dict[str, Any]]:
+def load_bundle(
+    path: str | Path | list[Path], ema: bool = False
+) -> tuple[Model, Tokenizer, dict[str, Any]]:
     """(model in eval mode, tokenizer, feature config) from a bundle, a training checkpoint,
-    or a list of checkpoints (their averaged weights)."""
+    or a list of checkpoints (their averaged weights); with `ema`, a checkpoint's EMA
+    weights (a bundle holds the weights it was exported with)."""
     if isinstance(path, list):
-        bundle = bundle_from_checkpoints(path)
+        bundle = bundle_from_checkpoints(path, ema)
         path = path[-1]
     else:
         path = Path(path)
@@ -228,11 +231,16 @@ def load_bundle(path: str | Path | list[Path]) -> tuple[Model, Tokenizer, dict[s
                 f"model file not found: {path} (made by asr-export or asr-train)"
             )
         if path.suffix == CHECKPOINT_SUFFIX:
-            bundle = bundle_from_checkpoints([path])
+            bundle = bundle_from_checkpoints([path], ema)
         else:
             bundle = _torch_load(path, weights_only=True)
     if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
         raise ValueError(f"{path} is neither an asr bundle nor an asr-train checkpoint")
+    if ema and not bundle.get("ema"):
+        raise ValueError(
+            f"{path} is a bundle of the trained weights: for the EMA, export a checkpoint "
+            "with asr-export --ema, or give the checkpoint"
+        )
     return model_from_bundle(bundle)
 
 

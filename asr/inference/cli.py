@@ -64,6 +64,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="best.ckpt (lowest dev WER; pre-training: lowest dev loss)",
     )
+    parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
 
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +116,14 @@ def _recognizer(
     if args.int8:
         raise ValueError("--int8 selects the int8 files of an ONNX export: give --onnx DIR")
     assert source is not None
-    return load_recognizer(source, args.device, args.beam_size, args.max_symbols_per_frame, windows)
+    return load_recognizer(
+        source,
+        args.device,
+        args.beam_size,
+        args.max_symbols_per_frame,
+        windows,
+        ema=getattr(args, "ema", False),
+    )
 
 
 def _split_model(args: argparse.Namespace, inputs: list[Path], needed: int) -> Path | None:
@@ -134,7 +142,6 @@ def export_main(argv: list[str] | None = None) -> None:
         "checkpoint", type=Path, help="a .ckpt, or a run's checkpoints/ (or exp) directory"
     )
     add_checkpoint_arguments(parser)
-    parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
     parser.add_argument(
         "--encoder-only",
         action="store_true",
@@ -319,6 +326,8 @@ def decode_main(argv: list[str] | None = None) -> None:
     args.model, args.manifest = model or args.onnx, inputs[0]
     if not 1 <= args.nbest <= args.beam_size:
         parser.error(f"--nbest {args.nbest} needs --beam-size of at least {args.nbest}")
+    if args.ema and args.onnx is not None:
+        parser.error("--ema picks a checkpoint's weights: export the ONNX graphs with --ema")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     source: Path | list[Path] = args.model
     name = f"decode-{args.manifest.name.split('.')[0]}"
@@ -327,6 +336,8 @@ def decode_main(argv: list[str] | None = None) -> None:
     elif args.epoch is not None or args.best or args.avg > 1:  # checkpoints, averaged
         source = select_checkpoints(args.model, args.epoch, args.avg, args.best)
         name += "-best" if args.best else f"-epoch{epoch_of(source[-1]):02d}-avg{len(source)}"
+    if args.ema:
+        name += "-ema"
     if args.beam_size > 1:
         name += f"-beam{args.beam_size}"
     if args.max_symbols_per_frame is not None:

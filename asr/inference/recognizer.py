@@ -164,12 +164,13 @@ def load_recognizer(
     beam_size: int = 1,
     max_symbols_per_frame: int | None = None,
     windows: WindowConfig | None = None,
+    ema: bool = False,
 ) -> Recognizer:
     """A `Recognizer` from a bundle (`asr-export`), a training checkpoint, or a list of
     checkpoints (their averaged weights, as `asr-export` would make them); `beam_size`
     above 1 decodes with beam search; `max_symbols_per_frame` (transducers) caps the
     tokens per encoder frame (None: the search's default); `windows`: how long
-    recordings are cut (`WindowConfig`)."""
-    model, tokenizer, features = load_bundle(path)
+    recordings are cut (`WindowConfig`); `ema`: a checkpoint's EMA weights."""
+    model, tokenizer, features = load_bundle(path, ema)
     options = default_options(model, beam_size, max_symbols_per_frame)
     return Recognizer(model, tokenizer, FeatureConfig(**features), device, options, windows)

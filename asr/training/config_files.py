@@ -74,7 +74,7 @@ FILES = (
   - logger: wandb_csv
   - distributed/compression: null  # dgc: Deep Gradient Compression (multi-process runs)
   - distributed/adascale: null  # enabled: AdaScale's learning-rate gain (momentum SGD)
-  - ema: null                   # scaled: EMA of the weights following the batch size
+  - ema: null                   # scaled (or demo): EMA of the weights following the batch size
   - experiment: null
 """,
         tail="""
@@ -204,6 +204,12 @@ hydra:
         "rho_t = decay ^ (B_t / reference_batch_seconds), B_t the step's seconds of audio over\n"
         "all ranks and accumulated micro-batches. Select with: asr-train ... ema=scaled",
         (Part(EmaConfig),),
+    ),
+    ConfigFile(
+        "ema/demo.yaml",
+        "ema/scaled with the demo's momentum (experiment=demo): an average over about 100\n"
+        "steps of 20-35 s of audio, for a run of 7 epochs. Without it: asr-train ... '~ema'",
+        (Part(EmaConfig, {"decay": 0.99, "reference_batch_seconds": 30.0}),),
     ),
 )
 

@@ -430,6 +430,40 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def _search_with_progress(
+    buckets: list[Bucket], probing: Any, args: argparse.Namespace, console: Console
+) -> list[BucketResult]:
+    """search_buckets under a progress bar naming the bucket and batch being probed."""
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} probes"))
+    progress = Progress(*columns, TimeElapsedColumn(), console=console, transient=True)
+    with probing as probe, progress:
+        task = progress.add_task("probing", total=None)
+
+        def advance(bucket: Bucket, size: int, outcome: ProbeResult) -> None:
+            label = f"{bucket.max_duration:g} s / {bucket.max_tokens} tokens: last batch {size}"
+            progress.update(task, advance=1, description=label)
+
+        return search_buckets(
+            buckets,
+            probe,
+            start=args.start,
+            rel_tolerance=args.rel_tolerance,
+            max_size=args.max_size,
+            on_probe=advance,
+        )
+
+
+def _print_differences_from_config(keys: dict[str, Any], cfg: DictConfig) -> None:
+    """Print where the searched plan differs from the config's data.sampler (shipped batches)."""
+    shipped = OmegaConf.to_container(cfg.data.sampler, resolve=True)
+    if shipped.get("bucket_batch_size") is None:
+        return
+    differences = plan_differences(keys, shipped)
+    print("against the config's data.sampler (its preset's shipped batches):")
+    for line in differences or ["the same buckets and batch sizes"]:
+        print(f"  {line}")
+
+
 @command
 def main(argv: list[str] | None = None) -> None:
     """asr-oomptimizer: per-bucket batch sizes from worst-case probes of the real model."""
@@ -457,23 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         probing = cpu_probe(setup, args.memory_budget, args.threads)
 
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} probes"))
-    progress = Progress(*columns, TimeElapsedColumn(), console=console, transient=True)
-    with probing as probe, progress:
-        task = progress.add_task("probing", total=None)
-
-        def advance(bucket: Bucket, size: int, outcome: ProbeResult) -> None:
-            label = f"{bucket.max_duration:g} s / {bucket.max_tokens} tokens: last batch {size}"
-            progress.update(task, advance=1, description=label)
-
-        results = search_buckets(
-            buckets,
-            probe,
-            start=args.start,
-            rel_tolerance=args.rel_tolerance,
-            max_size=args.max_size,
-            on_probe=advance,
-        )
+    results = _search_with_progress(buckets, probing, args, console)
     final = results if is_2d else merge_equal_sizes(results)
     command = "asr-oomptimizer " + " ".join(argv if argv is not None else sys.argv[1:])
     comment = (
@@ -492,12 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     write_bins(args.output, keys, comment)
     console.print(summary_table(final))
     print(f"{len(final)} buckets -> {args.output}")
-    shipped = OmegaConf.to_container(cfg.data.sampler, resolve=True)
-    if shipped.get("bucket_batch_size") is not None:  # a preset's (batches=...) or given
-        differences = plan_differences(keys, shipped)
-        print("against the config's data.sampler (its preset's shipped batches):")
-        for line in differences or ["the same buckets and batch sizes"]:
-            print(f"  {line}")
+    _print_differences_from_config(keys, cfg)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@
 # training device in the training's precision (stage 5, exp/<experiment>/batch_sizes.yaml;
 # remove it to search again), prints where they differ from the shipped ones, and trains with
 # them. BATCH_MEMORY is the memory one training step may use (setting it implies
-# BATCH_SEARCH=1; default 180MiB, the shipped sets' budget). The presets' learning-rate
+# BATCH_SEARCH=1; default 170MiB, the shipped sets' budget). The presets' learning-rate
 # schedules and epochs are tuned for their shipped batches: larger ones (a GPU holds
 # hundreds of these utterances) give fewer updates per epoch and a worse model in the same
 # epochs.
@@ -75,7 +75,8 @@ setting() {
 value = yaml.safe_load(sys.stdin)
 for key in sys.argv[1].split("."):
     value = value.get(key) if isinstance(value, dict) else None
-print(value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None).strip())' \
+if value is not None:
+    print(value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None).strip())' \
     "$1" <<< "$config"
 }
 # The tokenizer is data.tokenizer (asr/configs/data/demo.yaml), whose name bpe<N>.model gives
@@ -85,6 +86,9 @@ vocab_size=$(basename "$tokenizer" .model)
 vocab_size=${vocab_size#bpe}
 [[ $vocab_size =~ ^[0-9]+$ ]] || {
   echo "data.tokenizer=$tokenizer: expected a name bpe<vocabulary size>.model" >&2; exit 2; }
+# A preset that keeps an EMA of the weights (ema=scaled, as the demo's) is decoded and exported
+# with it: the EMA chose best.ckpt and is the better model of a short run.
+weights=(); [[ -n $(setting ema) ]] && weights=(--ema)
 end_dry_run "experiment: $experiment, device: $device, data: $data, exp: $exp, tokenizer: $tokenizer"
 
 if run 0; then say 0
@@ -122,7 +126,7 @@ if run 5; then say 5
   elif [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
     # it prints where its batch sizes differ from the shipped ones
     asr-oomptimizer experiment="$experiment" data_dir="$data" "${device_args[@]}" "${train_args[@]}" \
-      --bins-file "$bins" --memory-budget "${batch_memory:-180MiB}" \
+      --bins-file "$bins" --memory-budget "${batch_memory:-170MiB}" \
       --device "$device" -o "$batch_sizes"
   fi
 fi
@@ -132,15 +136,15 @@ if run 6; then say 6
     "${device_args[@]}" "${batches_args[@]}" "${train_args[@]}"
 fi
 if run 7; then say 7
-  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" --device "$device" \
-    -o "$exp/decode-test-clean"
+  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
+    --device "$device" -o "$exp/decode-test-clean"
 fi
 if run 8; then say 8
-  asr-export "$exp/checkpoints/last.ckpt" --average 1 -o "$exp/model.bundle.pt"
+  asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" -o "$exp/model.bundle.pt"
   # A stateless predictor (EXPERIMENT=demo_stateless) is sherpa-onnx's: its ONNX graphs too
   # (docs/export.md; about 30 s more). Any model exports with asr-export --format onnx.
   if [[ $(setting model.predictor.kind) == stateless ]]; then
-    asr-export "$exp/checkpoints/last.ckpt" --format onnx -o "$exp/onnx"
+    asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" --format onnx -o "$exp/onnx"
   fi
 fi
 if run 9; then say 9

@@ -19,7 +19,8 @@
 # from each pre-trained encoder at FINETUNE_LR), 5 decode (test-clean WER of each
 # fine-tuning's best.ckpt, chosen by dev WER), 6 compare (exp/demo_ssl/compare-seed<SEED>.json).
 #
-# One fine-tuning protocol for all (the demo preset's model, optimizer and batches): STEPS
+# One fine-tuning protocol for all (the demo preset's model, optimizer and batches, without
+# its EMA: stage 5 decodes the trained weights of best.ckpt): STEPS
 # optimizer steps, warm-up a tenth of them, the CTC-only warm-up scaled from the demo's
 # 280 steps (about one epoch of its 2 hours) by FRACTION (or CTC_STEPS), validation every VAL_EPOCHS
 # epochs of the subset, SEED for the fine-tuning runs (finetune_<run>-seed<SEED>: another
@@ -106,7 +107,7 @@ if run 4; then say 4
       trainer.max_steps="$steps" trainer.max_epochs=100000 \
       trainer.check_val_every_n_epoch="$val_epochs" \
       optim.scheduler.warmup_steps=$((steps / 10)) \
-      model.loss.transducer_start_step="$ctc_steps" run_test=false \
+      model.loss.transducer_start_step="$ctc_steps" run_test=false '~ema' \
       debug.step_times_dir="$exp/finetune_$name/step_times" "${finetune_args[@]}" "${train_args[@]}"
     echo $((SECONDS - began)) > "$exp/finetune_$name/wall_seconds"
   done

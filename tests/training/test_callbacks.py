@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from asr.config_keys import ConfigError
-from asr.inference.bundle import bundle_from_checkpoints
+from asr.inference.bundle import bundle_from_checkpoints, export_bundle
+from asr.inference.recognizer import load_recognizer
 from asr.training.callbacks import EmaConfig, EmaWeights, update
 from asr.training.train import run
 
@@ -101,6 +102,14 @@ def test_a_run_keeps_resumes_evaluates_with_and_exports_the_ema(
     )
     assert not torch.equal(ema_bundle["state_dict"][name], plain_bundle["state_dict"][name])
     assert ema_bundle["ema"] and not plain_bundle["ema"]
+
+    # asr-decode --ema (load_recognizer's ema) decodes a checkpoint's EMA, not a plain bundle
+    last = exp / "checkpoints" / "last.ckpt"
+    decoded = load_recognizer(last, ema=True).model.state_dict()
+    assert torch.equal(decoded[name], ema_bundle["state_dict"][name])
+    plain = export_bundle(last, tmp_path / "plain.bundle.pt")
+    with pytest.raises(ValueError, match="bundle of the trained weights: for the EMA, export"):
+        load_recognizer(plain, ema=True)
 
 
 class _Recorder(L.LightningModule):

@@ -245,6 +245,7 @@ def validated_on_two_ranks(trained_run, train_overrides, tmp_path_factory):
     overrides = [
         *train_overrides(tmp / "exp"),
         "experiment=demo",
+        "~ema",  # as trained_run: its checkpoint's own weights
         "trainer=cpu_ddp",
         "trainer.devices=2",
     ]
