@@ -193,3 +193,30 @@ def test_the_demo_picks_its_device(tmp_path: Path) -> None:
         assert config["data"]["sampler"]["bucket_batch_size"] == shipped["bucket_batch_size"]
     done = _recipe(root, "demo/run.sh", "--dry-run", DEVICE="tpu")
     assert done.returncode == 2 and "DEVICE must be auto, cpu or cuda, not 'tpu'" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    "avx2" not in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace"),
+    reason="an x86 CPU with AVX2",
+)
+def test_the_demo_runs_the_same_kernels_on_every_cpu(tmp_path: Path) -> None:
+    """On the CPU the recipe's commands run AVX2 kernels (torch, oneDNN, MKL), whatever
+    the CPU has beyond, unless CPU_ISA=native; what the user set is kept. Read back from the
+    environment asr-train sees (`oc.env` in the config it prints)."""
+    root = _checkout(tmp_path, venv=True)
+    keys = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
+    seen = [f"+seen.{key}=${{oc.env:{key},unset}}" for key in keys]
+    args = ("--stage", "train", "--stop-stage", "train", "--", *seen, "--cfg", "job", "--resolve")
+    args += ("-p", "seen")
+
+    def kernels(**env: str) -> dict[str, str]:
+        done = _recipe(root, "demo/run.sh", *args, DEVICE="cpu", **env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return yaml.safe_load(_stdout_after_banner(done))
+
+    assert kernels() == dict(zip(keys, ("avx2", "AVX2", "AVX2"), strict=True))
+    assert kernels(CPU_ISA="native") == dict.fromkeys(keys, "unset")
+    assert kernels(ATEN_CPU_CAPABILITY="default")["ATEN_CPU_CAPABILITY"] == "default"
+    done = _recipe(root, "demo/run.sh", "--dry-run", CPU_ISA="avx512")
+    assert done.returncode == 2 and "CPU_ISA must be avx2 or native, not 'avx512'" in done.stderr

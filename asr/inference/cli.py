@@ -264,7 +264,7 @@ def transcribe_main(argv: list[str] | None = None) -> None:
     )
     _add_search_arguments(parser)
     _add_transcribe_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may stand between MODEL and AUDIO
     inputs = list(args.inputs)
     timestamps = args.timestamps or args.output_format in ("srt", "ctm")
     windows = WindowConfig(args.window, args.overlap, args.max_pause)
@@ -318,7 +318,7 @@ def decode_main(argv: list[str] | None = None) -> None:
         "--nbest", type=int, default=1, help="also list the N best hypotheses (N <= beam size)"
     )
     add_checkpoint_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # as the docs type it: MODEL --epoch 6 MANIFEST
     inputs = list(args.inputs)
     model = _split_model(args, inputs, 1)
     if len(inputs) != 1:

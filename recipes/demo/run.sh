@@ -60,6 +60,26 @@ case $device in
   cuda) accelerator=gpu ;;
   *) echo "DEVICE must be auto, cpu or cuda, not '$device'" >&2; exit 2 ;;
 esac
+# CPU kernels: CPU_ISA=avx2 (the default) runs torch's, oneDNN's and MKL's AVX2 kernels on
+# every x86 CPU that has AVX2, AVX-512 ones included, so that CPUs compute the same numbers
+# and train the same model (with the same number of threads: 2 on a 2-core CPU); on the demo
+# they are as fast as the AVX-512 ones (recipes/demo/RESULTS.md). CPU_ISA=native lets each
+# library pick the CPU's best: the rounding, and with it the model and its test WER, then
+# moves with the CPU (by 1.4 points between this machine's two). ATEN_CPU_CAPABILITY,
+# ONEDNN_MAX_CPU_ISA and MKL_CBWR set by you are kept.
+cpu_isa=${CPU_ISA:-avx2}
+case $cpu_isa in
+  avx2 | native) ;;
+  *) echo "CPU_ISA must be avx2 or native, not '$cpu_isa'" >&2; exit 2 ;;
+esac
+kernels=native
+if [[ $device == cpu && $cpu_isa == avx2 ]] && grep -qw avx2 /proc/cpuinfo 2>/dev/null \
+  && grep -qw fma /proc/cpuinfo; then
+  export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2}
+  export MKL_CBWR=${MKL_CBWR:-AVX2}
+  kernels="ATEN_CPU_CAPABILITY=$ATEN_CPU_CAPABILITY ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA"
+  kernels+=" MKL_CBWR=$MKL_CBWR"
+fi
 experiment=${EXPERIMENT:-demo}
 exp=${EXP:-exp/$experiment}
 device_args=(trainer.accelerator="$accelerator" trainer.devices=1)  # before the user's overrides
@@ -89,7 +109,7 @@ vocab_size=${vocab_size#bpe}
 # A preset that keeps an EMA of the weights (ema=scaled, as the demo's) is decoded and exported
 # with it: the EMA chose best.ckpt and is the better model of a short run.
 weights=(); [[ -n $(setting ema) ]] && weights=(--ema)
-end_dry_run "experiment: $experiment, device: $device, data: $data, exp: $exp, tokenizer: $tokenizer"
+end_dry_run "experiment: $experiment, device: $device (kernels: $kernels), data: $data, exp: $exp, tokenizer: $tokenizer"
 
 if run 0; then say 0
   asr-make-demo-corpus "$data" --train-hours "$train_hours"

@@ -66,7 +66,7 @@ def test_beam_search_through_the_cli_and_load_model(bundle: Path, test_flacs, cl
     recognizer = asr.load_model(bundle, beam_size=4)
     assert recognizer.options == BeamOptions(beam_size=4)  # a transducer: modified beam search
     expected = recognizer.transcribe(files)
-    lines = cli("asr-transcribe", bundle, *files, "--device", "cpu", "--beam-size", "4")
+    lines = cli("asr-transcribe", bundle, "--beam-size", "4", *files, "--device", "cpu")  # mixed
     assert lines.splitlines() == [f"{p}\t{t}" for p, t in zip(files, expected, strict=True)]
 
 
@@ -115,8 +115,9 @@ def test_decode_and_export_pick_the_same_averaged_model(
     assert again["averaged"] == first["averaged"]
     assert all(torch.equal(again["state_dict"][k], v) for k, v in first["state_dict"].items())
     out = tmp_path / "decode"
-    args = ("--epoch", last, "--avg", "2", "-o", out, "--device", "cpu")
-    cli("asr-decode", trained_run.checkpoints.parent, test_cuts, *args)
+    # the options between the model and the manifest, as the docs type them
+    choice = ("--epoch", last, "--avg", "2")
+    cli("asr-decode", trained_run.checkpoints.parent, *choice, test_cuts, "-o", out)
     assert _hyps(out) == _hyps(decoded)
 
 
