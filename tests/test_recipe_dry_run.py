@@ -193,6 +193,8 @@ def test_the_demo_picks_its_device(tmp_path: Path) -> None:
         assert config["data"]["sampler"]["bucket_batch_size"] == shipped["bucket_batch_size"]
     done = _recipe(root, "demo/run.sh", "--dry-run", DEVICE="tpu")
     assert done.returncode == 2 and "DEVICE must be auto, cpu or cuda, not 'tpu'" in done.stderr
+    done = _recipe(root, "demo/run.sh", "--dry-run", BEAM="0")
+    assert done.returncode == 2 and "BEAM must be a beam size" in done.stderr
 
 
 @pytest.mark.slow

@@ -32,6 +32,9 @@
 # hundreds of these utterances) give fewer updates per epoch and a worse model in the same
 # epochs.
 #
+# Decoding (stage 7): greedy search, and beam search of BEAM hypotheses (default 4; 1 skips
+# it), both printed at the end.
+#
 # EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_aed_deep,
 # demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
@@ -43,6 +46,8 @@ device=${DEVICE:-auto}
 train_hours=${TRAIN_HOURS:-2}
 batch_memory=${BATCH_MEMORY:-}
 batch_search=${BATCH_SEARCH:-}
+beam=${BEAM:-4}
+[[ $beam =~ ^[1-9][0-9]*$ ]] || { echo "BEAM must be a beam size (1: greedy search only), not '$beam'" >&2; exit 2; }
 [[ -n $batch_memory ]] && batch_search=1
 [[ $batch_search == 0 ]] && batch_search=
 
@@ -155,9 +160,13 @@ if run 6; then say 6
   asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" run_test=false \
     "${device_args[@]}" "${batches_args[@]}" "${train_args[@]}"
 fi
-if run 7; then say 7
+if run 7; then say 7  # greedy search, then beam search (BEAM=1 skips it)
   asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
     --device "$device" -o "$exp/decode-test-clean"
+  if (( beam > 1 )); then
+    asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
+      --beam-size "$beam" --device "$device" -o "$exp/decode-test-clean-beam$beam"
+  fi
 fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" -o "$exp/model.bundle.pt"
@@ -182,6 +191,10 @@ if run 10; then say 10
   asr-plot bins "$plan" --cuts "$(cuts train-clean-100)" -o "$exp/bins.png"
 fi
 if [[ -f $exp/decode-test-clean/wer.json ]]; then
-  printf '\nTest WER (test-clean of the demo corpus): %s%%\n' \
-    "$(python -c "import json,sys;print(json.load(open(sys.argv[1]))['wer'])" "$exp/decode-test-clean/wer.json")"
+  wer() { python -c "import json,sys;print(json.load(open(sys.argv[1]))['wer'])" "$1/wer.json"; }
+  printf '\nTest WER (test-clean of the demo corpus): %s%% (greedy search)' "$(wer "$exp/decode-test-clean")"
+  if (( beam > 1 )) && [[ -f $exp/decode-test-clean-beam$beam/wer.json ]]; then
+    printf ', %s%% (beam search, %s)' "$(wer "$exp/decode-test-clean-beam$beam")" "$beam"
+  fi
+  echo
 fi
