@@ -32,8 +32,14 @@ import torch
 from asr.data.corpus import cut_text, load_cuts
 from asr.frames import SAMPLE_RATE
 from asr.inference.onnx_export import export_onnx
-from asr.inference.onnx_files import DECODER, ENCODER, JOINER, TOKENS, onnx_file
-from asr.inference.onnx_runtime import load_onnx_recognizer
+from asr.inference.onnx_runtime import (
+    DECODER,
+    ENCODER,
+    JOINER,
+    TOKENS,
+    load_onnx_recognizer,
+    onnx_file,
+)
 from asr.inference.recognizer import load_recognizer
 from asr.metrics import corpus_errors
 

@@ -18,7 +18,7 @@ import soundfile as sf
 from lhotse.cut import Cut
 
 from asr.frames import SAMPLE_RATE
-from asr.inference.onnx_files import DECODER, ENCODER, JOINER, TOKENS, onnx_file
+from asr.inference.onnx_runtime import DECODER, ENCODER, JOINER, TOKENS, onnx_file
 from asr.inference.timestamps import SPACE_PIECE, Word, words_from_tokens
 
 NOISE_DBFS = -65.0  # the demo corpus's noise floor, also in the gaps

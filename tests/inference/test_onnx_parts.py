@@ -7,8 +7,7 @@ import numpy as np
 import torch
 
 from asr.data.features import normalize_features
-from asr.inference.onnx_export import tokens_txt
-from asr.inference.onnx_graphs import normalize_per_utterance
+from asr.inference.onnx_export import normalize_per_utterance, tokens_txt
 from asr.inference.onnx_runtime import TokenTable
 
 
