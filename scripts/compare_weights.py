@@ -38,6 +38,9 @@ def prepare_corpus(work: Path, experiment: str, train_hours: float) -> tuple[Pat
         "EXP": str(exp),
         "EXPERIMENT": experiment,
         "TRAIN_HOURS": str(train_hours),
+        # bins and batch sizes searched for this corpus into one file that both commits read
+        # (a preset's shipped set may differ between the two)
+        "BATCH_SEARCH": "1",
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     script = ROOT / "recipes/demo/run.sh"
