@@ -66,12 +66,17 @@ class AedConfig:
 MODEL_CONFIGS = {"transducer": TransducerConfig, "aed": AedConfig, "ssl": SslConfig}
 
 
+def model_kind(cfg: Mapping[str, Any]) -> str:
+    """The ``model`` group's ``kind``; without one, `TransducerConfig`'s (``transducer``)."""
+    return cfg.get("kind", TransducerConfig.kind)
+
+
 def model_config(cfg: Mapping[str, Any]) -> TransducerConfig | AedConfig | SslConfig:
     """The ``model`` group read into its typed config; an unknown key or value is an error
     naming it and the valid ones. A ``loss`` key belongs to the objective and is ignored."""
     if not isinstance(cfg, Mapping):
         raise TypeError(f"config section model must be a mapping, got {cfg!r}")
-    kind = cfg.get("kind", "transducer")
+    kind = model_kind(cfg)
     check_choice("model.kind", kind, MODEL_CONFIGS)
     parts = {key: value for key, value in cfg.items() if key != "loss"}
     return dataclass_from_keys(MODEL_CONFIGS[kind], parts, "model")

@@ -44,7 +44,7 @@ from asr.training.distributed.savers.adascale import AdaScaleConfig
 from asr.training.distributed.savers.dgc_state import DGCConfig
 from asr.training.loggers import LoggerConfig
 from asr.training.objective import AedLossConfig, TransducerLossConfig
-from asr.training.optimizer import OptimConfig
+from asr.training.optimizer import ADAMW_ONLY, SGD_ONLY, OptimConfig
 from asr.training.run_config import RunConfig, TrainerConfig
 from asr.training.ssl_objective import SslLossConfig
 
@@ -53,7 +53,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 OBJECTIVE = "the training objective (asr/training/objective.py)."
 MODEL_INPUT = {"encoder.input_dim": "${data.features.num_mel_bins}"}
 WARMUP_COSINE = {"kind": "warmup_cosine", "warmup_steps": 500}
-ADAMW_ONLY, SGD_ONLY = ("betas", "eps"), ("momentum", "nesterov")
 COSINE_ONLY = ("scheduler.hold_fraction", "scheduler.min_ratio")
 LIBRISPEECH = "${data_dir}/manifests/librispeech_cuts_"
 

@@ -71,6 +71,7 @@ from rich.table import Table
 from asr.cli import command
 from asr.data.bins import read_bins, write_bins
 from asr.losses.lattice_choice import active_lattice
+from asr.models.build import model_kind
 from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.precision import resolve_precision
 from asr.training.probes import (
@@ -373,7 +374,7 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
 def lattice_in_use(cfg: DictConfig, device: str) -> str | None:
     """The transducer lattice the probes ran (None for other models and losses)."""
     loss = OmegaConf.select(cfg, "model.loss") or {}
-    if cfg.model.get("kind", "transducer") != "transducer" or loss.get("kind") != "samplewise":
+    if model_kind(cfg.model) != "transducer" or loss.get("kind") != "samplewise":
         return None
     return active_lattice(loss.get("lattice", "auto"), torch.device(device))
 

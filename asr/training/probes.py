@@ -30,7 +30,7 @@ from asr.data.batch import Batch
 from asr.data.tokenizer import Tokenizer
 from asr.errors import first_line
 from asr.frames import FRAMES_PER_SECOND
-from asr.models.build import build_model
+from asr.models.build import build_model, model_kind
 from asr.training.objective import Objective, build_objective, first_full_loss_step
 from asr.training.optimizer import build_optimizer
 
@@ -124,7 +124,7 @@ def build_training(
     """Model (on `device`, training mode), objective and optimizer as `asr-train` builds
     them, and a training step at which the transducer loss runs."""
     model_cfg = copy.deepcopy(setup.model)
-    objective = build_objective(model_cfg.get("kind", "transducer"), model_cfg.pop("loss", None))
+    objective = build_objective(model_kind(model_cfg), model_cfg.pop("loss", None))
     model = build_model(model_cfg, setup.vocab_size).to(device).train()
     optimizer = build_optimizer(model, setup.optim)
     return model, objective, optimizer, first_full_loss_step(objective)

@@ -28,7 +28,7 @@ from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import default_options
 from asr.inference.bundle import BEST_CHECKPOINT, CHECKPOINT_DIR
 from asr.losses.lattice_choice import active_lattice
-from asr.models.build import build_model, count_parameters, model_config
+from asr.models.build import build_model, count_parameters, model_config, model_kind
 from asr.training.callbacks import EmaConfig, EmaWeights
 from asr.training.checkpointing import (
     RESUME_CHECKPOINT,
@@ -92,7 +92,7 @@ def build(cfg: DictConfig) -> Built:
     Every config section is read into its typed config before any file is opened, so a
     mistyped key fails at once."""
     model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
-    objective = build_objective(model_cfg.get("kind", "transducer"), model_cfg.pop("loss", None))
+    objective = build_objective(model_kind(model_cfg), model_cfg.pop("loss", None))
     model_parts = model_config(model_cfg)
     optim = optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
     faults = FaultConfig.from_mapping(cfg.get("faults"))
