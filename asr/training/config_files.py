@@ -180,9 +180,9 @@ hydra:
         "distributed/compression/dgc.yaml",
         "Deep Gradient Compression (asr/training/distributed/savers/dgc.py): each rank sends\n"
         "the top 0.4 % of its accumulated gradient (or AdamW update) per bucket; what is not\n"
-        "sent waits in a residual. The defaults are the setting measured within 1 point of\n"
-        "dense DDP's test WER at 111x fewer bytes (recipes/demo/RESULTS.md), but for the\n"
-        "sparsity warm-up: those runs added the paper's four stages of 75 steps each\n"
+        "sent waits in a residual. The defaults are the setting that recipes/demo/RESULTS.md\n"
+        "(Deep Gradient Compression) compares with dense DDP, but for the sparsity warm-up:\n"
+        "those runs added the paper's four stages of 75 steps each\n"
         "(distributed.compression.warmup_steps=75). The paper's final sparsity is 0.999.\n"
         "Select with: asr-train ... trainer=cpu_ddp distributed/compression=dgc",
         (Part(DGCConfig),),

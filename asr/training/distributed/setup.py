@@ -208,9 +208,9 @@ def decentralized_strategy(
         raise ValueError("trainer.strategy=adpsgd needs at least 2 processes (trainer.devices)")
     if optimizer_momentum > 0 and not config.gossip.synchronous:
         log.warning(
-            "trainer.strategy=adpsgd with momentum SGD did not train on the demo: the "
-            "asynchronous exchange's one step of staleness acts as added momentum "
-            "(recipes/demo/RESULTS.md). Use optim=adamw_cosine with about sqrt(learners) "
+            "trainer.strategy=adpsgd with momentum SGD: the asynchronous exchange's one "
+            "step of staleness acts as added momentum (recipes/demo/RESULTS.md, "
+            "Decentralized training). Use optim=adamw_cosine with about sqrt(learners) "
             "times DDP's learning rate"
         )
     return DecentralizedStrategy(config.gossip, **timeouts(config))

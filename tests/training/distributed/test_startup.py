@@ -70,7 +70,7 @@ def test_adpsgd_warns_against_momentum_sgd(caplog: pytest.LogCaptureFixture) -> 
             parts_without_gradient=[],
             optimizer_momentum=0.9,
         )
-    assert "momentum SGD did not train" in caplog.text
+    assert "one step of staleness acts as added momentum" in caplog.text
     assert type(strategy).__name__ == "DecentralizedStrategy"
     caplog.clear()
     synchronous = DistributedConfig(gossip=DecentralizedConfig(synchronous=True))
