@@ -70,7 +70,7 @@ esac
 # and train the same model (with the same number of threads: 2 on a 2-core CPU); on the demo
 # they are as fast as the AVX-512 ones (recipes/demo/RESULTS.md). CPU_ISA=native lets each
 # library pick the CPU's best: the rounding, and with it the model and its test WER, then
-# moves with the CPU (by 1.4 points between this machine's two). ATEN_CPU_CAPABILITY,
+# moves with the CPU (measured in recipes/demo/RESULTS.md). ATEN_CPU_CAPABILITY,
 # ONEDNN_MAX_CPU_ISA and MKL_CBWR set by you are kept.
 cpu_isa=${CPU_ISA:-avx2}
 case $cpu_isa in
