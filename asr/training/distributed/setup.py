@@ -31,8 +31,7 @@ from asr.training.distributed.savers.adascale import (
 from asr.training.distributed.savers.adpsgd import DecentralizedStrategy, GossipMonitor
 from asr.training.distributed.savers.dgc import dgc_hook
 from asr.training.distributed.savers.dgc_adam import check_variance_freeze
-from asr.training.distributed.savers.dgc_monitor import CompressionMonitor
-from asr.training.distributed.savers.dgc_state import AdamMoments, DGCState
+from asr.training.distributed.savers.dgc_state import AdamMoments, CompressionMonitor, DGCState
 from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.startup import StartupGraceDDPStrategy

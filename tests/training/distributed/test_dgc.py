@@ -99,7 +99,7 @@ def dgc_resumed(rank: int, world: int, out_dir: Path, steps: int, optimizer: str
     the runs differ in what is sent when, though nothing is lost)."""
     from exchange import exchanged, rank_gradients
 
-    from asr.training.distributed.savers.dgc_resume import load_rank_state, save_rank_state
+    from asr.training.distributed.savers.dgc_state import load_rank_state, save_rank_state
 
     config = DGCConfig(
         sparsity=0.9, sample_fraction=0.1, selection="tensor", variance_freeze_step=2

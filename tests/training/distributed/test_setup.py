@@ -13,8 +13,7 @@ from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.features import DENSE
 from asr.training.distributed.savers.adascale import AdaScaleConfig, AdaScaleLearningRate
 from asr.training.distributed.savers.adpsgd import DecentralizedStrategy, GossipMonitor
-from asr.training.distributed.savers.dgc_monitor import CompressionMonitor
-from asr.training.distributed.savers.dgc_state import DGCConfig
+from asr.training.distributed.savers.dgc_state import CompressionMonitor, DGCConfig
 from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.setup import TrainingFacts, setup_distributed

@@ -33,16 +33,52 @@ bytes are counted both ways (`StepTraffic`): this rank's payload (indices as int
 values), the bytes it sends and receives when the all-gather runs as a ring ((W - 1)
 payloads each way: what a rank receives grows with the ranks), and the dense reference,
 a ring all-reduce's 2 (W - 1) / W x the bucket bytes each way; dense / received is the
-compression (logged by `asr.training.distributed.savers.dgc_monitor`). Residual, velocity
+compression (logged by `dgc_state.CompressionMonitor`). Residual, velocity
 and the hook's Adam moments are per-rank state: the state is kept per bucket, moved to
 the new buckets when DDP rebuilds them, and written
-beside `last.ckpt` by every rank (`asr.training.distributed.savers.dgc_resume`), so a resumed run
-continues with what still waited in the residual.
+beside `last.ckpt` by every rank (`asr.training.distributed.savers.dgc_state`), so a resumed
+run continues with what still waited in the residual.
+
+The hook has two exchanges, chosen by `exchange`: `allgather` (the paper's) and
+`reduce_scatter`, below.
+
+## The reduce-scatter exchange
+
+DGC's `exchange: reduce_scatter`: a sparse exchange whose bytes per rank hardly grow
+with the number of ranks W (after Ok-Topk, Li and Hoefler, PPoPP 2022).
+
+The all-gather exchange (`exchange: allgather`) sends each rank's k (index, value) pairs
+to every other rank, so a rank receives (W - 1) k pairs. Here the bucket's entries are
+split into W interleaved regions (entry i belongs to rank i mod W, so every layer is spread
+over all ranks and no rank owns the big-gradient ones):
+
+1. **Sparse reduce-scatter**: each rank sends every other rank its selected pairs that lie
+   in that rank's region (one all-to-all, after one of the counts); each rank sums what
+   it received for its region.
+2. **Selection**: each rank keeps the P largest sums of its region, P = ceil(k / W) plus
+   the most `dense_vectors` entries any region holds (those are always kept): together
+   about the k largest sums of the whole bucket (the regions are alike, being
+   interleaved), the same P on every rank, padded when a region is smaller.
+3. **All-gather** of the P kept (index, sum) pairs of every rank: every rank applies the
+   same update.
+
+A rank so receives about (W - 1) / W x k pairs in each of the two rounds: 2 (W - 1) / W x
+k in all, which grows from k at W = 2 to 1.75 k at W = 8, as a dense ring all-reduce's
+2 (W - 1) / W x B does, and no faster (the all-gather's (W - 1) k grows 7x). The price:
+two more rounds of latency (the counts, the all-to-all) before the all-gather, run inside
+the hook (DDP's backward waits for them; the all-gather overlaps as before).
+
+**Conservation**: a pair a rank sent whose index is not among the kept ones (its region's
+owner dropped the sum) is returned to that rank's residual when the all-gather arrives, so
+what the rank contributed is either in the applied sum or back in its own residual, never
+lost, whatever round dropped it. Momentum factor masking then clears the momentum only
+where the rank's entry was applied.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -53,17 +89,18 @@ from asr.training.distributed.savers.dgc_adam import (
     refresh_second_moment,
     track_local_moments,
 )
-from asr.training.distributed.savers.dgc_reduce import reduce_scatter_exchange
 from asr.training.distributed.savers.dgc_state import (
-    STATE_KINDS,
     BucketLayout,
     DGCState,
+    StepTraffic,
     bucket_buffer,
-    bucket_layout,
+    current_layout,
+    working_precision,
 )
 from asr.training.distributed.savers.hooks import comm_hook
 
 INDEX_DTYPE = torch.int32
+PAD = -1  # the index of a padding pair in the reduce-scatter exchange's all-gather
 
 
 def top_k_indices(
@@ -84,11 +121,6 @@ def top_k_indices(
         return torch.topk(magnitudes, k, sorted=False).indices
     best = torch.topk(magnitudes[candidates], k, sorted=False).indices
     return candidates[best]
-
-
-def working_precision(grad: Tensor) -> Tensor:
-    """`grad` in the precision the hook's state is kept in: float64 stays, others float32."""
-    return grad if grad.dtype == torch.float64 else grad.float()
 
 
 def clip_locally(state: DGCState, grad: Tensor) -> Tensor:
@@ -125,79 +157,6 @@ def accumulate(state: DGCState, index: int, grad: Tensor, rate: float = 1.0) -> 
     else:
         residual.add_(grad)
     return residual
-
-
-def per_parameter(state: DGCState) -> tuple[dict[int, dict[str, Tensor]], dict[int, int]]:
-    """This rank's state per parameter (keyed by storage address): each bucket's tensors cut
-    at its parameters' offsets (views), with what still waits in the stash; and Adam's step
-    count per parameter."""
-    tensors = {ptr: dict(kinds) for ptr, kinds in state.stash.items()}
-    steps = dict(state.stash_steps)
-    for index, layout in state.layouts.items():
-        places = list(zip(layout.params, layout.offsets, layout.sizes, strict=True))
-        for kind in STATE_KINDS:
-            flat = getattr(state, kind).get(index)
-            if flat is None or flat.numel() != sum(layout.sizes):
-                continue
-            for ptr, offset, size in places:
-                tensors.setdefault(ptr, {})[kind] = flat[offset : offset + size]
-        if index in state.bucket_steps:
-            steps.update(dict.fromkeys(layout.params, state.bucket_steps[index]))
-    return tensors, steps
-
-
-def clear_buckets(state: DGCState) -> None:
-    """Forget every bucket's layout and state (what is to be kept is in the stash)."""
-    for kind in STATE_KINDS:
-        getattr(state, kind).clear()
-    state.bucket_steps.clear()
-    state.layouts.clear()
-
-
-def _stash_all(state: DGCState) -> None:
-    """Move every bucket's state to the per-parameter stash (DDP rebuilt its buckets)."""
-    state.stash, state.stash_steps = per_parameter(state)
-    clear_buckets(state)
-
-
-def _unstash(state: DGCState, index: int, layout: BucketLayout, like: Tensor) -> None:
-    """Give bucket `index` (laid out as `layout`) the stashed state of its parameters;
-    zeros where a parameter has none."""
-    dtype = working_precision(like[:0]).dtype
-    for kind in STATE_KINDS:
-        places = [
-            (ptr, offset, size)
-            for ptr, offset, size in zip(layout.params, layout.offsets, layout.sizes, strict=True)
-            if kind in state.stash.get(ptr, {})
-        ]
-        if not places:
-            continue
-        flat = torch.zeros(sum(layout.sizes), dtype=dtype, device=like.device)
-        for ptr, offset, size in places:
-            flat[offset : offset + size] = state.stash[ptr].pop(kind).reshape(-1).to(flat)
-        getattr(state, kind)[index] = flat
-    steps = [state.stash_steps.pop(ptr) for ptr in layout.params if ptr in state.stash_steps]
-    if steps:
-        state.bucket_steps[index] = max(steps)
-    for ptr in layout.params:
-        if not state.stash.get(ptr, True):
-            del state.stash[ptr]
-
-
-def current_layout(state: DGCState, bucket: dist.GradBucket) -> BucketLayout:
-    """The layout of `bucket`, cached. When DDP rebuilt its buckets (after the first step,
-    in gradient-ready order), every bucket's state moves to the buckets that now hold its
-    parameters, through the stash: nothing waiting in a residual is lost."""
-    index, params = bucket.index(), bucket.parameters()
-    known = state.layouts.get(index)
-    if known is not None and known.params == tuple(p.data_ptr() for p in params):
-        return known
-    if known is not None:
-        _stash_all(state)
-    layout = bucket_layout(params, state.config.dense_vectors, bucket.buffer().device)
-    state.layouts[index] = layout
-    _unstash(state, index, layout, bucket.buffer())
-    return layout
 
 
 def select(state: DGCState, layout: BucketLayout, residual: Tensor, sparsity: float) -> Tensor:
@@ -319,7 +278,7 @@ def _reduce_scatter(
     pairs: tuple[Tensor, Tensor],
     rate: float,
 ) -> torch.futures.Future[Tensor]:
-    """`exchange: reduce_scatter` (`asr.training.distributed.savers.dgc_reduce`) of this
+    """`exchange: reduce_scatter` (the module's last section) of this
     rank's `pairs` (indices and values, taken out of `residual`)."""
     sent, values = pairs
     index, buffer, world = bucket.index(), bucket.buffer(), state.world_size()
@@ -367,3 +326,127 @@ def _finish(
         return out
 
     return future.then(done)
+
+
+# The reduce-scatter exchange (`exchange: reduce_scatter`).
+
+
+def pack(indices: Tensor, values: Tensor) -> Tensor:
+    """(index, value) pairs as one uint8 row each: int32 index bytes, then value bytes."""
+    index_bytes = indices.to(INDEX_DTYPE).view(torch.uint8).view(-1, INDEX_DTYPE.itemsize)
+    value_bytes = values.contiguous().view(torch.uint8).view(-1, values.element_size())
+    return torch.cat([index_bytes, value_bytes], dim=1)
+
+
+def unpack(rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The indices (int64) and values of `pack`'s rows."""
+    rows = rows.view(-1, INDEX_DTYPE.itemsize + torch.empty(0, dtype=dtype).element_size())
+    indices = rows[:, : INDEX_DTYPE.itemsize].contiguous().view(INDEX_DTYPE).view(-1).long()
+    values = rows[:, INDEX_DTYPE.itemsize :].contiguous().view(dtype).view(-1)
+    return indices, values
+
+
+def region_size(entries: int, world: int, rank: int) -> int:
+    """How many of `entries` (0 .. entries - 1) lie in `rank`'s region (i mod world)."""
+    return max(0, (entries - rank + world - 1) // world)
+
+
+def kept_per_region(dense: Tensor, k: int, world: int) -> int:
+    """P: the pairs each rank keeps of its region, the same on every rank (the layout and
+    k are)."""
+    forced = torch.bincount(dense % world, minlength=world) if dense.numel() else None
+    most_forced = int(forced.max()) if forced is not None else 0
+    return most_forced + math.ceil(k / world)
+
+
+def reduce_to_regions(
+    indices: Tensor,
+    values: Tensor,
+    entries: int,
+    group: dist.ProcessGroup | None,
+    traffic: StepTraffic,
+) -> Tensor:
+    """Round 1: send each rank the pairs in its region, sum what this rank receives; the
+    sums of this rank's region (position j holds entry j x W + rank)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    owner = indices % world
+    order = torch.argsort(owner, stable=True)
+    rows = pack(indices[order], values[order])
+    send_counts = torch.bincount(owner, minlength=world)
+    receive_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(receive_counts, send_counts, group=group)
+    row_bytes = rows.shape[1]
+    sent_rows = int(send_counts.sum() - send_counts[rank])
+    received_rows = int(receive_counts.sum() - receive_counts[rank])
+    counts_bytes = (world - 1) * send_counts.element_size()
+    traffic.count_exchange(
+        sent=counts_bytes + sent_rows * row_bytes, received=counts_bytes + received_rows * row_bytes
+    )
+    received = torch.empty(
+        (int(receive_counts.sum()), row_bytes), dtype=torch.uint8, device=rows.device
+    )
+    dist.all_to_all_single(
+        received.view(-1),
+        rows.view(-1),
+        output_split_sizes=(receive_counts * row_bytes).tolist(),
+        input_split_sizes=(send_counts * row_bytes).tolist(),
+        group=group,
+    )
+    their_indices, their_values = unpack(received, values.dtype)
+    sums = torch.zeros(region_size(entries, world, rank), dtype=values.dtype, device=values.device)
+    sums.index_add_(0, their_indices // world, their_values)
+    return sums
+
+
+def keep_largest(sums: Tensor, dense: Tensor, kept: int, world: int, rank: int) -> Tensor:
+    """Round 2: this rank's `kept` pairs as `pack` rows (bucket indices and sums): the
+    region's `dense` entries, then its largest sums; padded with index `PAD`."""
+    magnitudes = sums.abs()
+    mine = dense[dense % world == rank]
+    magnitudes[mine // world] = math.inf  # always kept
+    picked = torch.topk(magnitudes, min(kept, sums.numel()), sorted=False).indices
+    indices = picked * world + rank
+    values = sums[picked]
+    missing = kept - picked.numel()
+    if missing:
+        indices = torch.cat([indices, indices.new_full((missing,), PAD)])
+        values = torch.cat([values, values.new_zeros(missing)])
+    return pack(indices, values)
+
+
+def reduce_scatter_exchange(
+    residual: Tensor,
+    sent: Tensor,
+    values: Tensor,
+    dense: Tensor,
+    k: int,
+    group: dist.ProcessGroup | None,
+    traffic: StepTraffic,
+) -> tuple[dist.Work, Callable[[], tuple[Tensor, Tensor]]]:
+    """Start the exchange of this rank's pairs (`sent` indices, their `values`, already
+    taken out of `residual`). Returns the all-gather's work and a function to call when it
+    is done: it returns the sum over ranks of the kept pairs (dense, like `residual`) and
+    the mask of `sent` entries applied; the others are back in `residual`."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    traffic.count_payload(pack(sent, values), sent.numel())
+    sums = reduce_to_regions(sent, values, residual.numel(), group, traffic)
+    kept = kept_per_region(dense, k, world)
+    rows = keep_largest(sums, dense, kept, world, rank)
+    traffic.count_exchange(sent=(world - 1) * rows.numel(), received=(world - 1) * rows.numel())
+    gathered = [torch.empty_like(rows) for _ in range(world)]
+    work = dist.all_gather(gathered, rows, group=group, async_op=True)
+
+    def finish() -> tuple[Tensor, Tensor]:
+        indices, sums = unpack(torch.cat(gathered), residual.dtype)
+        real = indices != PAD
+        indices, sums = indices[real], sums[real]
+        total = torch.zeros_like(residual)
+        total[indices] = sums  # each index is kept by its one owner
+        applied = torch.zeros(residual.numel(), dtype=torch.bool, device=residual.device)
+        applied[indices] = True
+        sent_applied = applied[sent]
+        dropped = ~sent_applied
+        residual.index_add_(0, sent[dropped], values[dropped])  # back where it came from
+        return total, sent_applied
+
+    return work, finish

@@ -1,16 +1,47 @@
-"""The Deep Gradient Compression hook's configuration (`distributed.compression`) and
-per-rank state (`asr.training.distributed.savers.dgc` is the hook)."""
+"""The Deep Gradient Compression hook's configuration (`distributed.compression`), its
+per-rank state (kept per DDP bucket, moved when DDP rebuilds its buckets), that state in
+checkpoints, and the callback that logs what each step exchanged
+(`asr.training.distributed.savers.dgc` is the hook).
+
+## The state in checkpoints
+
+The DGC hook's per-rank state in checkpoints.
+
+What waits in a rank's residual (up to ~1 / (1 - sparsity) steps of its updates), its
+velocity or Adam moments, the hook's step and its sampling generator exist on that rank
+only. Every rank writes its own file beside the resume checkpoint (`last.ckpt` ->
+`last.dgc/rank{R}.pt`, atomically, per parameter name, on CPU), so a resumed run continues
+with every residual, moment and step where the hook left them. (With `selection: bucket`
+the first step after resuming takes its top-k over DDP's first-step buckets, which group
+the parameters otherwise than its rebuilt ones, as every run's first step does: that step
+may send other entries than an uninterrupted run would; nothing is lost.) Only `last.ckpt`
+carries it: the per-epoch checkpoints are kept for averaging, and a copy of every rank's
+state in each would multiply their size by up to 3 x the number of ranks (5 x with
+AdamW's refreshes).
+
+A run resumed from another checkpoint, with another number of processes, or from a file
+that does not match the checkpoint's step starts the state at zero, with a warning that
+says why (the updates still waiting are then lost; training goes on). With AdamW the
+dense steps then begin again, to estimate a second moment.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from asr.config_keys import ConfigError, check_choice
+from asr.training.checkpointing import RESUME_CHECKPOINT, save_atomically
+
+log = logging.getLogger(__name__)
 
 # The paper's exponential warm-up: each stage keeps a quarter of what the previous sent.
 PAPER_WARMUP = (0.75, 0.9375, 0.984375, 0.996)
@@ -42,7 +73,7 @@ class DGCConfig:
     - `exchange`: `allgather` (every rank receives every rank's pairs: (W - 1) k per
       rank, growing with the ranks W) or `reduce_scatter` (each rank sums one region of
       the bucket and all-gathers its largest sums: about 2 (W - 1) / W x k per rank at
-      any W; `asr.training.distributed.savers.dgc_reduce`).
+      any W; `asr.training.distributed.savers.dgc`).
     - `dense_vectors`: 1-D parameters (biases, normalization scales and shifts) are sent
       whole every step, as the paper's code does.
     - `momentum_masking`: clear the momentum (SGD's velocity, or AdamW's first moment)
@@ -330,3 +361,233 @@ def bucket_buffer(buffers: dict[int, Tensor], index: int, like: Tensor) -> Tenso
     if buffer is None or buffer.shape != like.shape:
         buffer = buffers[index] = torch.zeros_like(like)
     return buffer
+
+
+# Moving the state between buckets.
+
+
+def working_precision(grad: Tensor) -> Tensor:
+    """`grad` in the precision the hook's state is kept in: float64 stays, others float32."""
+    return grad if grad.dtype == torch.float64 else grad.float()
+
+
+def per_parameter(state: DGCState) -> tuple[dict[int, dict[str, Tensor]], dict[int, int]]:
+    """This rank's state per parameter (keyed by storage address): each bucket's tensors cut
+    at its parameters' offsets (views), with what still waits in the stash; and Adam's step
+    count per parameter."""
+    tensors = {ptr: dict(kinds) for ptr, kinds in state.stash.items()}
+    steps = dict(state.stash_steps)
+    for index, layout in state.layouts.items():
+        places = list(zip(layout.params, layout.offsets, layout.sizes, strict=True))
+        for kind in STATE_KINDS:
+            flat = getattr(state, kind).get(index)
+            if flat is None or flat.numel() != sum(layout.sizes):
+                continue
+            for ptr, offset, size in places:
+                tensors.setdefault(ptr, {})[kind] = flat[offset : offset + size]
+        if index in state.bucket_steps:
+            steps.update(dict.fromkeys(layout.params, state.bucket_steps[index]))
+    return tensors, steps
+
+
+def clear_buckets(state: DGCState) -> None:
+    """Forget every bucket's layout and state (what is to be kept is in the stash)."""
+    for kind in STATE_KINDS:
+        getattr(state, kind).clear()
+    state.bucket_steps.clear()
+    state.layouts.clear()
+
+
+def stash_all(state: DGCState) -> None:
+    """Move every bucket's state to the per-parameter stash (DDP rebuilt its buckets)."""
+    state.stash, state.stash_steps = per_parameter(state)
+    clear_buckets(state)
+
+
+def unstash(state: DGCState, index: int, layout: BucketLayout, like: Tensor) -> None:
+    """Give bucket `index` (laid out as `layout`) the stashed state of its parameters;
+    zeros where a parameter has none."""
+    dtype = working_precision(like[:0]).dtype
+    for kind in STATE_KINDS:
+        places = [
+            (ptr, offset, size)
+            for ptr, offset, size in zip(layout.params, layout.offsets, layout.sizes, strict=True)
+            if kind in state.stash.get(ptr, {})
+        ]
+        if not places:
+            continue
+        flat = torch.zeros(sum(layout.sizes), dtype=dtype, device=like.device)
+        for ptr, offset, size in places:
+            flat[offset : offset + size] = state.stash[ptr].pop(kind).reshape(-1).to(flat)
+        getattr(state, kind)[index] = flat
+    steps = [state.stash_steps.pop(ptr) for ptr in layout.params if ptr in state.stash_steps]
+    if steps:
+        state.bucket_steps[index] = max(steps)
+    for ptr in layout.params:
+        if not state.stash.get(ptr, True):
+            del state.stash[ptr]
+
+
+def current_layout(state: DGCState, bucket: dist.GradBucket) -> BucketLayout:
+    """The layout of `bucket`, cached. When DDP rebuilt its buckets (after the first step,
+    in gradient-ready order), every bucket's state moves to the buckets that now hold its
+    parameters, through the stash: nothing waiting in a residual is lost."""
+    index, params = bucket.index(), bucket.parameters()
+    known = state.layouts.get(index)
+    if known is not None and known.params == tuple(p.data_ptr() for p in params):
+        return known
+    if known is not None:
+        stash_all(state)
+    layout = bucket_layout(params, state.config.dense_vectors, bucket.buffer().device)
+    state.layouts[index] = layout
+    unstash(state, index, layout, bucket.buffer())
+    return layout
+
+
+# The state in checkpoints (beside `last.ckpt`, one file per rank).
+
+RANK_STATE_FORMAT = 1
+
+
+def rank_state_path(checkpoint: str | Path, rank: int) -> Path:
+    """Where rank `rank` keeps its DGC state of `checkpoint` (`last.dgc/rank0.pt`)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(f"{checkpoint.stem}.dgc") / f"rank{rank}.pt"
+
+
+def carries_rank_state(checkpoint: str | Path) -> bool:
+    """Whether the DGC state is written beside `checkpoint` (the resume checkpoint only)."""
+    return Path(checkpoint).name == RESUME_CHECKPOINT
+
+
+def rank_state(
+    state: DGCState, names: Mapping[int, str], global_step: int, rank: int, world_size: int
+) -> dict:
+    """This rank's hook state as a dict of CPU tensors per parameter name (`names`: the
+    parameters' storage addresses to their names)."""
+    tensors, steps = per_parameter(state)
+    generator = state.generator.get_state() if state.generator is not None else None
+    return {
+        "format": RANK_STATE_FORMAT,
+        "global_step": global_step,
+        "rank": rank,
+        "world_size": world_size,
+        "hook_step": state.step,
+        "dense_from": state.dense_from,
+        "parameters": {
+            names[ptr]: {kind: t.detach().to("cpu", copy=True) for kind, t in kinds.items()}
+            for ptr, kinds in tensors.items()
+            if ptr in names and kinds
+        },
+        "adam_steps": {names[ptr]: n for ptr, n in steps.items() if ptr in names},
+        "generator": generator if generator is not None else state.generator_state,
+    }
+
+
+def save_rank_state(
+    state: DGCState,
+    names: Mapping[int, str],
+    checkpoint: str | Path,
+    global_step: int,
+    rank: int,
+    world_size: int,
+) -> Path:
+    """Write this rank's state beside `checkpoint`, atomically; its path."""
+    path = rank_state_path(checkpoint, rank)
+    save_atomically(rank_state(state, names, global_step, rank, world_size), path)
+    return path
+
+
+def restore_rank_state(state: DGCState, saved: dict, addresses: Mapping[str, int]) -> int:
+    """Give `state` the saved state (`rank_state`'s dict): it waits in the stash for the
+    buckets that will hold its parameters (`addresses`: names to storage addresses). The
+    number of entries restored; a parameter the model does not have is an error."""
+    unknown = sorted(set(saved["parameters"]) - set(addresses))
+    if unknown:
+        raise ValueError(
+            f"the saved DGC state has parameters the model lacks: {', '.join(unknown[:5])}"
+        )
+    clear_buckets(state)
+    state.stash = {addresses[n]: dict(kinds) for n, kinds in saved["parameters"].items()}
+    state.stash_steps = {addresses[n]: int(t) for n, t in saved["adam_steps"].items()}
+    state.step = int(saved["hook_step"])
+    state.dense_from = int(saved.get("dense_from", 0))
+    state.generator, state.generator_state = None, saved["generator"]
+    return sum(t.numel() for kinds in saved["parameters"].values() for t in kinds.values())
+
+
+def load_rank_state(
+    state: DGCState,
+    addresses: Mapping[str, int],
+    checkpoint: str | Path,
+    global_step: int,
+    rank: int,
+    world_size: int,
+) -> bool:
+    """Restore this rank's state written beside `checkpoint` when it matches the run
+    (the checkpoint's `global_step`, the rank and the number of processes); otherwise log
+    why the state starts at zero. Whether it was restored."""
+    path = rank_state_path(checkpoint, rank)
+    if not path.is_file():
+        log.warning(
+            "rank %d: no DGC state at %s (written beside %s only): the residuals, velocity "
+            "and moments of the hook start at zero",
+            rank,
+            path,
+            RESUME_CHECKPOINT,
+        )
+        return False
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    expected = {"format": RANK_STATE_FORMAT, "global_step": global_step, "world_size": world_size}
+    wrong = {k: saved.get(k) for k, v in expected.items() if saved.get(k) != v}
+    if wrong:
+        log.warning(
+            "rank %d: the DGC state at %s does not match this run (%s; expected %s): the "
+            "hook's state starts at zero",
+            rank,
+            path,
+            wrong,
+            {k: expected[k] for k in wrong},
+        )
+        return False
+    entries = restore_rank_state(state, saved, addresses)
+    log.info("rank %d: restored the DGC state of %d entries from %s", rank, entries, path)
+    return True
+
+
+# Logging.
+
+
+class CompressionMonitor(Callback):
+    """Logs each optimizer step's traffic (`StepTraffic`: `comm/bucket_bytes`,
+    `comm/payload_bytes`,
+    `comm/sent_bytes`, `comm/received_bytes`, `comm/dense_bytes`, `comm/compression` =
+    dense / received, `comm/compression_sent` = dense / sent, `comm/sparsity`) and starts
+    the warm-up where a resumed run left it."""
+
+    def __init__(self, state: DGCState) -> None:
+        self.state = state
+        self._logged_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.state.step = trainer.global_step
+        groups = trainer.optimizers[0].param_groups
+        self.state.learning_rate = lambda: float(groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_) -> None:
+        traffic = self.state.last_traffic
+        if trainer.global_step == self._logged_step or traffic.entries == 0:
+            return  # inside gradient accumulation, or before the first exchange
+        self._logged_step = trainer.global_step
+        values = {
+            "comm/bucket_bytes": float(traffic.bucket_bytes),
+            "comm/payload_bytes": float(traffic.payload_bytes),
+            "comm/sent_bytes": float(traffic.sent_bytes),
+            "comm/received_bytes": float(traffic.received_bytes),
+            "comm/dense_bytes": float(traffic.dense_bytes),
+            "comm/compression": traffic.compression,
+            "comm/compression_sent": traffic.compression_sent,
+            "comm/sparsity": 1.0 - traffic.sent_entries / max(traffic.entries, 1),
+        }
+        for name, value in values.items():
+            pl_module.log(name, value, on_step=True, on_epoch=False, rank_zero_only=True)
