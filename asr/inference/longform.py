@@ -1,5 +1,8 @@
-"""Recordings of any length: cut into segments (`asr.inference.segments`), decoded a batch
-of segments at a time, and stitched back together.
+"""Recordings of any length, as a pipeline that runs one way: audio -> segments
+(`pieces_of`, cut by `asr.inference.segments`) -> batches (`batches_of`) -> the
+recognizer decodes each batch to words -> the words of each recording merged
+(`stitch_recordings`). `asr.inference.recognizer.Recognizer.transcribe` drives it; nothing
+here calls back into the recognizer.
 
 Segments of different stretches of speech are separated by pauses, so their words are
 simply put one after the other. The overlapping windows of one long stretch are merged
@@ -13,7 +16,8 @@ in their overlap:
   of the later's are aligned, and the switch is at the middle of their longest common run.
 
 Memory holds one batch of segments (`batch_seconds` of audio) and the words: it does not
-grow with the recording's length.
+grow with the recording's length (`release_freed_memory` after each batch keeps the heap
+from creeping).
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ import ctypes.util
 import difflib
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from asr.inference.audio import AudioSource
+from asr.inference.audio import AudioInput, AudioSource, open_audio
 from asr.inference.segments import Segment, plan_segments, recording_energies, speech_stretches
 from asr.inference.timestamps import Word
 
@@ -143,40 +147,51 @@ def stitch(decoded: Sequence[tuple[Segment, list[Word]]], timed: bool) -> list[W
     return words
 
 
-Decode = Callable[[Sequence[np.ndarray], Sequence[float]], list[list[Word]]]
+@dataclass(frozen=True)
+class Piece:
+    """One segment of recording number `recording`, with its samples."""
+
+    recording: int
+    segment: Segment
+    samples: np.ndarray
 
 
-class SegmentBatches:
-    """Segments of several recordings, decoded a batch at a time by `decode(samples,
-    start seconds)` (each segment's words, times counted from its recording's start)."""
+def pieces_of(audio: Sequence[AudioInput], config: WindowConfig) -> Iterator[Piece]:
+    """Every recording's segments with their samples, in order; a long file is read a
+    segment at a time (a short one once)."""
+    for index, item in enumerate(audio):
+        source = open_audio(item)
+        if source.duration <= config.window:
+            source = source.in_memory()
+        for segment in segments_of(source, config):
+            yield Piece(index, segment, source.read(segment.start, segment.end))
 
-    def __init__(self, decode: Decode, batch_seconds: float, max_count: int) -> None:
-        self.decode, self.batch_seconds, self.max_count = decode, batch_seconds, max_count
-        self.pending: list[tuple[int, Segment, np.ndarray]] = []
-        self.pending_seconds = 0.0
-        self.done: dict[int, list[tuple[Segment, list[Word]]]] = {}
 
-    def add(self, recording: int, segment: Segment, samples: np.ndarray) -> None:
-        self.pending.append((recording, segment, samples))
-        self.pending_seconds += segment.end - segment.start
-        if self.pending_seconds >= self.batch_seconds or len(self.pending) >= self.max_count:
-            self.flush()
+def batches_of(
+    pieces: Iterable[Piece], batch_seconds: float, max_count: int
+) -> Iterator[list[Piece]]:
+    """The pieces in batches of up to `batch_seconds` of audio and `max_count` pieces, each
+    sorted by length (similar lengths pad least)."""
+    batch: list[Piece] = []
+    seconds = 0.0
+    for piece in pieces:
+        batch.append(piece)
+        seconds += piece.segment.end - piece.segment.start
+        if seconds >= batch_seconds or len(batch) >= max_count:
+            yield sorted(batch, key=lambda p: len(p.samples))
+            batch, seconds = [], 0.0
+    if batch:
+        yield sorted(batch, key=lambda p: len(p.samples))
 
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        batch = sorted(self.pending, key=lambda p: len(p[2]))  # similar lengths pad least
-        decoded = self.decode([p[2] for p in batch], [p[1].start for p in batch])
-        for (recording, segment, _), words in zip(batch, decoded, strict=True):
-            self.done.setdefault(recording, []).append((segment, words))
-        self.pending.clear()
-        self.pending_seconds = 0.0
-        release_freed_memory()
 
-    def words(self, recording: int, timed: bool) -> list[Word]:
-        """A recording's words, once all its segments are decoded."""
-        decoded = sorted(self.done.pop(recording, []), key=lambda d: d[0].start)
-        return stitch(decoded, timed)
+def stitch_recordings(
+    decoded: Iterable[tuple[Piece, list[Word]]], count: int, timed: bool
+) -> list[list[Word]]:
+    """The words of each of `count` recordings from its pieces' words (in any order)."""
+    per_recording: list[list[tuple[Segment, list[Word]]]] = [[] for _ in range(count)]
+    for piece, words in decoded:
+        per_recording[piece.recording].append((piece.segment, words))
+    return [stitch(sorted(d, key=lambda d: d[0].start), timed) for d in per_recording]
 
 
 @functools.cache

@@ -25,9 +25,16 @@ from asr.decoding.search import (
     has_token_times,
 )
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
-from asr.inference.audio import AudioInput, open_audio, read_audio
+from asr.inference.audio import AudioInput, read_audio
 from asr.inference.bundle import load_bundle
-from asr.inference.longform import SegmentBatches, WindowConfig, segments_of
+from asr.inference.longform import (
+    Piece,
+    WindowConfig,
+    batches_of,
+    pieces_of,
+    release_freed_memory,
+    stitch_recordings,
+)
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
 from asr.models.build import Model
 
@@ -111,7 +118,7 @@ class Recognizer:
             transcripts.append(Transcript(self.tokenizer.decode(hyp.tokens), words))
         return transcripts
 
-    def _decode_segments(
+    def words_of_samples(
         self, samples: Sequence[np.ndarray], offsets: Sequence[float]
     ) -> list[list[Word]]:
         """The words of each piece of audio (times from its offset); audio too short for
@@ -146,15 +153,16 @@ class Recognizer:
             raise ValueError(NO_TOKEN_TIMES)
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
-        batches = SegmentBatches(self._decode_segments, self.windows.batch_seconds, batch_size)
-        for index, item in enumerate(audio):
-            source = open_audio(item)
-            if source.duration <= self.windows.window:  # short: read it once
-                source = source.in_memory()
-            for segment in segments_of(source, self.windows):
-                batches.add(index, segment, source.read(segment.start, segment.end))
-        batches.flush()
-        results = [Transcript.of_words(batches.words(i, timed)) for i in range(len(audio))]
+        pieces = pieces_of(audio, self.windows)
+        decoded: list[tuple[Piece, list[Word]]] = []
+        for batch in batches_of(pieces, self.windows.batch_seconds, batch_size):
+            words = self.words_of_samples(
+                [p.samples for p in batch], [p.segment.start for p in batch]
+            )
+            decoded += zip(batch, words, strict=True)
+            release_freed_memory()
+        words = stitch_recordings(decoded, len(audio), timed)
+        results = [Transcript.of_words(w) for w in words]
         return results if timestamps else [t.text for t in results]
 
 

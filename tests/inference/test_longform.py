@@ -12,12 +12,14 @@ from asr.data.corpus import load_cuts
 from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.longform import (
-    SegmentBatches,
+    Piece,
     WindowConfig,
+    batches_of,
     merge_timed,
     merge_untimed,
     segments_of,
     stitch,
+    stitch_recordings,
 )
 from asr.inference.segments import (
     BLOCK_SECONDS,
@@ -168,15 +170,14 @@ def test_windows_of_one_stretch_stitch_back_to_every_word_once(
     segments = segments_of(source, WindowConfig(window, overlap, max_pause=0.0))
     assert len(segments) > 4 and {s.stretch for s in segments} == {0}
 
-    def decode(samples: list[np.ndarray], starts: list[float]) -> list[list[Word]]:
-        ends = [s + len(x) / SAMPLE_RATE for s, x in zip(starts, samples, strict=True)]
-        return [_heard(joined.words, s, e, 0.04) for s, e in zip(starts, ends, strict=True)]
-
-    batches = SegmentBatches(decode, batch_seconds=25.0, max_count=16)
-    for segment in segments:
-        batches.add(0, segment, source.read(segment.start, segment.end))
-    batches.flush()
-    words = batches.words(0, timed=True)
+    pieces = [Piece(0, s, source.read(s.start, s.end)) for s in segments]
+    decoded = []
+    for batch in batches_of(reversed(pieces), batch_seconds=25.0, max_count=16):
+        assert sum(p.segment.end - p.segment.start for p in batch[:-1]) < 25.0
+        assert [len(p.samples) for p in batch] == sorted(len(p.samples) for p in batch)
+        decoded += [(p, _heard(joined.words, p.segment.start, p.segment.end, 0.04)) for p in batch]
+    assert len(decoded) == len(pieces)
+    (words,) = stitch_recordings(decoded, 1, timed=True)
     assert [w.word for w in words] == [w.word for w in joined.words]
     errors = matched_starts(words, joined.words)
     assert error_summary(errors)["mean_signed_s"] == pytest.approx(0.04, abs=1e-3)
