@@ -267,11 +267,27 @@ class TransformerDecoder(nn.Module):
         return self._logits(x[:, 0]), new_state
 
 
+@dataclass
+class AedOutput:
+    """What an attention encoder-decoder's training loss needs of one batch: the encoder
+    output (B, T', D_enc) and its lengths (B,), the decoder's logits (B, U+1, V) for
+    BOS + tokens and their targets tokens + EOS (B, U+1; `IGNORE_INDEX` beyond each
+    sequence), and the CTC head's log-probabilities (B, T', V) (None where not asked for)."""
+
+    encoder_out: Tensor
+    encoder_lens: Tensor
+    logits: Tensor
+    targets: Tensor
+    ctc_log_probs: Tensor | None = None
+
+
 class EncoderDecoder(nn.Module):
     """EncoderDecoder(encoder, decoder) with an optional CTC head on the encoder output.
 
-    ``encoder(features, feature_lens) -> (encoder_out, encoder_lens)``. The model owns no
-    loss: see `asr.losses.cross_entropy` and `asr.training.objective`.
+    Training calls ``forward`` (-> ``AedOutput``); the model owns no loss (see
+    `asr.losses.cross_entropy` and `asr.training.objective`). Decoding and export call
+    ``encode`` and then a search over the decoder's ``init_state``/``step``
+    (``asr.decoding.aed``).
     """
 
     def __init__(
@@ -317,9 +333,19 @@ class EncoderDecoder(nn.Module):
         return inputs, targets.masked_fill(beyond, IGNORE_INDEX)
 
     def forward(
-        self, features: Tensor, feature_lens: Tensor, tokens: Tensor, token_lens: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """-> encoder_out, encoder_lens, decoder logits (B, U+1, V), targets (B, U+1)."""
+        self,
+        features: Tensor,
+        feature_lens: Tensor,
+        tokens: Tensor,
+        token_lens: Tensor,
+        *,
+        ctc: bool = False,
+    ) -> AedOutput:
+        """features (B, T, F), feature_lens (B,), tokens (B, U) padded, token_lens (B,) ->
+        the encoder output and the decoder's logits and targets, with the CTC
+        log-probabilities when `ctc`."""
         encoder_out, encoder_lens = self.encode(features, feature_lens)
         inputs, targets = self.decoder_io(tokens, token_lens)
-        return encoder_out, encoder_lens, self.decoder(inputs, encoder_out, encoder_lens), targets
+        logits = self.decoder(inputs, encoder_out, encoder_lens)
+        log_probs = self.ctc_log_probs(encoder_out) if ctc else None
+        return AedOutput(encoder_out, encoder_lens, logits, targets, log_probs)

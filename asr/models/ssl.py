@@ -118,11 +118,15 @@ class SslConfig:
 
 @dataclass
 class W2vBertOutput:
-    """Per subsampled frame (B, T'', ...), padded as the encoder pads inside: the projected
-    context of the contrastive module, the quantized targets and their code ids, the MLM
-    logits (B, T'', groups, num_codes), the masked frames, the valid frames, and the mean
-    code distribution over the masked frames (groups, num_codes)."""
+    """What w2v-BERT's losses need of one batch: the encoder output (B, T', D, as
+    `ConformerEncoder` returns it) and its lengths (B,); then per subsampled frame
+    (B, T'', ...), padded as the encoder pads inside: the projected context of the
+    contrastive module, the quantized targets and their code ids, the MLM logits
+    (B, T'', groups, num_codes), the masked frames, the valid frames; and the mean code
+    distribution over the masked frames (groups, num_codes)."""
 
+    encoder_out: Tensor
+    encoder_lens: Tensor
     context: Tensor
     targets: Tensor
     codes: Tensor
@@ -134,9 +138,12 @@ class W2vBertOutput:
 
 @dataclass
 class BestRqOutput:
-    """Logits (B, T', num_codebooks, num_codes), target code ids (B, T', num_codebooks), the
-    target frames (all of their input frames masked) and the valid frames, (B, T')."""
+    """What BEST-RQ's loss needs of one batch: the encoder output (B, T', D) and its lengths
+    (B,), logits (B, T', num_codebooks, num_codes), target code ids (B, T', num_codebooks),
+    the target frames (all of their input frames masked) and the valid frames, (B, T')."""
 
+    encoder_out: Tensor
+    encoder_lens: Tensor
     logits: Tensor
     codes: Tensor
     masked: Tensor
@@ -160,6 +167,8 @@ class W2vBert(nn.Module):
     def forward(
         self, features: Tensor, feature_lens: Tensor, generator: torch.Generator | None = None
     ) -> W2vBertOutput:
+        """features (B, T, F), feature_lens (B,) -> what the losses need; `generator` draws
+        the masks and the quantizer's Gumbel noise (the objective seeds it per batch)."""
         frames = self.encoder.subsample(features, feature_lens)
         c = self.config
         masked = span_mask(
@@ -174,8 +183,8 @@ class W2vBert(nn.Module):
         b, t, _ = x.shape
         logits = self.mlm_head(x).view(b, t, c.groups, c.num_codes)
         return W2vBertOutput(
-            context, quantized.vectors, quantized.codes, logits, masked, frames.valid,
-            quantized.mean_probs,
+            self.encoder.output(x, frames), frames.lens, context, quantized.vectors,
+            quantized.codes, logits, masked, frames.valid, quantized.mean_probs,
         )  # fmt: skip
 
 
@@ -199,6 +208,8 @@ class BestRq(nn.Module):
     def forward(
         self, features: Tensor, feature_lens: Tensor, generator: torch.Generator | None = None
     ) -> BestRqOutput:
+        """features (B, T, F), feature_lens (B,) -> what the loss needs; `generator` draws
+        the masks and the noise put in their place (the objective seeds it per batch)."""
         c = self.config
         b, t, _ = features.shape
         input_mask = span_mask(
@@ -212,7 +223,7 @@ class BestRq(nn.Module):
         valid = lengths_to_mask(lens, out.size(1))
         masked = fully_masked(input_mask, self.encoder.subsampling_factor) & valid
         logits = self.head(out).view(b, out.size(1), c.num_codebooks, c.num_codes)
-        return BestRqOutput(logits, codes, masked, valid)
+        return BestRqOutput(out, lens, logits, codes, masked, valid)
 
 
 def build_ssl_model(config: SslConfig) -> W2vBert | BestRq:

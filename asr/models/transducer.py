@@ -181,11 +181,27 @@ class Joiner(nn.Module):
         return self.project_encoder, self.project_predictor, self.output
 
 
+@dataclass
+class TransducerOutput:
+    """What a transducer's training loss needs of one batch: the encoder output
+    (B, T', D_enc) and its lengths (B,), the predictor output (B, U+1, D_pred), and the CTC
+    head's log-probabilities (B, T', V). The last two are None where not asked for (CTC-only
+    warm-up steps; no CTC term). No logits: the loss applies the joiner a sample at a time
+    (``asr.losses.transducer``), so the B x T' x (U+1) x V tensor never exists."""
+
+    encoder_out: Tensor
+    encoder_lens: Tensor
+    predictor_out: Tensor | None = None
+    ctc_log_probs: Tensor | None = None
+
+
 class Transducer(nn.Module):
     """Transducer(encoder, predictor, joiner) with an optional CTC head on the encoder output.
 
-    ``encoder(features, feature_lens) -> (encoder_out, encoder_lens)``; the loss functions
-    in ``asr.losses`` receive the parts they need. ``ctc_head`` maps D_enc -> V.
+    Training calls ``forward`` (-> ``TransducerOutput``) and passes it, with ``joiner``, to
+    a loss of ``asr.losses.transducer``; decoding and export call ``encode`` and then a
+    search over ``predictor`` and ``joiner`` (``asr.decoding.transducer``). ``ctc_head``
+    maps D_enc -> V.
     """
 
     def __init__(
@@ -223,8 +239,19 @@ class Transducer(nn.Module):
         return ctc_log_probs(self.ctc_head, encoder_out, type(self).__name__)
 
     def forward(
-        self, features: Tensor, feature_lens: Tensor, tokens: Tensor, token_lens: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """-> encoder_out (B, T', D_enc), encoder_lens (B,), predictor_out (B, U+1, D_pred)."""
+        self,
+        features: Tensor,
+        feature_lens: Tensor,
+        tokens: Tensor,
+        token_lens: Tensor,
+        *,
+        predict: bool = True,
+        ctc: bool = False,
+    ) -> TransducerOutput:
+        """features (B, T, F), feature_lens (B,), tokens (B, U) padded, token_lens (B,) ->
+        the encoder output, with the predictor output when `predict` and the CTC
+        log-probabilities when `ctc`."""
         encoder_out, encoder_lens = self.encode(features, feature_lens)
-        return encoder_out, encoder_lens, self.predictor(tokens, token_lens)
+        log_probs = self.ctc_log_probs(encoder_out) if ctc else None
+        predictor_out = self.predictor(tokens, token_lens) if predict else None
+        return TransducerOutput(encoder_out, encoder_lens, predictor_out, log_probs)

@@ -22,8 +22,8 @@ from asr.losses.cross_entropy import label_smoothed_cross_entropy
 from asr.losses.ctc import ctc_loss
 from asr.losses.lattice_choice import LATTICE_IMPLEMENTATIONS
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
-from asr.models.aed import EncoderDecoder
-from asr.models.transducer import Transducer
+from asr.models.aed import AedOutput, EncoderDecoder
+from asr.models.transducer import Transducer, TransducerOutput
 from asr.training.ssl_objective import SslLossConfig, SslObjective
 
 TRANSDUCER_LOSSES = {"samplewise": samplewise_transducer_loss, "batched": batched_transducer_loss}
@@ -113,30 +113,42 @@ class TransducerObjective:
 
     def __call__(self, model: Transducer, batch: Batch, step: int) -> dict[str, torch.Tensor]:
         cfg = self.config
-        enc, enc_lens = model.encode(batch.features, batch.feature_lens)
-        out: dict[str, torch.Tensor] = {}
-        if self.uses_ctc(step):
-            log_probs = model.ctc_log_probs(enc)
-            out["ctc"] = ctc_loss(
-                log_probs, enc_lens, batch.tokens, batch.token_lens, blank=model.blank_id
+        out = model(
+            batch.features,
+            batch.feature_lens,
+            batch.tokens,
+            batch.token_lens,
+            predict=step >= cfg.transducer_start_step,
+            ctc=self.uses_ctc(step),
+        )
+        return self.losses(out, model.joiner, batch, model.blank_id)
+
+    def losses(
+        self, out: TransducerOutput, joiner: torch.nn.Module, batch: Batch, blank: int
+    ) -> dict[str, torch.Tensor]:
+        """The loss terms of a transducer's output on `batch` (`joiner`: the model's, which
+        the loss applies a sample at a time)."""
+        losses: dict[str, torch.Tensor] = {}
+        if out.ctc_log_probs is not None:
+            losses["ctc"] = ctc_loss(
+                out.ctc_log_probs, out.encoder_lens, batch.tokens, batch.token_lens, blank=blank
             )
-        if step >= cfg.transducer_start_step:
-            pred = model.predictor(batch.tokens, batch.token_lens)
-            out["transducer"] = self._loss_fn(
-                model.joiner,
-                enc,
-                pred,
-                batch.tokens,
-                enc_lens,
-                batch.token_lens,
-                blank=model.blank_id,
-                **self._loss_options,
-            )
-            ctc_part = cfg.ctc_weight * out["ctc"] if "ctc" in out else 0.0
-            out["loss"] = out["transducer"] + ctc_part
-        else:
-            out["loss"] = out["ctc"]
-        return out
+        if out.predictor_out is None:
+            losses["loss"] = losses["ctc"]
+            return losses
+        losses["transducer"] = self._loss_fn(
+            joiner,
+            out.encoder_out,
+            out.predictor_out,
+            batch.tokens,
+            out.encoder_lens,
+            batch.token_lens,
+            blank=blank,
+            **self._loss_options,
+        )
+        ctc_part = self.config.ctc_weight * losses["ctc"] if "ctc" in losses else 0.0
+        losses["loss"] = losses["transducer"] + ctc_part
+        return losses
 
 
 @dataclass(frozen=True)
@@ -180,26 +192,28 @@ class AedObjective:
         return ["ctc_head"] if model.ctc_head is not None and self.config.ctc_weight == 0 else []
 
     def __call__(self, model: EncoderDecoder, batch: Batch, step: int) -> dict[str, torch.Tensor]:
-        w = self.config.ctc_weight
-        enc, enc_lens, logits, targets = model(
-            batch.features, batch.feature_lens, batch.tokens, batch.token_lens
+        out = model(
+            batch.features,
+            batch.feature_lens,
+            batch.tokens,
+            batch.token_lens,
+            ctc=self.uses_ctc(step),
         )
-        out = {
-            "cross_entropy": label_smoothed_cross_entropy(
-                logits, targets, label_smoothing=self.config.label_smoothing
+        return self.losses(out, batch, model.blank_id)
+
+    def losses(self, out: AedOutput, batch: Batch, blank: int) -> dict[str, torch.Tensor]:
+        """The loss terms of an encoder-decoder's output on `batch`."""
+        w = self.config.ctc_weight
+        ce = label_smoothed_cross_entropy(
+            out.logits, out.targets, label_smoothing=self.config.label_smoothing
+        )
+        losses = {"cross_entropy": ce, "loss": ce}
+        if out.ctc_log_probs is not None:
+            losses["ctc"] = ctc_loss(
+                out.ctc_log_probs, out.encoder_lens, batch.tokens, batch.token_lens, blank=blank
             )
-        }
-        out["loss"] = out["cross_entropy"]
-        if w > 0:
-            out["ctc"] = ctc_loss(
-                model.ctc_log_probs(enc),
-                enc_lens,
-                batch.tokens,
-                batch.token_lens,
-                blank=model.blank_id,
-            )
-            out["loss"] = (1 - w) * out["cross_entropy"] + w * out["ctc"]
-        return out
+            losses["loss"] = (1 - w) * ce + w * losses["ctc"]
+        return losses
 
 
 Objective = TransducerObjective | AedObjective | SslObjective

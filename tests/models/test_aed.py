@@ -85,8 +85,8 @@ def test_the_decoder_never_attends_to_padded_encoder_frames() -> None:
     )
     # ... and through the whole model: padded feature frames change nothing either
     noisy = feats + 50 * (torch.arange(feats.size(1))[None, :, None] >= feat_lens[:, None, None])
-    _, _, logits_a, _ = model(feats, feat_lens, tokens, torch.tensor([6, 4, 2]))
-    _, _, logits_b, _ = model(noisy, feat_lens, tokens, torch.tensor([6, 4, 2]))
+    logits_a = model(feats, feat_lens, tokens, torch.tensor([6, 4, 2])).logits
+    logits_b = model(noisy, feat_lens, tokens, torch.tensor([6, 4, 2])).logits
     torch.testing.assert_close(logits_a, logits_b, rtol=0, atol=1e-10)
 
 

@@ -39,6 +39,9 @@ def test_w2v_bert_masks_within_lengths_and_trains_every_part() -> None:
     assert out.codes.shape == (3, t, 2) and out.logits.shape == (3, t, 2, 12)
     assert not (out.masked & ~out.valid).any() and out.masked.sum(dim=1).min() > 0
     assert out.valid.sum(dim=1).tolist() == [100, 63, 25]
+    assert out.encoder_out.shape == (3, 100, ENCODER.d_model)  # as the encoder returns it
+    assert out.encoder_lens.tolist() == [100, 63, 25]
+    assert not out.encoder_out[2, 25:].any()  # zero beyond each length
     distractors, valid = sample_distractors(out.masked, 5, torch.Generator().manual_seed(2))
     contrastive, _ = contrastive_loss(out.context, out.targets, out.masked, distractors, valid)
     mlm, _ = masked_prediction_loss(out.logits, out.codes, out.masked)
@@ -58,6 +61,8 @@ def test_best_rq_targets_only_fully_masked_frames_and_has_no_trainable_quantizer
     out = model(features, lens, torch.Generator().manual_seed(1))
     assert out.logits.shape == (3, 100, 2, 64) and out.codes.shape == (3, 100, 2)
     assert not (out.masked & ~out.valid).any() and out.masked.any()
+    assert out.encoder_out.shape == (3, 100, ENCODER.d_model)
+    assert out.encoder_lens.tolist() == out.valid.sum(dim=1).tolist()
     # the same input gives the same targets, whatever the mask
     again = model(features, lens, torch.Generator().manual_seed(5))
     assert torch.equal(again.codes, out.codes) and not torch.equal(again.masked, out.masked)

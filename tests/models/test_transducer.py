@@ -109,9 +109,12 @@ def test_transducer_composition():
     assert log_probs.shape == (2, 8, V)
     assert torch.allclose(log_probs.exp().sum(-1), torch.ones(2, 8))
     tokens = torch.randint(1, V, (2, 4))
-    enc2, enc_lens2, pred = model(feats, lens, tokens, torch.tensor([4, 2]))
-    assert torch.equal(enc2, enc) and torch.equal(enc_lens2, enc_lens)
-    assert pred.shape == (2, 5, 16)
+    out = model(feats, lens, tokens, torch.tensor([4, 2]), ctc=True)
+    assert torch.equal(out.encoder_out, enc) and torch.equal(out.encoder_lens, enc_lens)
+    assert out.predictor_out.shape == (2, 5, 16)
+    assert torch.equal(out.ctc_log_probs, log_probs)
+    warm_up = model(feats, lens, tokens, torch.tensor([4, 2]), predict=False)
+    assert warm_up.predictor_out is None and warm_up.ctc_log_probs is None
 
 
 def test_transducer_without_ctc_head_explains():
