@@ -48,6 +48,18 @@ def prepare_corpus(work: Path, experiment: str, train_hours: float) -> tuple[Pat
     return data, exp / "batch_sizes.yaml"
 
 
+def model_kind_of(experiment: str) -> str:
+    """The model kind of a preset (`transducer`, `aed`, `ssl`), from this checkout's configs."""
+    import hydra
+
+    from asr.models.build import model_kind
+    from asr.training.train import CONFIG_DIR
+
+    with hydra.initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = hydra.compose("train", overrides=[f"experiment={experiment}"])
+    return model_kind(cfg.model)
+
+
 def worktree(work: Path, revision: str) -> tuple[Path, str]:
     """A detached worktree of `revision` under WORK (made once) and its full commit id."""
     commit = subprocess.run(
@@ -61,8 +73,10 @@ def worktree(work: Path, revision: str) -> tuple[Path, str]:
     return tree, commit
 
 
-def train(tree: Path, run_dir: Path, data: Path, batch_sizes: Path, args, overrides) -> dict:
-    """`asr-train` of the worktree's code (its package and configs) for `args.steps` steps."""
+def train(tree: Path, run_dir: Path, data: Path, batch_sizes: Path | None, args, overrides) -> dict:
+    """`asr-train` of the worktree's code (its package and configs) for `args.steps` steps
+    (with the searched bins and batch sizes, or the preset's sampler where None)."""
+    bins = [] if batch_sizes is None else [f"data.sampler.bins_file={batch_sizes.resolve()}"]
     command = [
         sys.executable,
         "-m",
@@ -70,7 +84,7 @@ def train(tree: Path, run_dir: Path, data: Path, batch_sizes: Path, args, overri
         f"experiment={args.experiment}",
         f"data_dir={data.resolve()}",
         f"exp_dir={run_dir.resolve()}",
-        f"data.sampler.bins_file={batch_sizes.resolve()}",
+        *bins,
         f"trainer.max_steps={args.steps}",
         "data.num_workers=0",
         "resume=false",
@@ -127,7 +141,13 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    data, batch_sizes = prepare_corpus(args.work, args.experiment, args.train_hours)
+    # Pre-training reads audio alone: its corpus is the transducer's (the recipe makes a
+    # tokenizer), and its batches are the preset's own (duration buckets, no tokens).
+    pretraining = model_kind_of(args.experiment) == "ssl"
+    recipe_experiment = "demo" if pretraining else args.experiment
+    data, batch_sizes = prepare_corpus(args.work, recipe_experiment, args.train_hours)
+    if pretraining:
+        batch_sizes = None
     result: dict = {"experiment": args.experiment, "steps": args.steps, "overrides": args.overrides}
     checkpoints = []
     for side in ("before", "after"):
