@@ -92,7 +92,25 @@ def part_values(cls: type, overrides: Mapping[str, Any], section: str) -> dict[s
 
 def key_docs(cls: type) -> dict[str, str]:
     """Key -> the text of its `- `key`: text` line in `cls`'s docstring (continuation
-    lines joined); an error names a key without one, or one for a key `cls` lacks."""
+    lines joined), or in a config dataclass it extends (the keys it inherits); an error
+    names a key without one, or one for a key `cls` lacks."""
+    docs: dict[str, str] = {}
+    bases = [c for c in cls.__mro__[1:] if dataclasses.is_dataclass(c)]
+    for owner in [*reversed(bases), cls]:
+        docs |= _docstring_keys(owner)
+    keys = _keys(cls)
+    undocumented = [k for k in keys if k not in docs]
+    unknown = [k for k in docs if k not in keys]
+    if undocumented or unknown:
+        raise ValueError(
+            f"{cls.__qualname__}'s docstring needs one line `- `key`: text` per key: "
+            f"undocumented {undocumented}, not keys {unknown}"
+        )
+    return docs
+
+
+def _docstring_keys(cls: type) -> dict[str, str]:
+    """The `- `key`: text` lines of `cls`'s own docstring."""
     docs, key = {}, None
     for line in inspect.cleandoc(cls.__doc__ or "").splitlines():
         match = KEY_LINE.fullmatch(line)
@@ -103,14 +121,6 @@ def key_docs(cls: type) -> dict[str, str]:
             docs[key] += " " + line.strip()
         else:
             key = None
-    keys = _keys(cls)
-    undocumented = [k for k in keys if k not in docs]
-    unknown = [k for k in docs if k not in keys]
-    if undocumented or unknown:
-        raise ValueError(
-            f"{cls.__qualname__}'s docstring needs one line `- `key`: text` per key: "
-            f"undocumented {undocumented}, not keys {unknown}"
-        )
     return docs
 
 

@@ -12,10 +12,8 @@ import logging
 import netrc
 import os
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
@@ -92,22 +90,28 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online"
 
 
-def build_loggers(cfg: Mapping[str, Any], save_dir: str | Path, run_config: dict) -> list[Logger]:
-    """CSV logger (if `csv`) plus a WandbLogger from `cfg["wandb"]` (if not null)."""
+def build_loggers(config: LoggerConfig, save_dir: str | Path, run_config: dict) -> list[Logger]:
+    """CSV logger (if `csv`) plus a WandbLogger from `config.wandb` (if not null); W&B
+    records `run_config` as the run's hyper-parameters."""
     save_dir = Path(save_dir)
     loggers: list[Logger] = []
-    if cfg.get("csv", LoggerConfig.csv):
+    if config.csv:
         # One version_N directory per run and per resume: with a fixed directory Lightning
         # deletes the previous metrics.csv when a resumed run starts logging.
         loggers.append(CSVLogger(save_dir, name=CSV_DIR))
-    wandb_cfg = dict(cfg.get("wandb") or {})
-    if wandb_cfg:
-        mode = resolve_wandb_mode(wandb_cfg.pop("mode", WandbConfig.mode))
+    wandb = config.wandb
+    if wandb is not None:
+        mode = resolve_wandb_mode(wandb.mode)
         if mode != "disabled":
             os.environ["WANDB_MODE"] = mode  # also seen by wandb's own service process
             os.environ.setdefault("WANDB_SILENT", "true")
-            wandb_cfg["name"] = wandb_cfg.get("name") or save_dir.name
-            logger = WandbLogger(save_dir=str(save_dir), offline=mode == "offline", **wandb_cfg)
+            logger = WandbLogger(
+                save_dir=str(save_dir),
+                offline=mode == "offline",
+                project=wandb.project,
+                name=wandb.name or save_dir.name,
+                entity=wandb.entity,
+            )
             logger.log_hyperparams(run_config)
             loggers.append(logger)
     return loggers

@@ -73,7 +73,7 @@ class AsrLitModule(L.LightningModule):
         total_steps: optimizer steps of the whole run, for schedules that need it.
         faults: when a run stops for bad data or non-finite values (`FaultConfig`).
         search: the search of validation and test (None: greedy).
-        features: what the run's distributed strategy does (`StrategyFeatures`: which
+        strategy_features: what the run's distributed strategy does (`StrategyFeatures`: which
             ranks decide a step, whether the optimizer's moments, the learning rate or
             gradient clipping live elsewhere); from `setup_distributed`.
         freeze_encoder_steps: the encoder's learning rate is 0 for this many optimizer
@@ -90,13 +90,13 @@ class AsrLitModule(L.LightningModule):
         total_steps: int | None = None,
         faults: FaultConfig | None = None,
         search: SearchOptions | None = None,
-        features: StrategyFeatures = DENSE,
+        strategy_features: StrategyFeatures = DENSE,
         freeze_encoder_steps: int = 0,
     ) -> None:
         super().__init__()
         self.freeze_encoder_steps = freeze_encoder_steps  # asr.training.encoder_init
         self._encoder_groups: list[int] = []
-        self.features = features  # what the distributed strategy does for the module
+        self.strategy_features = strategy_features
         self.model = model
         self.search = search  # of validation and test; None: greedy
         self.objective = objective
@@ -156,7 +156,7 @@ class AsrLitModule(L.LightningModule):
         (Decentralized training: over the ranks of the replica only, `step_group`.)"""
         tally, self._tally = self._tally, StepTally()
         # the ranks that share this step: all of them, except in decentralized training
-        group = self.features.step_group()
+        group = self.strategy_features.step_group()
         totals = reduce_tally(tally, self.device, group)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         norm = gradient_norm(self.model.parameters())
@@ -299,12 +299,12 @@ class AsrLitModule(L.LightningModule):
             self.model,
             self.optim_cfg,
             fused=self._loss_scaler() is None,
-            moments_in_hook=self.features.moments_in_hook,
+            moments_in_hook=self.strategy_features.moments_in_hook,
             own_groups=self.model.encoder if self.freeze_encoder_steps else None,
         )
         if self.freeze_encoder_steps:
             self._encoder_groups = encoder_group_ids(optimizer, self.model.encoder)
-        if self.optim_cfg.scheduler is None or self.features.sets_learning_rate:
+        if self.optim_cfg.scheduler is None or self.strategy_features.sets_learning_rate:
             return {"optimizer": optimizer}  # constant, or set by a callback every step
         scheduler = build_scheduler(optimizer, self.optim_cfg.scheduler, self.total_steps)
         return {
@@ -326,7 +326,7 @@ class AsrLitModule(L.LightningModule):
         Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
         its own gradients (fused AdamW) even when nothing was scaled. Nothing when the
         strategy clips each rank's gradient in its communication hook (DGC)."""
-        if self.features.clips_in_hook:
+        if self.strategy_features.clips_in_hook:
             return
         if not gradient_clip_val or self._loss_scaler() is not None:
             super().configure_gradient_clipping(

@@ -16,9 +16,8 @@ The output YAML holds `data.sampler` keys: `bucket_duration_bins`, `bucket_batch
 when the bins file has per-bucket limits, `max_tps`.
 
 How memory is measured: every probe makes the optimizer's state before its step (Adam's
-moments live through every step of a run after the first; without them the probes of the
-102 M preset measured 0.8 GB short and 13 of 30 steps at the found size ran out of memory
-on an H200).
+moments live through every step of a run after the first; without them the found sizes ran
+out of memory: recipes/librispeech/RESULTS.md, "The GPU check").
 
 - **CUDA**: in this process. The caching allocator is capped at the budget
   (`torch.cuda.set_per_process_memory_fraction`) and uses expandable segments, as
@@ -73,6 +72,7 @@ from asr.data.bins import read_bins, write_bins
 from asr.losses.lattice_choice import active_lattice
 from asr.models.build import model_kind
 from asr.training.cuda_allocator import use_expandable_segments
+from asr.training.objective import TransducerObjective, build_objective
 from asr.training.precision import resolve_precision
 from asr.training.probes import (
     ModelSetup,
@@ -83,6 +83,9 @@ from asr.training.probes import (
     format_bytes,
 )
 from asr.training.train import CONFIG_DIR
+
+# Tokens per second a 1D bucket's probes are sized for when no bins file gives a limit.
+PROBE_TPS = 12.0
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +192,7 @@ class BucketResult:
 
 
 def buckets_from_bins(
-    bins: Sequence[Any], max_tps: float | Sequence[float] = 12.0
+    bins: Sequence[Any], max_tps: float | Sequence[float] = PROBE_TPS
 ) -> tuple[list[Bucket], bool]:
     """Upper edges -> (buckets, is_2d). 1D `[d, ...]`: max tokens ceil(d * max_tps);
     2D `[[d, t], ...]`: the given token edges. Edges must be increasing. `max_tps` is one
@@ -215,7 +218,9 @@ def buckets_from_bins(
         # Rounded first, so that 2.0 x 12 is 24 tokens, not 25. An infinite limit (a bins
         # file's empty bucket) cannot bound tokens: such a bucket gets the global default.
         buckets = [
-            Bucket(float(d), max(1, math.ceil(round(d * (x if math.isfinite(x) else 12.0), 6))), k)
+            Bucket(
+                float(d), max(1, math.ceil(round(d * (x if math.isfinite(x) else PROBE_TPS), 6))), k
+            )
             for d, x, k in zip(bins, limits, kept, strict=True)
         ]
     keys = [(b.max_duration, b.max_tokens) for b in buckets]
@@ -373,10 +378,11 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
 
 def lattice_in_use(cfg: DictConfig, device: str) -> str | None:
     """The transducer lattice the probes ran (None for other models and losses)."""
-    loss = OmegaConf.select(cfg, "model.loss") or {}
-    if model_kind(cfg.model) != "transducer" or loss.get("kind") != "samplewise":
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    objective = build_objective(model_kind(model), model.get("loss"))
+    if not isinstance(objective, TransducerObjective) or objective.config.kind != "samplewise":
         return None
-    return active_lattice(loss.get("lattice", "auto"), torch.device(device))
+    return active_lattice(objective.config.lattice, torch.device(device))
 
 
 def summary_table(results: Sequence[BucketResult]) -> Table:
@@ -475,11 +481,13 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console)]
     )
     from_file = read_bins(args.bins_file) if args.bins_file else {}
-    bins = from_file.get("bucket_duration_bins", args.buckets)
-    max_tps = args.max_tps if args.max_tps is not None else from_file.get("max_tps", 12.0)
+    bins = from_file["bucket_duration_bins"] if from_file else args.buckets
+    max_tps = next(
+        tps for tps in (args.max_tps, from_file.get("max_tps"), PROBE_TPS) if tps is not None
+    )
     buckets, is_2d = buckets_from_bins(bins, max_tps)
     cfg = compose_config(args.overrides)
-    pretraining = cfg.model.get("kind") == "ssl"
+    pretraining = model_kind(cfg.model) == "ssl"
     if pretraining:
         buckets = audio_only_buckets(buckets, is_2d)
     setup = ModelSetup.from_config(cfg, args.vocab_size, args.ddp_grad_copy)

@@ -1,5 +1,6 @@
 """The keys of `asr/configs/train.yaml` that `asr-train` reads itself, and the `trainer`
-group it hands to `lightning.Trainer`: their schema, defaults and documentation.
+group it hands to `lightning.Trainer`: their schema, defaults and documentation, and the
+readers that turn a composed config into them (`read_run_config`, `read_trainer_config`).
 
 `asr.training.config_files` writes `train.yaml` and `trainer/default.yaml` from these
 dataclasses, as it writes every other group file from its part's config dataclass.
@@ -7,10 +8,29 @@ dataclasses, as it writes every other group file from its part's config dataclas
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import lightning as L
+
+from asr.config_keys import ConfigError, config_keys, dataclass_from_keys
 from asr.training.distributed.config import DistributedConfig
 from asr.training.step_guard import FaultConfig
+
+# The groups of train.yaml, each read by its own part's config (model, data, optimizer,
+# trainer, logger, EMA); every other top-level key is a `RunConfig` field.
+GROUPS = ("model", "data", "trainer", "optim", "logger", "ema")
+# lightning.Trainer arguments that asr-train sets itself: not for the trainer group.
+SET_BY_ASR_TRAIN = (
+    "logger",
+    "callbacks",
+    "plugins",
+    "default_root_dir",
+    "use_distributed_sampler",
+)
 
 
 @dataclass(frozen=True)
@@ -112,3 +132,46 @@ class TrainerConfig:
     num_sanity_val_steps: int = 0
     check_val_every_n_epoch: int = 1
     deterministic: bool = False
+
+
+def read_run_config(cfg: Mapping[str, Any]) -> RunConfig:
+    """The run-level keys of a composed `train.yaml` config (all but its `GROUPS`) as a
+    `RunConfig`; an unknown key is an error that names it."""
+    keys = {key: value for key, value in cfg.items() if key not in GROUPS}
+    unknown = sorted(set(keys) - set(config_keys(RunConfig)))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {', '.join(unknown)}; valid top-level keys: "
+            f"{sorted([*config_keys(RunConfig), *GROUPS])}"
+        )
+    keys["distributed"] = DistributedConfig.from_mapping(keys.get("distributed"))
+    keys["faults"] = FaultConfig.from_mapping(keys.get("faults"))
+    keys["checkpoint"] = dataclass_from_keys(CheckpointConfig, keys.get("checkpoint"), "checkpoint")
+    keys["debug"] = dataclass_from_keys(DebugConfig, keys.get("debug"), "debug")
+    return RunConfig(**keys)
+
+
+def read_trainer_config(cfg: Mapping[str, Any]) -> tuple[TrainerConfig, dict[str, Any]]:
+    """The `trainer` group: its declared keys as a `TrainerConfig`, and the other
+    `lightning.Trainer` arguments a user added (`+trainer.val_check_interval=100`), passed
+    on as they are. A key that is neither is an error that names it."""
+    declared = set(config_keys(TrainerConfig))
+    extra = {key: value for key, value in cfg.items() if key not in declared}
+    arguments = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+    unknown = sorted(key for key in extra if key not in arguments or key in SET_BY_ASR_TRAIN)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {', '.join(f'trainer.{key}' for key in unknown)}: neither a "
+            f"key of the trainer group ({sorted(declared)}) nor a lightning.Trainer argument "
+            f"that asr-train leaves to you (it sets {list(SET_BY_ASR_TRAIN)} itself)"
+        )
+    declared_keys = {key: value for key, value in cfg.items() if key in declared}
+    return dataclass_from_keys(TrainerConfig, declared_keys, "trainer"), extra
+
+
+def trainer_arguments(trainer: TrainerConfig, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`lightning.Trainer`'s arguments from the trainer group, but `precision` and
+    `strategy`, which asr-train resolves first."""
+    arguments = {f.name: getattr(trainer, f.name) for f in dataclasses.fields(trainer)}
+    del arguments["precision"], arguments["strategy"]
+    return arguments | dict(extra)

@@ -10,6 +10,7 @@ Running the same command again resumes from `exp_dir/checkpoints/last.ckpt` (`re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -36,16 +37,22 @@ from asr.training.checkpointing import (
     checkpoint_callbacks,
 )
 from asr.training.cuda_allocator import use_expandable_segments
-from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.ddp import is_peer_failure, uses_cpu
 from asr.training.distributed.setup import DistributedSetup, TrainingFacts, setup_distributed
 from asr.training.encoder_init import load_encoder
-from asr.training.loggers import build_loggers
+from asr.training.loggers import LoggerConfig, build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import Objective, build_objective, first_full_loss_step
 from asr.training.optimizer import OptimConfig, optim_config
 from asr.training.precision import emulated_bf16, enlarge_onednn_cache, resolve_precision
-from asr.training.step_guard import FaultConfig
+from asr.training.run_config import (
+    DebugConfig,
+    RunConfig,
+    TrainerConfig,
+    read_run_config,
+    read_trainer_config,
+    trainer_arguments,
+)
 from asr.training.step_times import StepTimes
 
 log = logging.getLogger("asr.train")
@@ -55,15 +62,14 @@ log = logging.getLogger("asr.train")
 CONFIG_DIR = os.environ.get("ASR_CONFIG_DIR", str(Path(__file__).resolve().parents[1] / "configs"))
 
 
-def resume_path(cfg: DictConfig, ckpt_dir: Path) -> str | None:
+def resume_path(resume: str | bool | None, ckpt_dir: Path) -> str | None:
     """`resume`: auto (last.ckpt if present), false/null (fresh), or a checkpoint path."""
-    resume = cfg.resume
     if resume in (None, False, "false", "none"):
         return None
     if resume == "auto":
         last = ckpt_dir / RESUME_CHECKPOINT
         return str(last) if last.is_file() else None
-    if not Path(resume).is_file():
+    if not Path(str(resume)).is_file():
         raise FileNotFoundError(f"resume={resume}: no such checkpoint")
     return str(resume)
 
@@ -90,122 +96,123 @@ class Built(NamedTuple):
 def build(cfg: DictConfig) -> Built:
     """Instantiate tokenizer, model, objective, data, loggers and trainer from `cfg`.
     Every config section is read into its typed config before any file is opened, so a
-    mistyped key fails at once."""
-    model_cfg: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)
+    mistyped key fails at once: the run-level keys into `RunConfig`, the trainer group into
+    `TrainerConfig`, the others by their parts (model, loss, optimizer, data, logger, EMA)."""
+    container: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)
+    run = read_run_config(container)
+    trainer_config, lightning_extra = read_trainer_config(container["trainer"])
+    model_cfg: dict[str, Any] = dict(container["model"])  # without its loss below
     objective = build_objective(model_kind(model_cfg), model_cfg.pop("loss", None))
     model_parts = model_config(model_cfg)
-    optim = optim_config(OmegaConf.to_container(cfg.optim, resolve=True))
-    faults = FaultConfig.from_mapping(cfg.get("faults"))
-    distributed = DistributedConfig.from_mapping(cfg.get("distributed"))
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    tokenizer, model = build_network(cfg, model_parts, data_cfg)
-    datamodule = AsrDataModule(**data_cfg)
-    exp_dir = Path(cfg.exp_dir)
-    trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
-    precision = resolve_precision(trainer_cfg.pop("precision"), trainer_cfg["accelerator"])
+    optim = optim_config(container["optim"])
+    logger = dataclass_from_keys(LoggerConfig, container["logger"], "logger")
+    ema = container.get("ema")  # the group is optional: no key when it selects nothing
+    ema_config = None if ema is None else dataclass_from_keys(EmaConfig, ema, "ema")
+    datamodule = data_module(container["data"], pretraining=model_parts.kind == "ssl")
+    tokenizer, model = build_network(run, model_parts, datamodule)
+    exp_dir = Path(run.exp_dir)
+    accelerator = trainer_config.accelerator
+    precision = resolve_precision(trainer_config.precision, accelerator)
     log.info("precision: %s", precision)
-    if emulated_bf16(precision, trainer_cfg["accelerator"]):
+    if emulated_bf16(precision, accelerator):
         log.warning(
             "trainer.precision=%s on a CPU without AVX512-BF16 or AMX: bf16 is emulated, "
             "slower than 32-true, and oneDNN's LSTM may refuse it",
             precision,
         )
-    facts = training_facts(cfg, trainer_cfg, objective, model, optim)
-    parallel = setup_distributed(distributed, facts)
-    trainer_cfg["strategy"] = parallel.strategy
+    facts = training_facts(trainer_config, run.debug, objective, model, optim)
+    parallel = setup_distributed(run.distributed, facts)
     trainer = L.Trainer(
-        **trainer_cfg,
+        **trainer_arguments(trainer_config, lightning_extra),
+        strategy=parallel.strategy,
         precision=precision,
         default_root_dir=exp_dir,
-        logger=build_loggers(cfg.logger, exp_dir, OmegaConf.to_container(cfg, resolve=True)),
-        callbacks=[*run_callbacks(cfg, tokenizer is None), *parallel.callbacks],
+        logger=build_loggers(logger, exp_dir, container),
+        callbacks=[*run_callbacks(run, ema_config, tokenizer is None), *parallel.callbacks],
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the bucketing sampler splits data across ranks itself
     )
     needs_total = optim.scheduler is not None and optim.scheduler.kind == "warmup_cosine"
+    features = dataclasses.asdict(datamodule.features)
     module = AsrLitModule(
         model,
         objective,
         tokenizer,
         optim=optim,
-        bundle_meta={"model": model_cfg, "features": data_cfg.get("features") or {}},
+        bundle_meta={"model": model_cfg, "features": features},
         total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
-        faults=faults,
-        search=None if tokenizer is None else default_options(model, cfg.validation_beam_size),
-        features=parallel.features,
-        freeze_encoder_steps=int(cfg.freeze_encoder_steps),
+        faults=run.faults,
+        search=None if tokenizer is None else default_options(model, run.validation_beam_size),
+        strategy_features=parallel.strategy_features,
+        freeze_encoder_steps=run.freeze_encoder_steps,
     )
-    resolved = resolved_keys(precision, objective, trainer_cfg["accelerator"], parallel)
+    resolved = resolved_keys(precision, objective, accelerator, parallel)
     return Built(trainer, module, datamodule, resolved)
 
 
 def training_facts(
-    cfg: DictConfig,
-    trainer_cfg: dict[str, Any],
+    trainer: TrainerConfig,
+    debug: DebugConfig,
     objective: Objective,
     model: torch.nn.Module,
     optim: OptimConfig,
 ) -> TrainingFacts:
     """What `setup_distributed` needs from the trainer keys, objective, optimizer, debug."""
-    debug = cfg.get("debug") or {}
     return TrainingFacts(
-        strategy=trainer_cfg.pop("strategy"),
-        accelerator=trainer_cfg["accelerator"],
-        devices=trainer_cfg["devices"],
-        num_nodes=int(trainer_cfg.get("num_nodes", 1)),
-        gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
+        trainer=trainer,
+        optim=optim,
         parts_without_gradient=tuple(objective.parts_without_gradient(model)),
         loss_kind=getattr(objective.config, "kind", None),
         first_full_loss_step=first_full_loss_step(objective),
-        optim=optim,
-        straggler_rank=debug.get("straggler_rank"),
-        straggler_slowdown=float(debug.get("straggler_slowdown", 2.0)),
+        debug=debug,
     )
 
 
+def data_module(data_cfg: dict[str, Any], pretraining: bool) -> AsrDataModule:
+    """The `data` group as the run's `AsrDataModule`. Pre-training reads audio alone: its
+    tokenizer, if one is named, is not used."""
+    datamodule = AsrDataModule(**data_cfg)
+    if pretraining and datamodule.tokenizer_path:
+        log.info(
+            "data.tokenizer=%s is not used: pre-training reads audio alone",
+            datamodule.tokenizer_path,
+        )
+        datamodule = AsrDataModule(**{**data_cfg, "tokenizer": None})
+    return datamodule
+
+
 def build_network(
-    cfg: DictConfig, model_parts: Any, data_cfg: dict[str, Any]
+    run: RunConfig, model_parts: Any, datamodule: AsrDataModule
 ) -> tuple[Tokenizer | None, torch.nn.Module]:
-    """The tokenizer (None for pre-training: `data_cfg`'s tokenizer is then cleared, the
-    data read as audio alone) and the model, its encoder from `init_encoder_from` if set."""
-    tokenizer = run_tokenizer(data_cfg, pretraining=model_parts.kind == "ssl")
-    if tokenizer is None:
-        data_cfg["tokenizer"] = None
+    """The tokenizer (None for pre-training) and the model, its encoder from
+    `init_encoder_from` if set."""
+    tokenizer = datamodule.tokenizer
+    if tokenizer is None and model_parts.kind != "ssl":
+        raise ConfigError("data.tokenizer is null: only pre-training (model.kind=ssl) runs without")
     model = build_model(model_parts, None if tokenizer is None else tokenizer.vocab_size)
     log.info("model: %s parameters", f"{count_parameters(model):,}")
-    if cfg.init_encoder_from:
-        loaded = load_encoder(model.encoder, cfg.init_encoder_from)
-        log.info("encoder: %d tensors from %s", loaded, cfg.init_encoder_from)
+    if run.init_encoder_from:
+        loaded = load_encoder(model.encoder, run.init_encoder_from)
+        log.info("encoder: %d tensors from %s", loaded, run.init_encoder_from)
     return tokenizer, model
 
 
-def run_tokenizer(data_cfg: dict[str, Any], pretraining: bool) -> Tokenizer | None:
-    """The run's tokenizer, or None for pre-training (which reads audio alone)."""
-    path = data_cfg.get("tokenizer")
-    if pretraining:
-        if path:
-            log.info("data.tokenizer=%s is not used: pre-training reads audio alone", path)
-        return None
-    if not path:
-        raise ConfigError("data.tokenizer is null: only pre-training (model.kind=ssl) runs without")
-    return Tokenizer.load(path)
-
-
-def run_callbacks(cfg: DictConfig, pretraining: bool = False) -> list[L.Callback]:
+def run_callbacks(
+    run: RunConfig, ema: EmaConfig | None = None, pretraining: bool = False
+) -> list[L.Callback]:
     """Checkpoints (`best.ckpt` by validation WER, or by the loss for pre-training), the
     learning-rate monitor, the progress bar, EMA and step times."""
-    ckpt_dir = Path(cfg.exp_dir) / CHECKPOINT_DIR
+    ckpt_dir = Path(run.exp_dir) / CHECKPOINT_DIR
     monitor = "val/loss" if pretraining else "val/wer"
     callbacks = [
-        *checkpoint_callbacks(ckpt_dir, cfg.checkpoint.every_n_train_steps, monitor),
+        *checkpoint_callbacks(ckpt_dir, run.checkpoint.every_n_train_steps, monitor),
         L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"),
         L.pytorch.callbacks.RichProgressBar(),
     ]
-    if cfg.get("ema"):
-        callbacks.append(EmaWeights(dataclass_from_keys(EmaConfig, cfg.ema, "ema")))
-    step_times_dir = (cfg.get("debug") or {}).get("step_times_dir")
-    if step_times_dir:
-        callbacks.append(StepTimes(step_times_dir))
+    if ema is not None:
+        callbacks.append(EmaWeights(ema))
+    if run.debug.step_times_dir:
+        callbacks.append(StepTimes(run.debug.step_times_dir))
     return callbacks
 
 
@@ -240,29 +247,30 @@ def write_resolved(resolved: dict[str, Any], exp_dir: Path) -> Path:
 def run(cfg: DictConfig) -> dict[str, float]:
     """Fit (resuming if asked), then test the best checkpoint. Returns final metrics."""
     enlarge_onednn_cache()
-    L.seed_everything(cfg.seed, workers=True)
+    run_cfg = read_run_config(OmegaConf.to_container(cfg, resolve=True))
+    L.seed_everything(run_cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     trainer, module, datamodule, resolved = build(cfg)
     if trainer.is_global_zero:
-        path = write_resolved(resolved, Path(cfg.exp_dir))
+        path = write_resolved(resolved, Path(run_cfg.exp_dir))
         log.info("resolved: %s (%s)", resolved, path)
-    ckpt_dir = Path(cfg.exp_dir) / CHECKPOINT_DIR
+    ckpt_dir = Path(run_cfg.exp_dir) / CHECKPOINT_DIR
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg, ckpt_dir))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(run_cfg.resume, ckpt_dir))
     except Exception as err:
         if trainer.world_size > 1 and is_peer_failure(err):
             raise RuntimeError(
                 f"rank {trainer.global_rank} of {trainer.world_size} lost contact with the other "
                 f"processes ({type(err).__name__}): one of them died or hung (its own log says "
                 f"why; a hung one is given up after distributed.timeout="
-                f"{cfg.distributed.timeout} s, one that never started after "
-                f"distributed.startup_timeout={cfg.distributed.startup_timeout} s). Run the "
+                f"{run_cfg.distributed.timeout} s, one that never started after "
+                f"distributed.startup_timeout={run_cfg.distributed.startup_timeout} s). Run the "
                 "same command again to resume from "
                 f"{ckpt_dir / RESUME_CHECKPOINT}."
             ) from err
         raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    if cfg.run_test and datamodule.test_cuts:
+    if run_cfg.run_test and datamodule.test_cuts:
         best = ckpt_dir / BEST_CHECKPOINT
         results = trainer.test(
             module, datamodule=datamodule, ckpt_path=str(best) if best.is_file() else None

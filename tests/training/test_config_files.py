@@ -192,10 +192,14 @@ def test_a_batch_plan_is_a_sampler_bins_file(path: str) -> None:
     assert users, f"no preset picks {path}"
 
 
-def test_the_gossip_keys_share_their_defaults() -> None:
-    """`distributed.gossip` is read into DecentralizedConfig, which hands GossipConfig its
-    keys: both must default alike."""
-    shared = {f.name for f in dataclasses.fields(GossipConfig)}
-    assert shared <= {f.name for f in dataclasses.fields(DecentralizedConfig)}
-    gossip, decentralized = GossipConfig(), DecentralizedConfig()
-    assert {k: getattr(decentralized, k) for k in shared} == dataclasses.asdict(gossip)
+def test_the_gossip_keys_are_read_with_their_checks() -> None:
+    """`distributed.gossip` is read into DecentralizedConfig, a GossipConfig with the
+    learner keys: the exchange's checks apply, and so do the learner's."""
+    config = DecentralizedConfig(ring="random", node_size=2)
+    assert isinstance(config, GossipConfig) and config.ring == "random" and config.seed == 0
+    with pytest.raises(ConfigError, match="distributed.gossip.ring='star'"):
+        DecentralizedConfig(ring="star")
+    with pytest.raises(ConfigError, match="exclude each other"):
+        DecentralizedConfig(synchronous=True, delay_by_one=True)
+    with pytest.raises(ConfigError, match="node_size must be >= 1"):
+        DecentralizedConfig(node_size=0)

@@ -4,7 +4,13 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.loggers import CSVLogger
 
-from asr.training.loggers import WANDB_MODES, build_loggers, resolve_wandb_mode
+from asr.training.loggers import (
+    WANDB_MODES,
+    LoggerConfig,
+    WandbConfig,
+    build_loggers,
+    resolve_wandb_mode,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +66,8 @@ def test_unknown_mode_is_an_error() -> None:
 
 
 def test_csv_only_and_disabled_wandb_give_one_csv_logger(tmp_path: Path) -> None:
-    for cfg in ({"csv": True, "wandb": None}, {"csv": True, "wandb": {"mode": "disabled"}}):
+    for cfg in (LoggerConfig(wandb=None), LoggerConfig(wandb=WandbConfig(mode="disabled"))):
         loggers = build_loggers(cfg, tmp_path / "exp", run_config={})
         assert len(loggers) == 1 and isinstance(loggers[0], CSVLogger)
         assert Path(loggers[0].log_dir) == tmp_path / "exp" / "csv" / "version_0"
-    assert build_loggers({"csv": False, "wandb": None}, tmp_path, run_config={}) == []
+    assert build_loggers(LoggerConfig(csv=False, wandb=None), tmp_path, run_config={}) == []

@@ -185,7 +185,7 @@ def _fit(cfg: DictConfig) -> tuple[BatchRecorder, dict[str, torch.Tensor], int]:
     trainer, module, datamodule, _ = build(cfg)
     recorder = BatchRecorder()
     trainer.callbacks.append(recorder)
-    ckpt = resume_path(cfg, Path(cfg.exp_dir) / "checkpoints")
+    ckpt = resume_path(cfg.resume, Path(cfg.exp_dir) / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     weights = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
     return recorder, weights, trainer.global_step

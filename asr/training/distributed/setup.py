@@ -36,27 +36,23 @@ from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import OptimConfig
+from asr.training.run_config import DebugConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TrainingFacts:
-    """What the set-up needs from the rest of the run: the `trainer` keys it reads, the
-    objective's (parts without a gradient in some steps, loss kind, first step of the full
-    loss), the optimizer, and the debug straggler."""
+    """What the set-up needs from the rest of the run: the `trainer` keys (strategy,
+    processes, clipping), the optimizer, the objective's (parts without a gradient in some
+    steps, loss kind, first step of the full loss), and the `debug` keys (the straggler)."""
 
-    strategy: str = "auto"
-    accelerator: str = "auto"
-    devices: Any = "auto"
-    num_nodes: int = 1
-    gradient_clip_val: float | None = None
+    trainer: TrainerConfig
+    optim: OptimConfig
     parts_without_gradient: tuple[str, ...] = ()
     loss_kind: str | None = None
     first_full_loss_step: int = 0
-    optim: OptimConfig = OptimConfig(lr=1e-3)
-    straggler_rank: int | None = None
-    straggler_slowdown: float = 2.0
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
 
 @dataclass
@@ -65,19 +61,20 @@ class DistributedSetup:
     of it, and what was resolved (written to `resolved.yaml` by `asr-train`)."""
 
     strategy: str | Strategy
-    features: StrategyFeatures = DENSE
+    strategy_features: StrategyFeatures = DENSE
     callbacks: list[Callback] = field(default_factory=list)
     resolved: dict[str, Any] = field(default_factory=dict)
 
 
 def setup_distributed(config: DistributedConfig, facts: TrainingFacts) -> DistributedSetup:
     """Build everything multi-process training needs from the `distributed` keys."""
-    world_size = processes_per_node(facts.accelerator, facts.devices) * int(facts.num_nodes)
+    trainer = facts.trainer
+    world_size = processes_per_node(trainer.accelerator, trainer.devices) * int(trainer.num_nodes)
     resolved: dict[str, Any] = {"world_size": world_size}
-    if uses_cpu(facts.accelerator):
+    if uses_cpu(trainer.accelerator):
         resolved["cpu_threads"] = set_cpu_threads(config, world_size)
     if config.compression is not None and config.compression.clip_norm is None:
-        clip = facts.gradient_clip_val  # DGC clips each rank's gradient in the hook instead
+        clip = trainer.gradient_clip_val  # DGC clips each rank's gradient in the hook instead
         clip_norm = float(clip) if clip else None
         config = dataclasses.replace(
             config, compression=dataclasses.replace(config.compression, clip_norm=clip_norm)
@@ -85,13 +82,13 @@ def setup_distributed(config: DistributedConfig, facts: TrainingFacts) -> Distri
     if config.compression is not None:
         check_variance_freeze(config.compression, facts.first_full_loss_step)
         resolved["compression"] = {"clip_norm": config.compression.clip_norm}
-        if facts.gradient_clip_val:
+        if trainer.gradient_clip_val:
             clip_norm = config.compression.clip_norm
             log.info("gradient clipping moves into the DGC hook: clip_norm=%s", clip_norm)
     if config.adascale is not None and facts.optim.kind != "sgd":
         raise ValueError("distributed.adascale is for momentum SGD: set optim=sgd_cosine")
     strategy = build_strategy(
-        facts.strategy,
+        trainer.strategy,
         world_size=world_size,
         config=config,
         parts_without_gradient=facts.parts_without_gradient,
@@ -122,8 +119,9 @@ def saver_callbacks(strategy: str | Strategy, facts: TrainingFacts, world_size: 
         callbacks.append(AdaScaleLearningRate(strategy.adascale, scheduler, world_size))
     if isinstance(strategy, DecentralizedStrategy):
         callbacks.append(GossipMonitor(strategy))
-    if facts.straggler_rank is not None:
-        callbacks.append(Straggler(int(facts.straggler_rank), float(facts.straggler_slowdown)))
+    debug = facts.debug
+    if debug.straggler_rank is not None:
+        callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))
     return callbacks
 
 

@@ -115,7 +115,7 @@ def main() -> None:
             metrics[max_duration] = {k: float(v) for k, v in trainer.callback_metrics.items()}
         (args.record / f"rank{trainer.global_rank}.json").write_text(json.dumps(metrics))
         return
-    ckpt = resume_path(cfg, Path(cfg.exp_dir) / "checkpoints")
+    ckpt = resume_path(cfg.resume, Path(cfg.exp_dir) / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     record = {
         "world_size": trainer.world_size,

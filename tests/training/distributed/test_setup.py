@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from lightning.pytorch.strategies import DDPStrategy
 
+from asr.config_keys import config_keys
 from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.features import DENSE
 from asr.training.distributed.savers.adascale import AdaScaleConfig, AdaScaleLearningRate
@@ -19,6 +20,7 @@ from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.setup import TrainingFacts, setup_distributed
 from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import optim_config
+from asr.training.run_config import DebugConfig, TrainerConfig
 from asr.training.step_guard import LOCAL
 
 ADAMW = optim_config({"lr": 1e-3})
@@ -26,37 +28,46 @@ SGD = optim_config({"lr": 0.05, "kind": "sgd"})
 
 
 def facts(**changes) -> TrainingFacts:
-    base = {"strategy": "ddp", "accelerator": "gpu", "devices": 2, "optim": ADAMW}
-    return TrainingFacts(**{**base, **changes})
+    """Two GPU processes of DDP with AdamW and no clipping, but for `changes` (trainer,
+    debug or objective keys)."""
+    trainer = {"strategy": "ddp", "accelerator": "gpu", "devices": 2, "gradient_clip_val": None}
+    trainer |= {k: changes.pop(k) for k in config_keys(TrainerConfig) if k in changes}
+    debug = DebugConfig(**{k: changes.pop(k) for k in config_keys(DebugConfig) if k in changes})
+    changes.setdefault("optim", ADAMW)
+    return TrainingFacts(trainer=TrainerConfig(**trainer), debug=debug, **changes)
 
 
 def test_one_process_keeps_lightnings_strategy_and_asks_nothing_special() -> None:
     setup = setup_distributed(DistributedConfig(), facts(strategy="auto", devices=1))
-    assert setup.strategy == "auto" and setup.features is DENSE and setup.callbacks == []
+    assert setup.strategy == "auto" and setup.strategy_features is DENSE and setup.callbacks == []
     assert setup.resolved == {"world_size": 1, "strategy": "auto"}
 
 
 def test_plain_ddp_is_lightnings_with_its_unused_parameter_search_resolved() -> None:
     warm_up = facts(parts_without_gradient=("predictor", "joiner"), num_nodes=2)
     setup = setup_distributed(DistributedConfig(), warm_up)
-    assert type(setup.strategy) is StartupGraceDDPStrategy and setup.features is DENSE
+    assert type(setup.strategy) is StartupGraceDDPStrategy and setup.strategy_features is DENSE
     assert isinstance(setup.strategy, DDPStrategy)
     assert setup.resolved == {
         "world_size": 4,
         "find_unused_parameters": True,
         "strategy": "StartupGraceDDPStrategy",
     }
-    assert setup.features.step_group() is None and not setup.features.clips_in_hook
+    assert (
+        setup.strategy_features.step_group() is None and not setup.strategy_features.clips_in_hook
+    )
 
 
 def test_dgc_takes_the_trainers_clipping_into_its_hook_and_says_so() -> None:
     config = DistributedConfig(compression=DGCConfig())
     setup = setup_distributed(config, facts(gradient_clip_val=5.0))
     strategy = setup.strategy
-    assert isinstance(strategy, HookedDDPStrategy) and setup.features is strategy
+    assert isinstance(strategy, HookedDDPStrategy) and setup.strategy_features is strategy
     assert strategy.compression is not None and strategy.compression.config.clip_norm == 5.0
-    assert setup.features.clips_in_hook and setup.features.moments_in_hook  # AdamW's
-    assert not setup.features.sets_learning_rate
+    assert (
+        setup.strategy_features.clips_in_hook and setup.strategy_features.moments_in_hook
+    )  # AdamW's
+    assert not setup.strategy_features.sets_learning_rate
     assert [type(c) for c in setup.callbacks] == [CompressionMonitor]
     assert setup.resolved["compression"] == {"clip_norm": 5.0}
     assert setup.resolved["find_unused_parameters"] is False
@@ -68,7 +79,7 @@ def test_dgc_takes_the_trainers_clipping_into_its_hook_and_says_so() -> None:
     assert config.compression is not None and config.compression.clip_norm is None
     # SGD without momentum: error feedback only, the optimizer keeps nothing in the hook
     plain_sgd = optim_config({"lr": 0.05, "kind": "sgd", "momentum": 0.0})
-    assert not setup_distributed(config, facts(optim=plain_sgd)).features.moments_in_hook
+    assert not setup_distributed(config, facts(optim=plain_sgd)).strategy_features.moments_in_hook
 
 
 def test_dgc_checks_the_variance_freeze_against_the_ctc_warm_up() -> None:
@@ -80,7 +91,7 @@ def test_dgc_checks_the_variance_freeze_against_the_ctc_warm_up() -> None:
 def test_adascale_sets_the_learning_rate_and_wants_momentum_sgd() -> None:
     config = DistributedConfig(adascale=AdaScaleConfig())
     setup = setup_distributed(config, facts(optim=SGD))
-    assert setup.features.sets_learning_rate and not setup.features.clips_in_hook
+    assert setup.strategy_features.sets_learning_rate and not setup.strategy_features.clips_in_hook
     (callback,) = setup.callbacks
     assert isinstance(callback, AdaScaleLearningRate) and callback.world_size == 2
     with pytest.raises(ValueError, match="momentum SGD"):
@@ -89,8 +100,11 @@ def test_adascale_sets_the_learning_rate_and_wants_momentum_sgd() -> None:
 
 def test_decentralized_training_decides_steps_within_the_replica() -> None:
     setup = setup_distributed(DistributedConfig(), facts(strategy="adpsgd"))
-    assert isinstance(setup.strategy, DecentralizedStrategy) and setup.features is setup.strategy
-    assert setup.features.step_group() == LOCAL  # before H-ADPSGD's node groups exist
+    assert (
+        isinstance(setup.strategy, DecentralizedStrategy)
+        and setup.strategy_features is setup.strategy
+    )
+    assert setup.strategy_features.step_group() == LOCAL  # before H-ADPSGD's node groups exist
     assert [type(c) for c in setup.callbacks] == [GossipMonitor]
     assert "find_unused_parameters" not in setup.resolved
 

@@ -53,28 +53,20 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DecentralizedConfig:
-    """Keys of `distributed.gossip`: those of `GossipConfig` and two more.
+class DecentralizedConfig(GossipConfig):
+    """Keys of `distributed.gossip`: `GossipConfig`'s (the exchange: `ring`,
+    `delay_by_one`, `seed`, `synchronous`, whose defaults live there) and two more.
 
-    - `ring`: `fixed` or `random` (a fresh bipartite ring per step from `seed`).
-    - `delay_by_one`: overlap each average with the next step's computation.
-    - `seed`: of the random rings (the same on every rank).
-    - `synchronous`: passives wait for their averages after each step (no staleness, no
-      straggler tolerance).
     - `node_size`: processes per node that act as one learner (H-ADPSGD); 1: AD-PSGD.
     - `spread_every_n_steps`: also measure the replicas' spread every N steps (0: only
       before each validation).
     """
 
-    ring: str = "fixed"
-    delay_by_one: bool = False
-    seed: int = 0
-    synchronous: bool = False
     node_size: int = 1
     spread_every_n_steps: int = 0
 
     def __post_init__(self) -> None:
-        self.gossip()  # checks the ring
+        super().__post_init__()
         if self.node_size < 1:
             raise ConfigError(f"distributed.gossip.node_size must be >= 1, got {self.node_size}")
         if self.spread_every_n_steps < 0:
@@ -82,14 +74,6 @@ class DecentralizedConfig:
                 "distributed.gossip.spread_every_n_steps must be >= 0, got "
                 f"{self.spread_every_n_steps}"
             )
-
-    def gossip(self) -> GossipConfig:
-        return GossipConfig(
-            ring=self.ring,
-            delay_by_one=self.delay_by_one,
-            seed=self.seed,
-            synchronous=self.synchronous,
-        )
 
 
 class DecentralizedStrategy(StartupGraceDDPStrategy):
@@ -148,7 +132,7 @@ class DecentralizedStrategy(StartupGraceDDPStrategy):
         if rank in leaders:
             self.gossip = Gossip(
                 self._params(),
-                self.config.gossip(),
+                self.config,
                 leaders,
                 self.exchange_group,
                 self.average_group,
@@ -241,9 +225,9 @@ class DecentralizedStrategy(StartupGraceDDPStrategy):
 def unlock_training_steps(trainer: L.Trainer) -> None:
     """Drop the broadcast Lightning (2.6) runs before every training step on every rank to
     pass a SIGTERM from rank 0 to the others (`_TrainingEpochLoop._broadcast_sigterm_tensor`,
-    Lightning PR 20825). A collective per step holds the replicas in lockstep: measured
-    with 2 processes and rank 1 slowed 2x, rank 0 stepped at rank 1's pace (0.56 s against
-    0.40 s alone), which is what AD-PSGD exists to avoid. Each rank still stops on its own
+    Lightning PR 20825). A collective per step holds the replicas in lockstep, the fast
+    rank at the slow rank's pace (recipes/demo/RESULTS.md, "Two processes, and what held
+    the fast rank back"), which is what AD-PSGD exists to avoid. Each rank still stops on its own
     SIGTERM (Lightning checks the flag after every batch); a scheduler that preempts a job
     signals all of its processes."""
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # type: ignore[method-assign]

@@ -50,8 +50,8 @@ PAPER_WARMUP = (0.75, 0.9375, 0.984375, 0.996)
 @dataclass(frozen=True)
 class DGCConfig:
     """Keys of `distributed.compression` with `kind: dgc`. The defaults are the setting
-    measured closest to dense DDP on the demo (recipes/demo/RESULTS.md: 99.6 %, AdamW's
-    second moment frozen and refreshed, every parameter sparse; 111x).
+    measured closest to dense DDP on the demo (recipes/demo/RESULTS.md, "A frozen second
+    moment").
 
     - `kind`: `dgc`, the one gradient compression.
     - `sparsity`: fraction of the entries not sent per step after warm-up (of each

@@ -63,7 +63,8 @@ class GossipConfig:
     - `ring`: `fixed` or `random` (a fresh bipartite ring per step from `seed`).
     - `delay_by_one`: overlap each average with the next step's computation.
     - `seed`: of the random rings (the same on every rank).
-    - `synchronous`: passives wait for their averages after each step (no staleness).
+    - `synchronous`: passives wait for their averages after each step (no staleness, no
+      straggler tolerance).
     """
 
     ring: str = "fixed"
