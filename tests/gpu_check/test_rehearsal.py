@@ -3,19 +3,24 @@ section's real code at toy sizes, Triton interpreted and gloo in NCCL's place, s
 check's first run on a GPU does not stop on a bug of its own. One run for the module; each
 test reads what one section reported."""
 
+import importlib.metadata
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from asr.frames import FRAMES_PER_SECOND
 from asr.gpu_check.aed import REHEARSAL_CASE, TOKENS_PER_SECOND, utterance_features
 from asr.gpu_check.ddp import MAX_STEPS
 from asr.gpu_check.runner import SECTION_NAMES
 from asr.gpu_check.ssl import MAX_STEPS as SSL_STEPS
+from asr.gpu_check.training import REHEARSAL_CASE as REHEARSAL_CASE_TRAINING
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -60,7 +65,12 @@ def test_every_section_passes_and_streams_to_stdout_and_the_file(rehearsal: dict
 
 def test_env_names_the_stack(rehearsal: dict) -> None:
     (env,) = records(rehearsal, "env", "environment")
-    assert env["packages"]["torch"] and env["packages"]["triton"] and env["rehearsal"]
+    assert env["rehearsal"] and env["python"] == sys.version.split()[0]
+    assert env["packages"]["torch"] == importlib.metadata.version("torch")
+    assert env["packages"]["triton"] == importlib.metadata.version("triton")
+    assert env["torch_cuda"] == torch.version.cuda
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert env["commit"].startswith(head.stdout.strip()[:7])
 
 
 def test_lattice_implementations_agree(rehearsal: dict) -> None:
@@ -84,12 +94,30 @@ def test_lattice_implementations_agree(rehearsal: dict) -> None:
 def test_training_searches_batch_sizes_then_trains_without_oom(rehearsal: dict) -> None:
     probes = records(rehearsal, "training", "probe")
     assert probes and probes[0]["max_duration"] == max(p["max_duration"] for p in probes)
+    (setup,) = records(rehearsal, "training", "setup")
     (sizes,) = records(rehearsal, "training", "batch_sizes")
-    assert all(size >= 1 for size in sizes["bucket_batch_size"])
+    assert sizes["bucket_duration_bins"] == setup["bucket_duration_bins"]
+    assert len(probes) == sizes["probes"]
+    buckets = zip(sizes["bucket_duration_bins"], sizes["bucket_batch_size"], strict=True)
+    for duration, size in buckets:
+        tried = [p for p in probes if p["max_duration"] == duration]
+        # each bucket's size is the largest that fitted, every refusal was larger, and
+        # every fit stayed under the budget
+        assert 1 <= size == max(p["batch_size"] for p in tried if p["fits"])
+        assert all(p["batch_size"] > size for p in tried if not p["fits"])
+        budget = setup["memory_budget_bytes"]
+        assert all(p["peak_bytes"] <= budget for p in tried if p["fits"] and p["peak_bytes"])
+    assert sizes["bucket_batch_size"] == sorted(sizes["bucket_batch_size"], reverse=True)
     (steps,) = records(rehearsal, "training", "steps")
     assert steps["oom_steps"] == 0 and steps["losses_finite"] and steps["lattice"] == "torch"
+    assert steps["steps"] == REHEARSAL_CASE_TRAINING.steps
     assert steps["batch_size"] == sizes["bucket_batch_size"][-1]
-    assert steps["audio_seconds_per_second"] > 0
+    assert steps["bucket"] == sizes["bucket_duration_bins"][-1]
+    audio = steps["batch_size"] * steps["bucket"]
+    # the report keeps 6 significant digits
+    assert steps["audio_seconds_per_step"] == pytest.approx(audio, rel=1e-5)
+    rate = audio / steps["seconds_per_step"]
+    assert steps["audio_seconds_per_second"] == pytest.approx(rate, rel=1e-5)
 
 
 def test_aed_decodes_fixed_token_counts_and_reports_a_ratio_per_batch_size(
@@ -103,11 +131,17 @@ def test_aed_decodes_fixed_token_counts_and_reports_a_ratio_per_batch_size(
     expected = sum(math.ceil(math.ceil(n / 4) * 0.04 * TOKENS_PER_SECOND) for n in frames)
     decodes = {(d["batch_size"], d["model"]): d for d in records(rehearsal, "aed", "decode")}
     assert set(decodes) == {(b, m) for b in REHEARSAL_CASE.batch_sizes for m in models}
+    audio_s = sum(frames) / FRAMES_PER_SECOND
     for line in decodes.values():
         assert line["tokens"] == expected
-        for key in ("rtfx", "encoder_seconds", "search_seconds", "search_tokens_per_second"):
-            assert math.isfinite(line[key]) and line[key] > 0, (key, line)
         assert len(line["pass_seconds"]) == REHEARSAL_CASE.repeats
+        median = statistics.median(line["pass_seconds"])
+        assert line["seconds"] == pytest.approx(median, rel=1e-5)  # 6 digits kept
+        assert line["rtfx"] == pytest.approx(audio_s / line["seconds"], rel=0.01)
+        assert 0 < line["search_seconds"] < line["seconds"]
+        assert 0 < line["encoder_seconds"] < line["seconds"]
+        rate = line["tokens"] / line["search_seconds"]
+        assert line["search_tokens_per_second"] == pytest.approx(rate, rel=1e-5)
     ratios = {r["batch_size"]: r for r in records(rehearsal, "aed", "ratio")}
     assert sorted(ratios) == sorted(REHEARSAL_CASE.batch_sizes)
     for size, ratio in ratios.items():
@@ -128,7 +162,10 @@ def test_ddp_trains_both_runs_over_gloo(rehearsal: dict) -> None:
         assert record["optimizer_steps"] == MAX_STEPS and len(record["losses"]) == MAX_STEPS
         assert record["losses_finite"] and not record["lattice_given_up"]
         assert "trainer.strategy=ddp" in record["overrides"]
+    # the same weights and the same first batch: the same loss before any exchange
+    assert runs["ddp"]["losses"][0] == runs["ddp_dgc"]["losses"][0]
     dgc = runs["ddp_dgc"]["dgc"]
+    assert dgc["compression"][:2] == [1.0, 1.0]  # the dense AdamW steps
     # 2 dense AdamW steps, then the warm-up's sparsities; the 4th sparse step's top-k is
     # 0.4 % of the entries (8 bytes each: int32 index, fp32 value) against 4 bytes each dense
     assert dgc["sparsity"][:2] == [0.0, 0.0]
@@ -150,3 +187,5 @@ def test_ssl_pre_trains_both_objectives_over_gloo(rehearsal: dict) -> None:
         assert not record["decoded"] and record["terms_missing"] == []
         assert record["optimizer_steps"] == SSL_STEPS and record["losses_finite"]
         assert all(0 < share <= 1 for share in record["code_use"])
+    # BEST-RQ starts from chance: a cross-entropy near ln(64) over its 64 codes
+    assert runs["ssl_best_rq"]["losses"][0] == pytest.approx(math.log(64), abs=0.5)
