@@ -32,22 +32,8 @@ def test_each_model_kind_gets_its_objective_and_unknown_keys_are_named() -> None
 
 
 def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
-    torch.manual_seed(0)
-    cfg = {
-        "kind": "aed",
-        "encoder": {"input_dim": 20, "d_model": 32, "num_layers": 1, "num_heads": 2}
-        | {"conv_kernel_size": 7, "dropout": 0.0},
-        "decoder": {"d_model": 32, "num_layers": 1, "num_heads": 2, "dropout": 0.0},
-        "ctc_head": True,
-    }
-    model = build_model(cfg, 30).double()
-    batch = Batch(
-        features=torch.randn(2, 80, 20, dtype=torch.double),
-        feature_lens=torch.tensor([80, 60]),
-        tokens=torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
-        token_lens=torch.tensor([4, 2]),
-        cut_ids=["a", "b"],
-        texts=["", ""],
+    model, batch = _tiny_model_and_batch(
+        "aed", decoder={"d_model": 32, "num_layers": 1, "num_heads": 2, "dropout": 0.0}
     )
     losses = build_objective("aed", {"label_smoothing": 0.1, "ctc_weight": 0.25})(model, batch, 0)
     out = model(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
@@ -63,23 +49,10 @@ def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
 
 
 def test_transducer_loss_comes_from_the_models_forward_output() -> None:
-    torch.manual_seed(0)
-    cfg = {
-        "kind": "transducer",
-        "encoder": {"input_dim": 20, "d_model": 32, "num_layers": 1, "num_heads": 2}
-        | {"conv_kernel_size": 7, "dropout": 0.0},
-        "predictor": {"embed_dim": 16, "hidden_dim": 16, "dropout": 0.0},
-        "joiner": {"joint_dim": 16},
-        "ctc_head": True,
-    }
-    model = build_model(cfg, 30).double()
-    batch = Batch(
-        features=torch.randn(2, 80, 20, dtype=torch.double),
-        feature_lens=torch.tensor([80, 60]),
-        tokens=torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
-        token_lens=torch.tensor([4, 2]),
-        cut_ids=["a", "b"],
-        texts=["", ""],
+    model, batch = _tiny_model_and_batch(
+        "transducer",
+        predictor={"embed_dim": 16, "hidden_dim": 16, "dropout": 0.0},
+        joiner={"joint_dim": 16},
     )
     outputs = []
     model.register_forward_hook(lambda module, args, out: outputs.append(out))
@@ -96,3 +69,20 @@ def test_transducer_loss_comes_from_the_models_forward_output() -> None:
     warm_up = objective(model, batch, step=2)  # CTC alone: the predictor does not run
     assert outputs[-1].predictor_out is None and set(warm_up) == {"ctc", "loss"}
     torch.testing.assert_close(warm_up["loss"], ctc)
+
+
+def _tiny_model_and_batch(kind: str, **parts: dict) -> tuple[torch.nn.Module, Batch]:
+    """A one-layer model of `kind` with a CTC head (float64, no dropout) and a batch of two."""
+    torch.manual_seed(0)
+    encoder = {"input_dim": 20, "d_model": 32, "num_layers": 1, "num_heads": 2}
+    encoder |= {"conv_kernel_size": 7, "dropout": 0.0}
+    model = build_model({"kind": kind, "encoder": encoder, "ctc_head": True, **parts}, 30)
+    batch = Batch(
+        features=torch.randn(2, 80, 20, dtype=torch.double),
+        feature_lens=torch.tensor([80, 60]),
+        tokens=torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]),
+        token_lens=torch.tensor([4, 2]),
+        cut_ids=["a", "b"],
+        texts=["", ""],
+    )
+    return model.double(), batch
