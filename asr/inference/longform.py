@@ -185,12 +185,13 @@ def batches_of(
 
 
 def stitch_recordings(
-    decoded: Iterable[tuple[Piece, list[Word]]], count: int, timed: bool
+    decoded: Iterable[tuple[int, Segment, list[Word]]], count: int, timed: bool
 ) -> list[list[Word]]:
-    """The words of each of `count` recordings from its pieces' words (in any order)."""
+    """The words of each of `count` recordings from its segments' (recording number,
+    segment, words), in any order. The samples are not kept: memory holds the words."""
     per_recording: list[list[tuple[Segment, list[Word]]]] = [[] for _ in range(count)]
-    for piece, words in decoded:
-        per_recording[piece.recording].append((piece.segment, words))
+    for recording, segment, words in decoded:
+        per_recording[recording].append((segment, words))
     return [stitch(sorted(d, key=lambda d: d[0].start), timed) for d in per_recording]
 
 

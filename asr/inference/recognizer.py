@@ -28,13 +28,13 @@ from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.inference.audio import AudioInput, read_audio
 from asr.inference.bundle import load_bundle
 from asr.inference.longform import (
-    Piece,
     WindowConfig,
     batches_of,
     pieces_of,
     release_freed_memory,
     stitch_recordings,
 )
+from asr.inference.segments import Segment
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
 from asr.models.build import Model
 
@@ -154,12 +154,12 @@ class Recognizer:
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
         pieces = pieces_of(audio, self.windows)
-        decoded: list[tuple[Piece, list[Word]]] = []
+        decoded: list[tuple[int, Segment, list[Word]]] = []  # no samples: they go with the batch
         for batch in batches_of(pieces, self.windows.batch_seconds, batch_size):
             words = self.words_of_samples(
                 [p.samples for p in batch], [p.segment.start for p in batch]
             )
-            decoded += zip(batch, words, strict=True)
+            decoded += [(p.recording, p.segment, w) for p, w in zip(batch, words, strict=True)]
             release_freed_memory()
         words = stitch_recordings(decoded, len(audio), timed)
         results = [Transcript.of_words(w) for w in words]

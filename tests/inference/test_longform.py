@@ -175,7 +175,10 @@ def test_windows_of_one_stretch_stitch_back_to_every_word_once(
     for batch in batches_of(reversed(pieces), batch_seconds=25.0, max_count=16):
         assert sum(p.segment.end - p.segment.start for p in batch[:-1]) < 25.0
         assert [len(p.samples) for p in batch] == sorted(len(p.samples) for p in batch)
-        decoded += [(p, _heard(joined.words, p.segment.start, p.segment.end, 0.04)) for p in batch]
+        decoded += [
+            (p.recording, p.segment, _heard(joined.words, p.segment.start, p.segment.end, 0.04))
+            for p in batch
+        ]
     assert len(decoded) == len(pieces)
     (words,) = stitch_recordings(decoded, 1, timed=True)
     assert [w.word for w in words] == [w.word for w in joined.words]
