@@ -4,17 +4,25 @@ Legend: B batch, T frames, F feature bins, D model width, H heads.
 Every sequence travels with its lengths: ``(x, x_lens)`` in, ``(y, y_lens)`` out.
 Padded frames never influence valid ones: subsampling and the convolution module zero
 them, and attention gives padded keys zero weight.
+
+Streaming (``model.encoder.streaming``, docs/streaming.md) is a property of this encoder:
+attention within a chunk and a bounded left context, a causal depthwise convolution,
+subsampling that sees its chunk only, and (``feature_stats``) a global feature
+normalization held in the model. Training draws a chunk size per batch; `StreamingState`
+carries what a stream needs from one chunk to the next (``step``), so chunk-by-chunk
+decoding computes what the whole utterance computes through the same masks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.config_keys import check_choice
+from asr.config_keys import ConfigError, check_choice
 from asr.frames import (
     SUBSAMPLING_KERNEL,
     SUBSAMPLING_PADDING,
@@ -22,10 +30,12 @@ from asr.frames import (
     conv_out_lengths,
     num_subsampling_convs,
     subsampled_length,
+    subsampled_lengths,
 )
 from asr.models.attention import RelPositionMultiHeadAttention, lengths_to_mask, relative_positions
 
 CONV_NORMS = ("batch_norm", "layer_norm")
+FULL_CONTEXT = -1  # a chunk size or left context: everything
 
 
 class ConvSubsampling(nn.Module):
@@ -139,34 +149,51 @@ class ConvModule(nn.Module):
     Padded frames are zeroed before the depthwise convolution, so they never leak into
     valid frames. ``conv_norm="batch_norm"`` computes its training statistics over valid
     frames only (``masked_batch_norm``), so how a batch is padded changes nothing;
-    "layer_norm" is per frame and robust to tiny batches.
+    "layer_norm" is per frame and robust to tiny batches. ``causal``: the depthwise
+    convolution sees the K-1 frames before a frame and none after (left padding, or the
+    previous chunk's last K-1 inputs, ``state``); both norms are per frame at inference
+    (batch norm then uses its running statistics).
     """
 
-    def __init__(self, d_model: int, kernel_size: int, dropout: float, conv_norm: str) -> None:
+    def __init__(
+        self, d_model: int, kernel_size: int, dropout: float, conv_norm: str, causal: bool = False
+    ) -> None:
         super().__init__()
         if kernel_size % 2 == 0:
             raise ValueError(f"conv_kernel_size must be odd to keep T frames, got {kernel_size}")
         check_choice("conv_norm", conv_norm, CONV_NORMS)
+        self.causal = causal
+        self.context = kernel_size - 1 if causal else 0
         self.norm_in = nn.LayerNorm(d_model)
         self.pointwise_in = nn.Linear(d_model, 2 * d_model)
         self.depthwise = nn.Conv1d(
-            d_model, d_model, kernel_size, padding=kernel_size // 2, groups=d_model
+            d_model, d_model, kernel_size, padding=0 if causal else kernel_size // 2, groups=d_model
         )
         self.batch_norm = conv_norm == "batch_norm"
         self.norm = nn.BatchNorm1d(d_model) if self.batch_norm else nn.LayerNorm(d_model)
         self.pointwise_out = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
+    def forward(
+        self, x: Tensor, mask: Tensor, state: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D), and for a causal
+        module the last K-1 depthwise inputs (B, D, K-1), the ``state`` of the next chunk
+        (None: zeros, the start of an utterance)."""
         x = F.glu(self.pointwise_in(self.norm_in(x)), dim=-1)
         x = x.masked_fill(~mask[:, :, None], 0.0).transpose(1, 2)  # (B, D, T)
+        tail = None
+        if self.causal:
+            if state is None:
+                state = x.new_zeros(x.size(0), x.size(1), self.context)
+            x = torch.cat([state.to(x.dtype), x], dim=2)
+            tail = x[:, :, x.size(2) - self.context :]
         x = self.depthwise(x)
         if self.batch_norm:
             x = masked_batch_norm(x, mask[:, None, :], self.norm).transpose(1, 2)
         else:
             x = self.norm(x.transpose(1, 2))
-        return self.dropout(self.pointwise_out(F.silu(x)))
+        return self.dropout(self.pointwise_out(F.silu(x))), tail
 
 
 class ConformerLayer(nn.Module):
@@ -180,23 +207,79 @@ class ConformerLayer(nn.Module):
         conv_kernel_size: int,
         dropout: float,
         conv_norm: str,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         self.ff1 = FeedForward(d_model, ff_expansion, dropout)
         self.attn_norm = nn.LayerNorm(d_model)
         self.attn = RelPositionMultiHeadAttention(d_model, num_heads, dropout)
         self.attn_dropout = nn.Dropout(dropout)
-        self.conv = ConvModule(d_model, conv_kernel_size, dropout, conv_norm)
+        self.conv = ConvModule(d_model, conv_kernel_size, dropout, conv_norm, causal)
         self.ff2 = FeedForward(d_model, ff_expansion, dropout)
         self.norm_out = nn.LayerNorm(d_model)
 
-    def forward(self, x: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
-        """x (B, T, D), pos_emb (2T-1, D), mask (B, T) -> (B, T, D)."""
+    def forward(
+        self, x: Tensor, pos_emb: Tensor, mask: Tensor, allowed: Tensor | None = None
+    ) -> Tensor:
+        """x (B, T, D), pos_emb (2T-1, D), mask (B, T), allowed (T, T) or None -> (B, T, D)."""
+        return self.step(x, pos_emb, mask, mask, allowed)[0]
+
+    def step(
+        self,
+        x: Tensor,
+        pos_emb: Tensor,
+        mask: Tensor,
+        key_mask: Tensor,
+        allowed: Tensor | None = None,
+        keys: Tensor | None = None,
+        conv_state: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The layer over one chunk x (B, T, D) whose attention also sees ``keys`` (B, C, D),
+        earlier frames' attention inputs (the left context; key_mask (B, C+T) marks the
+        valid ones), and whose convolution continues from ``conv_state`` -> the output,
+        this chunk's attention inputs (B, T, D) and the convolution's next state."""
         x = x + 0.5 * self.ff1(x)
-        x = x + self.attn_dropout(self.attn(self.attn_norm(x), pos_emb, mask))
-        x = x + self.conv(x, mask)
+        attn_in = self.attn_norm(x)
+        x = x + self.attn_dropout(self.attn(attn_in, pos_emb, key_mask, allowed, keys))
+        conv_out, conv_state = self.conv(x, mask, conv_state)
+        x = x + conv_out
         x = x + 0.5 * self.ff2(x)
-        return self.norm_out(x)
+        return self.norm_out(x), attn_in, conv_state
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """The keys of ``model.encoder.streaming``: the encoder is causal and trained over
+    several latencies (docs/streaming.md). Sizes are encoder frames, after subsampling.
+
+    - `chunk_sizes`: chunk sizes each training batch draws from; -1 is full context (the
+      whole utterance at once, no streaming), which keeps the model good offline too.
+      Decoding can use any of them.
+    - `left_contexts`: how many frames before its chunk a frame's attention sees, drawn
+      per batch with the chunk size; the streaming caches hold this many frames.
+    """
+
+    chunk_sizes: tuple[int, ...] = (2, 4, 8, -1)
+    left_contexts: tuple[int, ...] = (32, 64)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_sizes", tuple(int(c) for c in self.chunk_sizes))
+        object.__setattr__(self, "left_contexts", tuple(int(c) for c in self.left_contexts))
+        if not self.chunk_sizes or any(c < 1 and c != FULL_CONTEXT for c in self.chunk_sizes):
+            raise ConfigError(
+                "model.encoder.streaming.chunk_sizes must list positive frame counts "
+                f"(or -1 for full context), got {list(self.chunk_sizes)}"
+            )
+        if not self.left_contexts or any(c < 1 for c in self.left_contexts):
+            raise ConfigError(
+                "model.encoder.streaming.left_contexts must list positive frame counts, "
+                f"got {list(self.left_contexts)}"
+            )
+
+    @property
+    def streaming_chunk_sizes(self) -> tuple[int, ...]:
+        """The trained chunk sizes a stream can be decoded with (full context excluded)."""
+        return tuple(c for c in self.chunk_sizes if c != FULL_CONTEXT)
 
 
 @dataclass(frozen=True)
@@ -218,6 +301,12 @@ class ConformerConfig:
       multiple of it; batches of similar length then share tensor shapes, so kernels
       compiled per shape (oneDNN's bfloat16 kernels on CPUs) are reused, and GPUs favour
       multiples of 8.
+    - `feature_stats`: a file of global feature means and variances (`asr-feature-stats`);
+      when set, the encoder normalizes its input with them, held as buffers so checkpoints
+      and exports carry them (read when training starts; the data then stays
+      unnormalized, `data.features.normalize: none`). What a stream can compute, unlike
+      per-utterance statistics.
+    - `streaming`: null (full context) or the chunked, causal encoder (`StreamingConfig`).
     """
 
     input_dim: int = 80
@@ -231,6 +320,8 @@ class ConformerConfig:
     conv_norm: str = "layer_norm"
     subsampling_channels: int | None = None
     pad_frames_to: int = 8
+    feature_stats: str | None = None
+    streaming: StreamingConfig | None = None
 
     def __post_init__(self) -> None:
         if self.pad_frames_to < 1:
@@ -247,26 +338,72 @@ class ConformerConfig:
             )
         check_choice("model.encoder.conv_norm", self.conv_norm, CONV_NORMS)
         num_subsampling_convs(self.subsampling_factor)  # names the valid factors
+        if isinstance(self.streaming, Mapping):  # a config read back from a checkpoint
+            object.__setattr__(self, "streaming", StreamingConfig(**self.streaming))
+
+
+@dataclass(frozen=True)
+class StreamingContext:
+    """How far a frame's attention sees: its chunk of `chunk` frames and `left` frames
+    before the chunk; `chunk` -1 is full context (everything)."""
+
+    chunk: int = FULL_CONTEXT
+    left: int = FULL_CONTEXT
+
+    @property
+    def is_full(self) -> bool:
+        return self.chunk == FULL_CONTEXT
+
+
+def chunk_attention_mask(length: int, context: StreamingContext, device=None) -> Tensor | None:
+    """(T, T) True where query frame i may attend key frame j: j's chunk is not after i's
+    and j is at most `context.left` frames before i's chunk; None at full context."""
+    if context.is_full:
+        return None
+    frames = torch.arange(length, device=device)
+    chunk_start = frames // context.chunk * context.chunk
+    allowed = frames[None, :] < chunk_start[:, None] + context.chunk
+    return allowed & (frames[None, :] >= chunk_start[:, None] - context.left)
+
+
+@dataclass
+class StreamingState:
+    """What a batch of streams carries from one chunk to the next (B first, as sherpa-onnx
+    stacks them): per layer the last `left` attention inputs (B, L, left, D), right-aligned,
+    of which the last `attention_len` (B,) are valid, and the convolution's last K-1
+    inputs (B, L, D, K-1). Zeros and length 0 at the start of a stream."""
+
+    attention: Tensor
+    attention_len: Tensor
+    conv: Tensor
+
+    def select(self, index: Tensor) -> StreamingState:
+        """The states of the streams at `index` (B',)."""
+        return StreamingState(self.attention[index], self.attention_len[index], self.conv[index])
 
 
 @dataclass
 class SubsampledFrames:
     """The subsampling's output, padded inside to `pad_frames_to` (B, T'', D), with what the
-    layers need: lengths (B,), the valid frames (B, T'') and the relative positions; `count`
-    is T' = ceil(T / subsampling_factor), the frames the encoder returns."""
+    layers need: lengths (B,), the valid frames (B, T''), the relative positions and the
+    chunked attention mask (T'', T'') or None; `count` is T' = ceil(T / subsampling_factor),
+    the frames the encoder returns."""
 
     x: Tensor
     lens: Tensor
     valid: Tensor
     pos_emb: Tensor
     count: int
+    allowed: Tensor | None = None
 
 
 class ConformerEncoder(nn.Module):
     """Features (B, T, F) -> encoder output (B, T', D) with T' = ceil(T / subsampling_factor).
 
     Output frames beyond ``encoder_lens`` are zero. Padding the batch to
-    ``config.pad_frames_to`` never changes the valid outputs.
+    ``config.pad_frames_to`` never changes the valid outputs. A streaming encoder
+    (``config.streaming``) draws its `StreamingContext` per batch in training and uses
+    ``self.context`` otherwise (full context unless `use_context` says otherwise).
     """
 
     def __init__(self, config: ConformerConfig) -> None:
@@ -275,6 +412,11 @@ class ConformerEncoder(nn.Module):
         self.output_dim = config.d_model
         self.subsampling_factor = config.subsampling_factor
         self.pad_frames_to = config.pad_frames_to
+        self.streaming = config.streaming
+        self.context = StreamingContext()
+        if config.feature_stats is not None:
+            self.register_buffer("feature_mean", torch.zeros(config.input_dim))
+            self.register_buffer("feature_scale", torch.ones(config.input_dim))
         self.subsampling = ConvSubsampling(
             config.input_dim,
             config.d_model,
@@ -290,9 +432,29 @@ class ConformerEncoder(nn.Module):
                 config.conv_kernel_size,
                 config.dropout,
                 config.conv_norm,
+                causal=config.streaming is not None,
             )
             for _ in range(config.num_layers)
         )
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether the encoder normalizes its input with global statistics."""
+        return hasattr(self, "feature_mean")
+
+    def set_feature_stats(self, mean: Tensor, std: Tensor) -> None:
+        """Normalize inputs as (x - mean) / std from now on (F,) each."""
+        if not self.normalizes:
+            raise ValueError("this encoder was built without model.encoder.feature_stats")
+        self.feature_mean.copy_(mean)
+        self.feature_scale.copy_(1.0 / std.clamp(min=1e-5))
+
+    def use_context(self, context: StreamingContext) -> None:
+        """Attend as `context` says outside training (decoding, export); a streaming
+        encoder accepts only the chunk sizes and left contexts it was trained with."""
+        if not context.is_full:
+            check_trained_context(self.streaming, context)
+        self.context = context
 
     def forward(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
         """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D), encoder_lens (B,)."""
@@ -300,22 +462,125 @@ class ConformerEncoder(nn.Module):
         x = self.run_layers(self.dropout(frames.x), frames, 0, len(self.layers))
         return self.output(x, frames), frames.lens
 
+    def current_context(self) -> StreamingContext:
+        """In training a streaming encoder draws a chunk size and a left context (torch's
+        generator, so seeded runs repeat); otherwise ``self.context``."""
+        if self.streaming is None or not self.training:
+            return self.context
+        chunks, lefts = self.streaming.chunk_sizes, self.streaming.left_contexts
+        chunk = chunks[int(torch.randint(len(chunks), ()))]
+        left = lefts[int(torch.randint(len(lefts), ()))]
+        return StreamingContext(chunk, left if chunk != FULL_CONTEXT else FULL_CONTEXT)
+
     def subsample(self, features: Tensor, feature_lens: Tensor) -> SubsampledFrames:
-        """The convolutional subsampling alone (no dropout): what pre-training masks."""
+        """The convolutional subsampling alone (no dropout): what pre-training masks. With a
+        chunked context each chunk is subsampled on its own, so no frame sees a later chunk."""
+        context = self.current_context()
         frames = subsampled_length(features.size(1), self.subsampling_factor)
+        features = self.normalize(features)
         multiple = self.subsampling_factor * self.pad_frames_to
-        features = F.pad(features, (0, 0, 0, -features.size(1) % multiple))
-        x, lens = self.subsampling(features, feature_lens)
+        if context.is_full:
+            features = F.pad(features, (0, 0, 0, -features.size(1) % multiple))
+            x, lens = self.subsampling(features, feature_lens)
+        else:
+            x, lens = self.subsample_chunks(features, feature_lens, context.chunk)
+            x = F.pad(x, (0, 0, 0, -x.size(1) % self.pad_frames_to))
         mask = lengths_to_mask(lens, x.size(1))
         pos_emb = relative_positions(x.size(1), self.output_dim, x.device, x.dtype)
-        return SubsampledFrames(x, lens, mask, pos_emb, frames)
+        allowed = chunk_attention_mask(x.size(1), context, x.device)
+        return SubsampledFrames(x, lens, mask, pos_emb, frames, allowed)
+
+    def normalize(self, features: Tensor) -> Tensor:
+        """(x - mean) / std with the global statistics, if the encoder holds them."""
+        if not self.normalizes:
+            return features
+        return (features - self.feature_mean) * self.feature_scale
+
+    def subsample_chunks(
+        self, features: Tensor, feature_lens: Tensor, chunk: int
+    ) -> tuple[Tensor, Tensor]:
+        """features (B, T, F) -> (B, n * chunk, D), each chunk of `chunk` encoder frames
+        subsampled from its own chunk * factor input frames alone."""
+        b, _, f = features.shape
+        span = chunk * self.subsampling_factor
+        features = F.pad(features, (0, 0, 0, -features.size(1) % span))
+        n = features.size(1) // span
+        starts = torch.arange(n, device=feature_lens.device) * span
+        piece_lens = (feature_lens[:, None] - starts).clamp(0, span).flatten()
+        x, _ = self.subsampling(features.reshape(b * n, span, f), piece_lens)
+        lens = subsampled_lengths(feature_lens, self.subsampling_factor)
+        return x.reshape(b, n * chunk, -1), lens
 
     def run_layers(self, x: Tensor, frames: SubsampledFrames, start: int, stop: int) -> Tensor:
         """Layers `start` to `stop - 1` over x (B, T'', D), padded as `frames.x` is."""
         for layer in self.layers[start:stop]:
-            x = layer(x, frames.pos_emb, frames.valid)
+            x = layer(x, frames.pos_emb, frames.valid, frames.allowed)
         return x
 
     def output(self, x: Tensor, frames: SubsampledFrames) -> Tensor:
         """The first T' = ceil(T / subsampling_factor) frames, zero beyond each length."""
         return x[:, : frames.count].masked_fill(~frames.valid[:, : frames.count, None], 0.0)
+
+    # Streaming: one chunk at a time.
+
+    def initial_state(self, batch_size: int, left: int, device=None) -> StreamingState:
+        """The state before a stream's first chunk, for a left context of `left` frames."""
+        layers, d = len(self.layers), self.output_dim
+        kernel = self.config.conv_kernel_size
+        return StreamingState(
+            torch.zeros(batch_size, layers, left, d, device=device),
+            torch.zeros(batch_size, dtype=torch.long, device=device),
+            torch.zeros(batch_size, layers, d, kernel - 1, device=device),
+        )
+
+    def step(
+        self, features: Tensor, feature_lens: Tensor, state: StreamingState
+    ) -> tuple[Tensor, Tensor, StreamingState]:
+        """One chunk of every stream: features (B, chunk * factor, F) (a stream's last chunk
+        may be shorter: feature_lens (B,)) -> encoder_out (B, chunk, D), its lengths and the
+        next state. With `use_context`'s chunk size this computes what ``forward`` computes
+        for the same frames of the whole utterance."""
+        if self.streaming is None:
+            raise ValueError("this encoder was trained with full context: it cannot stream")
+        chunk, left = self.context.chunk, state.attention.size(2)
+        span = chunk * self.subsampling_factor
+        features = F.pad(self.normalize(features), (0, 0, 0, span - features.size(1)))
+        x, lens = self.subsampling(features, feature_lens)
+        valid = lengths_to_mask(lens, chunk)
+        cached = torch.arange(left, device=x.device) >= left - state.attention_len[:, None]
+        key_mask = torch.cat([cached, valid], dim=1)
+        pos_emb = relative_positions(chunk, self.output_dim, x.device, x.dtype, left + chunk)
+        attention, conv = [], []
+        for i, layer in enumerate(self.layers):
+            keys = state.attention[:, i].to(x.dtype)
+            x, attn_in, conv_state = layer.step(
+                x, pos_emb, valid, key_mask, None, keys, state.conv[:, i]
+            )
+            attention.append(torch.cat([keys, attn_in], dim=1)[:, chunk:])
+            conv.append(conv_state)
+        next_state = StreamingState(
+            torch.stack(attention, dim=1),
+            (state.attention_len + chunk).clamp(max=left),
+            torch.stack(conv, dim=1),
+        )
+        return x.masked_fill(~valid[:, :, None], 0.0), lens, next_state
+
+
+def check_trained_context(streaming: StreamingConfig | None, context: StreamingContext) -> None:
+    """A one-line error unless `streaming` was trained with `context`'s chunk size and left
+    context (listing the trained ones)."""
+    if streaming is None:
+        raise ValueError(
+            "this model was trained with full context (model.encoder.streaming is null): "
+            "it cannot stream"
+        )
+    if context.chunk not in streaming.streaming_chunk_sizes:
+        raise ValueError(
+            f"chunk size {context.chunk} frames was not trained; trained chunk sizes: "
+            f"{list(streaming.streaming_chunk_sizes)} frames"
+        )
+    if context.left not in streaming.left_contexts:
+        raise ValueError(
+            f"left context {context.left} frames was not trained; trained left contexts: "
+            f"{list(streaming.left_contexts)} frames"
+        )
