@@ -123,10 +123,17 @@ class AsrDataset(torch.utils.data.Dataset):
                 p=cfg.p,
             )
 
-    def _load(self, cut: Cut) -> np.ndarray | str:
+    def load_features(self, cut: Cut) -> np.ndarray | str:
         """(T, F) features of `cut`, or why its file cannot be read. Errors that are not
         about this one file propagate."""
         if self.features.source == "precomputed" and cut.has_features:
+            if cut.features.type != self._extractor.name:
+                raise ValueError(
+                    f"cut {cut.id} has {cut.features.type!r} features but "
+                    f"data.features.frontend={self.features.frontend} computes "
+                    f"{self._extractor.name!r}: precompute them with asr-compute-features "
+                    f"--frontend {self.features.frontend}, or set data.features.source=on_the_fly"
+                )
             try:
                 feats = cut.load_features()
             except FEATURE_FILE_ERRORS as err:
@@ -168,7 +175,7 @@ class AsrDataset(torch.utils.data.Dataset):
                 self._skip(skipped, cut, checked, "")
                 continue
             text, token_ids = checked
-            feat = self._load(cut)
+            feat = self.load_features(cut)
             if isinstance(feat, str):  # a corrupt or missing file: skip it, keep going
                 self._skip(skipped, cut, UNREADABLE, f"unreadable ({feat})")
                 continue

@@ -3,6 +3,11 @@
 Features are computed on the fly from audio by default. `precompute_features` stores them
 once with lhotse (lilcom-compressed), which saves the extraction on every epoch when the
 CPU is the bottleneck: `asr-compute-features --cuts IN --output OUT`.
+
+Two front ends, each what sherpa-onnx computes for one family of exported models:
+`kaldi` (lhotse's Kaldi-compatible fbank, as for icefall's models) and `librosa`
+(kaldi-native-fbank with a librosa-style mel bank and a Hann window, as for NeMo's; the
+streaming export is decoded that way, so streaming models train on it).
 """
 
 from __future__ import annotations
@@ -13,12 +18,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import kaldi_native_fbank as knf
 import numpy as np
 import torch
 from lhotse import Fbank, FbankConfig, LilcomChunkyWriter
+from lhotse.features.base import FeatureExtractor, register_extractor
 
 from asr.cli import command
-from asr.frames import SAMPLE_RATE
+from asr.config_keys import check_choice
+from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
+
+FRONTENDS = ("kaldi", "librosa")
+NORMALIZATIONS = ("per_utterance", "none")
 
 
 @dataclass(frozen=True)
@@ -28,27 +39,116 @@ class FeatureConfig:
     - `num_mel_bins`: filterbank bins per frame.
     - `source`: `on_the_fly` (from audio) or `precomputed` (stored lhotse features where a
       cut has them, `asr.data.features.precompute_features`; from audio otherwise).
-    - `dither`: Kaldi-style dither added to the samples (0: none).
-    - `normalize`: `per_utterance` (mean and variance of each utterance) or `none`.
+    - `dither`: Kaldi-style dither added to the samples (0: none; `kaldi` front end).
+    - `normalize`: `per_utterance` (mean and variance of each utterance) or `none` (raw, or
+      normalized inside the model with `model.encoder.feature_stats`).
+    - `frontend`: `kaldi` (lhotse's Kaldi-compatible fbank) or `librosa` (kaldi-native-fbank
+      as sherpa-onnx computes it for NeMo-style models: librosa mel bank, Hann window, no
+      DC removal, 0-8000 Hz; what the streaming export is decoded with).
     """
 
     num_mel_bins: int = 80
     source: str = "on_the_fly"
     dither: float = 0.0
     normalize: str = "per_utterance"
+    frontend: str = "kaldi"
 
     def __post_init__(self) -> None:
-        if self.source not in ("on_the_fly", "precomputed"):
-            raise ValueError(
-                f"data.features.source must be 'on_the_fly' or 'precomputed', got {self.source!r}"
-            )
-        if self.normalize not in ("per_utterance", "none"):
-            raise ValueError(
-                f"data.features.normalize must be 'per_utterance' or 'none', got {self.normalize!r}"
-            )
+        check_choice("data.features.source", self.source, ("on_the_fly", "precomputed"))
+        check_choice("data.features.normalize", self.normalize, NORMALIZATIONS)
+        check_choice("data.features.frontend", self.frontend, FRONTENDS)
 
-    def extractor(self) -> Fbank:
+    def extractor(self) -> FeatureExtractor:
+        """The lhotse feature extractor of this front end."""
+        if self.frontend == "librosa":
+            return LibrosaFbank(LibrosaFbankConfig(num_mel_bins=self.num_mel_bins))
         return Fbank(FbankConfig(num_mel_bins=self.num_mel_bins, dither=self.dither))
+
+
+def online_fbank_options(config: FeatureConfig) -> knf.FbankOptions:
+    """kaldi-native-fbank's settings for `config`'s front end (samples in [-1, 1], no
+    dither). `librosa`: what sherpa-onnx's NeMo transducer recognizers compute
+    (`online-recognizer-transducer-nemo-impl.h`, PostInit). `kaldi`: lhotse's `Fbank`
+    settings (within 1.3e-4 of lhotse's output on the demo's audio)."""
+    options = knf.FbankOptions()
+    options.frame_opts.samp_freq = SAMPLE_RATE
+    options.frame_opts.dither = 0.0
+    options.frame_opts.snip_edges = False
+    options.mel_opts.num_bins = config.num_mel_bins
+    if config.frontend == "librosa":
+        options.frame_opts.remove_dc_offset = False
+        options.frame_opts.window_type = "hann"
+        options.mel_opts.low_freq = 0.0
+        options.mel_opts.high_freq = SAMPLE_RATE / 2
+        options.mel_opts.is_librosa = True
+    else:
+        options.mel_opts.low_freq = 20.0
+        options.mel_opts.high_freq = -400.0
+    return options
+
+
+@dataclass
+class LibrosaFbankConfig:
+    num_mel_bins: int = 80
+
+
+@register_extractor
+class LibrosaFbank(FeatureExtractor):
+    """The `librosa` front end as a lhotse feature extractor (so lhotse can store it)."""
+
+    name = "asr-librosa-fbank"
+    config_type = LibrosaFbankConfig
+
+    @property
+    def frame_shift(self) -> float:
+        return FRAME_SHIFT_SECONDS
+
+    def feature_dim(self, sampling_rate: int) -> int:
+        return self.config.num_mel_bins
+
+    def extract(self, samples: np.ndarray | torch.Tensor, sampling_rate: int) -> np.ndarray:
+        """(T, F) log-mel of mono samples, (N,) or (1, N)."""
+        fbank = OnlineFeatures(FeatureConfig(self.config.num_mel_bins, frontend="librosa"))
+        fbank.accept(np.asarray(samples, dtype=np.float32).reshape(-1), sampling_rate)
+        fbank.finish()
+        return fbank.frames(0, fbank.ready)
+
+
+class OnlineFeatures:
+    """Features of audio that arrives in pieces (kaldi-native-fbank, `online_fbank_options`):
+    frames become ready as their 25 ms of samples arrive, the same frames as over the whole
+    recording. Not normalized."""
+
+    def __init__(self, config: FeatureConfig = FeatureConfig()) -> None:
+        self._fbank = knf.OnlineFbank(online_fbank_options(config))
+        self.num_mel_bins = config.num_mel_bins
+        self._first = 0  # frames before it are freed
+
+    def accept(self, samples: np.ndarray, sampling_rate: int = SAMPLE_RATE) -> None:
+        if sampling_rate != SAMPLE_RATE:
+            raise ValueError(f"audio must be {SAMPLE_RATE} Hz, got {sampling_rate} Hz")
+        if len(samples):
+            self._fbank.accept_waveform(SAMPLE_RATE, np.asarray(samples, dtype=np.float32))
+
+    def finish(self) -> None:
+        """No more audio: the last frames (padded as Kaldi pads) become ready."""
+        self._fbank.input_finished()
+
+    @property
+    def ready(self) -> int:
+        return self._fbank.num_frames_ready
+
+    def discard_before(self, index: int) -> None:
+        """Free the frames before `index`, so a long stream's memory stays flat."""
+        if index > self._first:
+            self._fbank.pop(index - self._first)
+            self._first = index
+
+    def frames(self, start: int, stop: int) -> np.ndarray:
+        """(stop - start, F) float32 frames, ready and not discarded."""
+        if stop <= start:
+            return np.zeros((0, self.num_mel_bins), dtype=np.float32)
+        return np.stack([self._fbank.get_frame(i) for i in range(start, stop)])
 
 
 @contextmanager
@@ -132,9 +232,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuts", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True, help="cuts manifest with features")
     parser.add_argument("--num-mel-bins", type=int, default=80)
+    parser.add_argument("--frontend", choices=FRONTENDS, default="kaldi", help="see FeatureConfig")
     parser.add_argument("--num-jobs", type=int, default=1, help="one is usually enough")
     args = parser.parse_args(argv)
-    config = FeatureConfig(num_mel_bins=args.num_mel_bins, source="precomputed")
+    config = FeatureConfig(
+        num_mel_bins=args.num_mel_bins, source="precomputed", frontend=args.frontend
+    )
     print(f"wrote {precompute_features(args.cuts, args.output, config, args.num_jobs)}")
 
 

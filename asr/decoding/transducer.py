@@ -1,6 +1,11 @@
 """Transducer decoding: batched greedy search and batched beam search (with one token per
 frame: modified beam search).
 
+Both are frame-synchronous, so each can stop after any frame and go on with the next
+chunk of encoder output (streaming): `GreedyProgress` and `BeamProgress` hold a batch's
+search between chunks, and rows of different streams can be stacked (`cat`) and taken
+apart (`select`).
+
 Legend: B batch, K beam size, T frames, V vocabulary, D width. Call ``model.eval()``
 first: decoding does not change the model's mode, and dropout would make the predictor
 random.
@@ -8,6 +13,7 @@ random.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -60,7 +66,68 @@ def greedy_search_timed(
     options: GreedyOptions = GreedyOptions(),
 ) -> list[TimedTokens]:
     """encoder_out (B, T, D_enc), encoder_lens (B,) -> per utterance its tokens without
-    blanks and the frame each was emitted at.
+    blanks and the frame each was emitted at (`greedy_continue` from the start)."""
+    check_encoder_output(encoder_out, encoder_lens)
+    progress = greedy_start(model, encoder_out.size(0), encoder_out.device)
+    greedy_continue(model, progress, encoder_out, encoder_lens, options)
+    return [TimedTokens(t, f) for t, f in zip(progress.tokens, progress.frames, strict=True)]
+
+
+@dataclass
+class GreedyProgress:
+    """Greedy search of a batch between chunks: the projected predictor output
+    (B, D_joint) and the predictor's state after each utterance's last token, its tokens
+    and their frames, and the frames it has consumed."""
+
+    pred: Tensor
+    state: PredictorState
+    tokens: list[list[int]]
+    frames: list[list[int]]
+    consumed: list[int]
+
+    def select(self, index: list[int]) -> GreedyProgress:
+        at = torch.tensor(index, device=self.pred.device)
+        return GreedyProgress(
+            self.pred.index_select(0, at),
+            _take(self.state, at),
+            [self.tokens[i] for i in index],
+            [self.frames[i] for i in index],
+            [self.consumed[i] for i in index],
+        )
+
+    @staticmethod
+    def cat(parts: list[GreedyProgress]) -> GreedyProgress:
+        return GreedyProgress(
+            torch.cat([p.pred for p in parts]),
+            _cat([p.state for p in parts]),
+            [t for p in parts for t in p.tokens],
+            [f for p in parts for f in p.frames],
+            [c for p in parts for c in p.consumed],
+        )
+
+
+@torch.inference_mode()
+def greedy_start(model: Transducer, batch: int, device: torch.device | str) -> GreedyProgress:
+    """The greedy search of `batch` utterances before their first frame."""
+    predictor, joiner = model.predictor, model.joiner
+    blanks = torch.full((batch,), model.blank_id, device=device, dtype=torch.long)
+    pred_out, state = predictor.step(blanks, predictor.init_state(batch, device))
+    pred = joiner.project_predictor(pred_out)  # (B, D_joint)
+    return GreedyProgress(
+        pred, state, [[] for _ in range(batch)], [[] for _ in range(batch)], [0] * batch
+    )
+
+
+@torch.inference_mode()
+def greedy_continue(
+    model: Transducer,
+    progress: GreedyProgress,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: GreedyOptions = GreedyOptions(),
+) -> None:
+    """Search the next frames, encoder_out (B, T, D_enc) with encoder_lens (B,) valid,
+    updating `progress` in place; token frames count from each utterance's start.
 
     One joiner call per (frame, symbol) step for the whole batch. A sample that emits a
     non-blank token advances its predictor and stays on the frame; the others keep their
@@ -68,17 +135,13 @@ def greedy_search_timed(
     """
     if options.max_symbols_per_frame < 1:
         raise ValueError(f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}")
-    check_encoder_output(encoder_out, encoder_lens)
     predictor, joiner, blank = model.predictor, model.joiner, model.blank_id
-    batch, device = encoder_out.size(0), encoder_out.device
     enc = joiner.project_encoder(encoder_out)  # (B, T, D_joint), all frames at once
-    blanks = torch.full((batch,), blank, device=device, dtype=torch.long)
-    pred_out, state = predictor.step(blanks, predictor.init_state(batch, device))
-    pred = joiner.project_predictor(pred_out)  # (B, D_joint)
+    pred, state = progress.pred, progress.state
     emitted: list[Tensor] = []  # per step: token id, or -1 where nothing was emitted
     step_frames: list[int] = []  # per step: its frame
-    lens = encoder_lens.to(device)
-    for t in range(int(lens.max()) if batch else 0):
+    lens = encoder_lens.to(encoder_out.device)
+    for t in range(int(lens.max()) if len(lens) else 0):
         active = t < lens
         for _ in range(options.max_symbols_per_frame):
             tokens = joiner.joint(enc[:, t], pred).argmax(dim=-1)  # (B,)
@@ -91,11 +154,16 @@ def greedy_search_timed(
             state = _select(emit, new_state, state)
             pred = torch.where(emit[:, None], joiner.project_predictor(new_out), pred)
             active = emit
-    if not emitted:
-        return [TimedTokens([], []) for _ in range(batch)]
-    steps = torch.stack(emitted, dim=1).cpu()  # (B, steps)
-    frames = torch.tensor(step_frames)
-    return [TimedTokens(row[row >= 0].tolist(), frames[row >= 0].tolist()) for row in steps]
+    progress.pred, progress.state = pred, state
+    if emitted:
+        steps = torch.stack(emitted, dim=1).cpu()  # (B, steps)
+        frames = torch.tensor(step_frames)
+        for b, row in enumerate(steps):
+            kept = row >= 0
+            progress.tokens[b] += row[kept].tolist()
+            progress.frames[b] += (frames[kept] + progress.consumed[b]).tolist()
+    for b, n in enumerate(encoder_lens.tolist()):
+        progress.consumed[b] += n
 
 
 @dataclass(frozen=True)
@@ -141,6 +209,13 @@ def _take(state: PredictorState, index: Tensor) -> PredictorState:
     if isinstance(state, Tensor):
         return state.index_select(0, index)
     return tuple(_take(part, index) for part in state)
+
+
+def _cat(states: list[PredictorState]) -> PredictorState:
+    """Batch-first predictor states stacked along the batch."""
+    if isinstance(states[0], Tensor):
+        return torch.cat(states)
+    return tuple(_cat([s[i] for s in states]) for i in range(len(states[0])))
 
 
 def _put(state: PredictorState, index: Tensor, rows: PredictorState) -> PredictorState:
@@ -246,7 +321,82 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Frame-synchronous beam search, batched over the utterances: encoder_out
     (B, T, D_enc), encoder_lens (B,) -> per utterance its `options.nbest` best hypotheses,
-    best first. With `max_symbols_per_frame` 1 it is icefall's modified beam search.
+    best first (`beam_continue` from the start). With `max_symbols_per_frame` 1 it is
+    icefall's modified beam search."""
+    check_encoder_output(encoder_out, encoder_lens)
+    if encoder_out.size(0) == 0:
+        return []
+    progress = beam_start(model, encoder_out.size(0), options.beam_size, encoder_out.device)
+    beam_continue(model, progress, encoder_out, encoder_lens, options)
+    return progress.hypotheses(options.nbest)
+
+
+@dataclass
+class BeamProgress:
+    """Beam search of a batch between chunks: per utterance its `_Beam` of K rows, the
+    predictor's state and projected output of every row (B * K first), and the frames it
+    has consumed."""
+
+    beams: list[_Beam]
+    state: PredictorState
+    pred: Tensor
+    consumed: list[int]
+
+    @property
+    def beam_size(self) -> int:
+        return len(self.beams[0].scores) if self.beams else 0
+
+    def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
+        """Per utterance its `nbest` best hypotheses so far, best first."""
+        return [
+            [
+                Hypothesis(seq, score, frames)
+                for seq, score, frames in zip(beam.tokens, beam.scores, beam.frames, strict=True)
+                if score > -math.inf
+            ][:nbest]
+            for beam in self.beams
+        ]
+
+    def select(self, index: list[int]) -> BeamProgress:
+        k = self.beam_size
+        rows = torch.tensor([i * k + j for i in index for j in range(k)], device=self.pred.device)
+        return BeamProgress(
+            [copy.deepcopy(self.beams[i]) for i in index],
+            _take(self.state, rows),
+            self.pred.index_select(0, rows),
+            [self.consumed[i] for i in index],
+        )
+
+    @staticmethod
+    def cat(parts: list[BeamProgress]) -> BeamProgress:
+        return BeamProgress(
+            [b for p in parts for b in p.beams],
+            _cat([p.state for p in parts]),
+            torch.cat([p.pred for p in parts]),
+            [c for p in parts for c in p.consumed],
+        )
+
+
+@torch.inference_mode()
+def beam_start(model: Transducer, batch: int, k: int, device: torch.device | str) -> BeamProgress:
+    """The beam search of `batch` utterances, `k` hypotheses each, before their first frame."""
+    predictor, joiner = model.predictor, model.joiner
+    blanks = torch.full((batch * k,), model.blank_id, device=device, dtype=torch.long)
+    pred_out, state = predictor.step(blanks, predictor.init_state(batch * k, device))
+    pred = joiner.project_predictor(pred_out)  # (B*K, D_joint)
+    return BeamProgress([_Beam.start(k) for _ in range(batch)], state, pred, [0] * batch)
+
+
+@torch.inference_mode()
+def beam_continue(
+    model: Transducer,
+    progress: BeamProgress,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: BeamOptions = BeamOptions(),
+) -> None:
+    """Search the next frames, encoder_out (B, T, D_enc) with encoder_lens (B,) valid,
+    updating `progress` in place; token frames count from each utterance's start.
 
     Each utterance keeps K hypotheses in K rows of one (B x K) batch; empty rows score
     -inf. A frame takes up to S = `max_symbols_per_frame` rounds. In each, one joiner call
@@ -259,19 +409,15 @@ def beam_search(
     appended token; the other hypotheses keep their cached state and output. With K = 1
     this is greedy search. An utterance stops at its own length.
     """
-    check_encoder_output(encoder_out, encoder_lens)
     predictor, joiner, blank = model.predictor, model.joiner, model.blank_id
-    batch, device, k = encoder_out.size(0), encoder_out.device, options.beam_size
-    if batch == 0:
-        return []
+    beams, state, pred = progress.beams, progress.state, progress.pred
+    batch, device, k = encoder_out.size(0), encoder_out.device, progress.beam_size
+    if k != options.beam_size:
+        raise ValueError(f"the search was started with beam size {k}, not {options.beam_size}")
     rows = batch * k
     enc = joiner.project_encoder(encoder_out)  # (B, T, D_joint)
-    blanks = torch.full((rows,), blank, device=device, dtype=torch.long)
-    pred_out, state = predictor.step(blanks, predictor.init_state(rows, device))
-    pred = joiner.project_predictor(pred_out)  # (B*K, D_joint)
-    beams = [_Beam.start(k) for _ in range(batch)]
     lens = encoder_lens.tolist()
-    for t in range(max(lens)):
+    for t in range(max(lens, default=0)):
         enc_t = enc[:, t].repeat_interleave(k, dim=0)
         for b, beam in enumerate(beams):
             beam.start_frame(active=t < lens[b])
@@ -299,7 +445,10 @@ def beam_search(
                 if not beam.in_frame():
                     continue
                 rows_b = slice(b * k, (b + 1) * k)
-                moves = beam.advance(with_blank[rows_b], best[b], where[b], vocab, last_round, t)
+                frame = progress.consumed[b] + t
+                moves = beam.advance(
+                    with_blank[rows_b], best[b], where[b], vocab, last_round, frame
+                )
                 for j, (row, token) in enumerate(moves):
                     source[b * k + j], appended[b * k + j] = b * k + row, token
             index = torch.tensor(source, device=device)
@@ -311,11 +460,6 @@ def beam_search(
                 out, new_state = predictor.step(last, _take(state, at))
                 state = _put(state, at, new_state)
                 pred = pred.index_copy(0, at, joiner.project_predictor(out).to(pred.dtype))
-    return [
-        [
-            Hypothesis(seq, score, frames)
-            for seq, score, frames in zip(beam.tokens, beam.scores, beam.frames, strict=True)
-            if score > -math.inf
-        ][: options.nbest]
-        for beam in beams
-    ]
+    progress.state, progress.pred = state, pred
+    for b, n in enumerate(lens):
+        progress.consumed[b] += n

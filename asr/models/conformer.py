@@ -381,6 +381,15 @@ class StreamingState:
         """The states of the streams at `index` (B',)."""
         return StreamingState(self.attention[index], self.attention_len[index], self.conv[index])
 
+    @staticmethod
+    def cat(states: list[StreamingState]) -> StreamingState:
+        """The states of several batches of streams as one batch."""
+        return StreamingState(
+            torch.cat([s.attention for s in states]),
+            torch.cat([s.attention_len for s in states]),
+            torch.cat([s.conv for s in states]),
+        )
+
 
 @dataclass
 class SubsampledFrames:

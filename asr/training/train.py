@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.cli import command
 from asr.config_keys import ConfigError, dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
+from asr.data.feature_stats import read_feature_stats
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.search import default_options
 from asr.inference.bundle import BEST_CHECKPOINT, CHECKPOINT_DIR
@@ -191,6 +192,17 @@ def build_network(
         raise ConfigError("data.tokenizer is null: only pre-training (model.kind=ssl) runs without")
     model = build_model(model_parts, None if tokenizer is None else tokenizer.vocab_size)
     log.info("model: %s parameters", f"{count_parameters(model):,}")
+    stats_path = model_parts.encoder.feature_stats
+    if stats_path is not None:
+        if datamodule.features.normalize != "none":
+            raise ConfigError(
+                f"model.encoder.feature_stats={stats_path} normalizes inside the model: set "
+                f"data.features.normalize=none (it is {datamodule.features.normalize})"
+            )
+        model.encoder.set_feature_stats(
+            *read_feature_stats(stats_path, model.encoder.config.input_dim)
+        )
+        log.info("encoder: feature statistics from %s", stats_path)
     if run.init_encoder_from:
         loaded = load_encoder(model.encoder, run.init_encoder_from)
         log.info("encoder: %d tensors from %s", loaded, run.init_encoder_from)

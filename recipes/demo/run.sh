@@ -35,8 +35,8 @@
 # Decoding (stage 7): greedy search, and beam search of BEAM hypotheses (default 4; 1 skips
 # it), both printed at the end.
 #
-# EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_aed_deep,
-# demo_aed_flash), EXP its directory (exp/<experiment>).
+# EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_streaming,
+# demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
 
 stage=0
@@ -129,9 +129,17 @@ if run 2; then say 2
   fi
 fi
 if run 3; then say 3
+  # Features of the preset's front end (kaldi: *-feats, librosa: *-librosa-feats manifests),
+  # and the global statistics a streaming preset normalizes with (model.encoder.feature_stats).
+  frontend=$(setting data.features.frontend)
+  feats=feats; [[ $frontend == kaldi ]] || feats=$frontend-feats
   for part in train-clean-100 dev-clean; do
-    asr-compute-features --cuts "$(cuts $part)" --output "$(cuts $part-feats)"
+    asr-compute-features --cuts "$(cuts $part)" --frontend "$frontend" --output "$(cuts $part-$feats)"
   done
+  stats=$(setting model.encoder.feature_stats)
+  if [[ -n $stats && ! -f $stats ]]; then
+    asr-feature-stats --cuts "$(cuts train-clean-100-$feats)" --frontend "$frontend" --output "$stats"
+  elif [[ -n $stats ]]; then echo "$stats exists"; fi
 fi
 bins=$data/bins.yaml
 batch_sizes=$exp/batch_sizes.yaml

@@ -1,0 +1,272 @@
+"""Streaming recognition: audio pieces of any size in, a partial transcript after each.
+
+A `StreamingRecognizer` holds a streaming transducer (``model.encoder.streaming``) at one
+trained chunk size and left context; each `Stream` holds one live recording's state:
+its feature frontend (frames become ready as samples arrive), the encoder's caches
+(`StreamingState`: per-layer left-context attention inputs and convolution state), and
+the search (the predictor's state and the tokens so far). ``decode(streams)`` encodes
+every chunk that is ready, of all the streams in one batch (streams that started at
+different times included), and continues each one's search; a finished stream's last,
+shorter chunk is encoded as it is. Memory stays flat: the frontend frees encoded frames
+and the caches have a fixed size.
+
+    recognizer = asr.load_model("exp/demo_streaming/model.pt", streaming=True, chunk_ms=320)
+    stream = recognizer.create_stream()
+    for piece in pieces:                   # e.g. 0.1 s of 16 kHz float samples each
+        stream.accept_waveform(piece)
+        recognizer.decode([stream])
+        print(stream.text)                 # the partial transcript
+    stream.input_finished()
+    recognizer.decode([stream])
+    print(stream.text)                     # the final one
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asr.data.features import FeatureConfig, OnlineFeatures, to_mono
+from asr.data.tokenizer import Tokenizer
+from asr.decoding.transducer import (
+    BeamOptions,
+    BeamProgress,
+    GreedyOptions,
+    GreedyProgress,
+    beam_continue,
+    beam_start,
+    greedy_continue,
+    greedy_start,
+)
+from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
+from asr.inference.audio import AudioInput, open_audio
+from asr.inference.bundle import load_bundle
+from asr.inference.timestamps import Transcript, words_from_tokens
+from asr.models.conformer import StreamingContext, StreamingState, check_trained_context
+from asr.models.transducer import Transducer
+
+__all__ = ["Stream", "StreamingRecognizer", "load_streaming_recognizer"]
+
+Search = GreedyProgress | BeamProgress
+
+
+class Stream:
+    """One live recording: ``accept_waveform`` pieces of 16 kHz mono float samples, then
+    ``input_finished``; ``text`` and ``transcript()`` hold what has been decoded so far."""
+
+    def __init__(self, recognizer: StreamingRecognizer) -> None:
+        self._recognizer = recognizer
+        self.features = OnlineFeatures(recognizer.features)
+        self.state = recognizer.model.encoder.initial_state(
+            1, recognizer.context.left, recognizer.device
+        )
+        self.search: Search = recognizer.start_search()
+        self.samples = 0  # accepted so far
+        self.encoded = 0  # feature frames encoded
+        self.finished = False
+
+    def accept_waveform(self, samples: np.ndarray, sampling_rate: int = SAMPLE_RATE) -> None:
+        """Append audio (any length, empty included); 16 kHz mono (or channels x samples)."""
+        if self.finished:
+            raise ValueError("the stream has finished: create a new one for more audio")
+        samples = to_mono(np.asarray(samples, dtype=np.float32))
+        self.features.accept(samples, sampling_rate)
+        self.samples += len(samples)
+
+    def input_finished(self) -> None:
+        """No more audio: the next ``decode`` encodes what is left, however short."""
+        if not self.finished:
+            self.features.finish()
+            self.finished = True
+
+    @property
+    def done(self) -> bool:
+        """Finished and every frame encoded: the transcript is final."""
+        return self.finished and self.encoded >= self.features.ready
+
+    def _next_chunk(self, span: int) -> np.ndarray | None:
+        """The next chunk's frames (span, or fewer at the end), or None if none is ready."""
+        ready = self.features.ready - self.encoded
+        if ready >= span or (self.finished and ready > 0):
+            n = min(span, ready)
+            frames = self.features.frames(self.encoded, self.encoded + n)
+            self.encoded += n
+            self.features.discard_before(self.encoded)
+            return frames
+        return None
+
+    @property
+    def tokens(self) -> list[int]:
+        if isinstance(self.search, GreedyProgress):
+            return self.search.tokens[0]
+        best = self.search.hypotheses(1)[0]
+        return list(best[0].tokens) if best else []
+
+    @property
+    def text(self) -> str:
+        return self._recognizer.tokenizer.decode(self.tokens)
+
+    def transcript(self) -> Transcript:
+        """The text so far and its words, with times in seconds from the stream's start."""
+        recognizer = self._recognizer
+        if isinstance(self.search, GreedyProgress):
+            tokens, frames = self.search.tokens[0], self.search.frames[0]
+        else:
+            best = self.search.hypotheses(1)[0]
+            tokens, frames = (list(best[0].tokens), list(best[0].frames)) if best else ([], [])
+        seconds = recognizer.model.frame_seconds
+        pieces = [recognizer.tokenizer.id_to_piece(i) for i in tokens]
+        words = words_from_tokens(
+            pieces, [f * seconds for f in frames], seconds, self.samples / SAMPLE_RATE
+        )
+        return Transcript(recognizer.tokenizer.decode(tokens), words)
+
+
+class StreamingRecognizer:
+    """A streaming transducer at one trained chunk size and left context (encoder
+    frames; None: the largest trained), decoding many streams at once; `beam_size` above 1
+    decodes with beam search. `autocast`: a dtype to run the model in (bfloat16 on GPUs)."""
+
+    def __init__(
+        self,
+        model: Transducer,
+        tokenizer: Tokenizer,
+        features: FeatureConfig,
+        chunk: int | None = None,
+        left_context: int | None = None,
+        beam_size: int = 1,
+        device: str | torch.device = "cpu",
+        autocast: torch.dtype | None = None,
+    ) -> None:
+        if not isinstance(model, Transducer):
+            raise ValueError(
+                f"streaming needs a transducer; this model is a {type(model).__name__}"
+            )
+        streaming = model.encoder.streaming
+        if streaming is not None and not streaming.streaming_chunk_sizes:
+            streaming = None  # trained at full context only
+        if streaming is None:
+            raise ValueError(
+                "this model was trained with full context (model.encoder.streaming is null): "
+                "it cannot stream; decode it without --streaming"
+            )
+        if features.normalize != "none":
+            raise ValueError(
+                f"this model normalizes features {features.normalize.replace('_', ' ')}, "
+                "which a stream cannot compute; stream a model with model.encoder.feature_stats"
+            )
+        context = StreamingContext(
+            chunk if chunk is not None else max(streaming.streaming_chunk_sizes),
+            left_context if left_context is not None else max(streaming.left_contexts),
+        )
+        check_trained_context(streaming, context)
+        self.model = model.to(device).eval()
+        self.model.encoder.use_context(context)
+        self.tokenizer = tokenizer
+        self.features = features
+        self.context = context
+        self.device = torch.device(device)
+        self.span = context.chunk * model.encoder.subsampling_factor  # feature frames
+        self.beam = BeamOptions(beam_size) if beam_size > 1 else None
+        self.greedy = GreedyOptions()
+        self._autocast = autocast
+
+    @property
+    def chunk_seconds(self) -> float:
+        """Audio per chunk: the algorithmic latency (the encoder has no look-ahead)."""
+        return self.span / FRAMES_PER_SECOND
+
+    def create_stream(self) -> Stream:
+        return Stream(self)
+
+    def start_search(self) -> Search:
+        if self.beam is None:
+            return greedy_start(self.model, 1, self.device)
+        return beam_start(self.model, 1, self.beam.beam_size, self.device)
+
+    @torch.inference_mode()
+    def decode(self, streams: Sequence[Stream]) -> None:
+        """Encode every ready chunk of `streams` (one batch per round of chunks) and
+        continue their searches; a finished stream's last chunk is encoded however short."""
+        while True:
+            batch = [(s, c) for s in streams if (c := s._next_chunk(self.span)) is not None]
+            if not batch:
+                return
+            self._decode_chunks([s for s, _ in batch], [c for _, c in batch])
+
+    def _decode_chunks(self, streams: list[Stream], chunks: list[np.ndarray]) -> None:
+        features = torch.zeros(len(chunks), self.span, self.features.num_mel_bins)
+        for i, chunk in enumerate(chunks):
+            features[i, : len(chunk)] = torch.from_numpy(chunk)
+        lens = torch.tensor([len(c) for c in chunks], device=self.device)
+        state = StreamingState.cat([s.state for s in streams])
+        search = type(streams[0].search).cat([s.search for s in streams])
+        autocast = (
+            torch.autocast(self.device.type, dtype=self._autocast)
+            if self._autocast
+            else nullcontext()
+        )
+        with autocast:
+            out, out_lens, state = self.model.encoder.step(features.to(self.device), lens, state)
+            if isinstance(search, GreedyProgress):
+                greedy_continue(self.model, search, out, out_lens, self.greedy)
+            else:
+                beam_continue(self.model, search, out, out_lens, self.beam)
+        for i, stream in enumerate(streams):
+            stream.state = state.select(torch.tensor([i], device=self.device))
+            stream.search = search.select([i])
+
+    def transcribe(
+        self, audio: AudioInput | Sequence[AudioInput], piece_seconds: float = 0.1
+    ) -> list[Transcript]:
+        """Stream each recording (file path or 16 kHz samples) in pieces of
+        `piece_seconds`, all at once as concurrent streams -> final transcripts."""
+        if isinstance(audio, str | Path | np.ndarray):
+            audio = [audio]
+        samples = [open_audio(a).read() for a in audio]
+        streams = [self.create_stream() for _ in samples]
+        step = max(1, int(piece_seconds * SAMPLE_RATE))
+        for start in range(0, max((len(s) for s in samples), default=0), step):
+            for stream, s in zip(streams, samples, strict=True):
+                if start < len(s):
+                    stream.accept_waveform(s[start : start + step])
+                else:
+                    stream.input_finished()
+            self.decode(streams)
+        for stream in streams:
+            stream.input_finished()
+        self.decode(streams)
+        return [s.transcript() for s in streams]
+
+
+def load_streaming_recognizer(
+    path: str | Path | list[Path],
+    chunk_ms: float | None = None,
+    left_context: int | None = None,
+    beam_size: int = 1,
+    device: str | torch.device = "cpu",
+    ema: bool = False,
+) -> StreamingRecognizer:
+    """A `StreamingRecognizer` from a bundle or checkpoint(s); `chunk_ms`: the chunk in
+    milliseconds, one the model was trained with (None: its largest)."""
+    model, tokenizer, features = load_bundle(path, ema)
+    chunk = None
+    if chunk_ms is not None:
+        frame_ms = model.frame_seconds * 1000
+        chunk = round(chunk_ms / frame_ms)
+        streaming = getattr(model.encoder, "streaming", None)
+        if abs(chunk * frame_ms - chunk_ms) > 1e-6 or (
+            streaming is not None and chunk not in streaming.streaming_chunk_sizes
+        ):
+            trained = [] if streaming is None else streaming.streaming_chunk_sizes
+            raise ValueError(
+                f"--chunk-ms {chunk_ms:g} was not trained; trained chunks: "
+                f"{', '.join(f'{c * frame_ms:g}' for c in trained) or 'none'} ms"
+            )
+    return StreamingRecognizer(
+        model, tokenizer, FeatureConfig(**features), chunk, left_context, beam_size, device
+    )
