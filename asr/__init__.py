@@ -8,17 +8,35 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from asr.inference.recognizer import Recognizer
+    from asr.inference.streaming import StreamingRecognizer
 
 __version__ = "0.1.0"
 
 
-def load_model(path: str | Path, device: str = "cpu", beam_size: int = 1) -> Recognizer:
+def load_model(
+    path: str | Path,
+    device: str = "cpu",
+    beam_size: int = 1,
+    *,
+    streaming: bool = False,
+    chunk_ms: float | None = None,
+) -> Recognizer | StreamingRecognizer:
     """Load an exported bundle (or a training checkpoint, or the directory of an ONNX export,
     decoded with onnxruntime on the CPU) of any model kind; `.transcribe(audio) -> list[str]`
     takes file paths or 16 kHz mono arrays of any length, and with `timestamps=True` gives
     each word's start and end (transducers; docs/transcribe.md). `beam_size` above 1: beam
     search (for transducers up to 3 tokens per frame, as greedy search). Needs neither
-    Hydra nor Lightning."""
+    Hydra nor Lightning.
+
+    `streaming=True` (a streaming transducer, docs/streaming.md): a `StreamingRecognizer`
+    whose streams take audio pieces as they arrive (`create_stream`, `decode`), at a
+    trained chunk of `chunk_ms` milliseconds (None: the largest trained)."""
+    if streaming:
+        from asr.inference.streaming import load_streaming_recognizer
+
+        return load_streaming_recognizer(path, chunk_ms, beam_size=beam_size, device=device)
+    if chunk_ms is not None:
+        raise ValueError("chunk_ms goes with streaming=True")
     from asr.inference.recognizer import load_recognizer
 
     if Path(path).is_dir():

@@ -6,10 +6,15 @@
     asr-export exp/demo/checkpoints/last.ckpt --format onnx -o exp/demo/onnx
     asr-transcribe --onnx exp/demo/onnx a.flac --max-symbols-per-frame 1
     asr-transcribe exp/demo/model.bundle.pt meeting.wav --timestamps --output-format srt
+    arecord -f S16_LE -r 16000 -c 1 -t raw | asr-transcribe --streaming --chunk-ms 320 \
+        exp/demo_streaming/model.bundle.pt -
 
 `asr-transcribe` takes recordings of any length (overlapping windows, `--window`,
 `--overlap`; docs/transcribe.md); a file that cannot be read is named on stderr and the
-others are still transcribed (exit status 1).
+others are still transcribed (exit status 1). With `--streaming` (a streaming model,
+docs/streaming.md) it feeds each file, or raw 16 kHz 16-bit PCM on standard input (`-`),
+to the model chunk by chunk, shows the partial transcript on a terminal as it changes,
+and prints the final one.
 
 `asr-decode MODEL MANIFEST` decodes a cut manifest, writes hypotheses and prints the WER.
 MODEL is a bundle (asr-export) or a training checkpoint; `--onnx DIR` instead of MODEL
@@ -27,11 +32,14 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from asr.cli import command
+from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.bundle import (
     BUNDLE_FILE,
@@ -45,6 +53,7 @@ from asr.inference.bundle import (
 from asr.inference.longform import DEFAULT_MAX_PAUSE, DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
 from asr.inference.manifest_decoding import decode_manifest
 from asr.inference.recognizer import Recognizer, load_recognizer
+from asr.inference.streaming import chunked_context, load_streaming_recognizer
 from asr.inference.timestamps import OUTPUT_FORMATS, Transcript, render
 
 log = logging.getLogger(__name__)
@@ -234,6 +243,94 @@ def _add_transcribe_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_streaming_arguments(parser: argparse.ArgumentParser, decoding: bool) -> None:
+    """--chunk-ms and --left-context (asr-decode: the whole utterance through the chunked
+    masks, which streaming equals), and asr-transcribe's --streaming."""
+    if not decoding:
+        parser.add_argument(
+            "--streaming",
+            action="store_true",
+            help="a streaming model, fed chunk by chunk; AUDIO '-' reads raw 16 kHz 16-bit "
+            "mono PCM from standard input",
+        )
+        parser.add_argument(
+            "--piece-ms",
+            type=float,
+            default=100.0,
+            help="--streaming: milliseconds of audio per read (default 100)",
+        )
+    parser.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=None,
+        help="a streaming model's chunk, one it was trained with (default: its largest)"
+        + ("; decodes whole utterances through the same masks as streaming" if decoding else ""),
+    )
+    parser.add_argument(
+        "--left-context",
+        type=int,
+        default=None,
+        help="a streaming model's left context in encoder frames (default: its largest)",
+    )
+
+
+STDIN = Path("-")
+
+
+def _pcm_pieces(stream, piece_bytes: int) -> Iterator[np.ndarray]:
+    """Float samples of raw 16-bit little-endian PCM read from `stream` in pieces."""
+    rest = b""
+    while data := stream.read(piece_bytes):
+        data = rest + data
+        whole = len(data) - len(data) % 2
+        rest = data[whole:]
+        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+
+
+def _file_pieces(path: Path, piece_samples: int) -> Iterator[np.ndarray]:
+    samples = open_audio(path).read()
+    for start in range(0, len(samples), piece_samples):
+        yield samples[start : start + piece_samples]
+
+
+def _transcribe_streaming(
+    recognizer, inputs: list[Path], args: argparse.Namespace, timestamps: bool
+) -> int:
+    """Stream each input (a file or standard input) through `recognizer`, the partial
+    transcript on stderr when it is a terminal, the final one on stdout; the number of
+    inputs that could not be read."""
+    piece_samples = max(1, int(args.piece_ms * SAMPLE_RATE / 1000))
+    live = sys.stderr.isatty()
+    failed = 0
+    for path in inputs:
+        name = "<stdin>" if path == STDIN else str(path)
+        try:
+            pieces = (
+                _pcm_pieces(sys.stdin.buffer, 2 * piece_samples)
+                if path == STDIN
+                else _file_pieces(path, piece_samples)
+            )
+            stream = recognizer.create_stream()
+            shown = ""
+            for piece in pieces:
+                stream.accept_waveform(piece)
+                recognizer.decode([stream])
+                if live and stream.text != shown:
+                    shown = stream.text
+                    print(f"\r\033[K{shown[-150:]}", end="", file=sys.stderr, flush=True)
+        except (OSError, ValueError) as err:
+            print(f"asr-transcribe: error: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        stream.input_finished()
+        recognizer.decode([stream])
+        if live:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        sys.stdout.write(render(stream.transcript(), name, args.output_format, timestamps))
+        sys.stdout.flush()
+    return failed
+
+
 def _readable(paths: list[Path]) -> tuple[list[Path], int]:
     """The paths whose audio opens, and how many did not (each named in one line)."""
     good = []
@@ -264,11 +361,38 @@ def transcribe_main(argv: list[str] | None = None) -> None:
     )
     _add_search_arguments(parser)
     _add_transcribe_arguments(parser)
+    _add_streaming_arguments(parser, decoding=False)
     args = parser.parse_intermixed_args(argv)  # options may stand between MODEL and AUDIO
     inputs = list(args.inputs)
     timestamps = args.timestamps or args.output_format in ("srt", "ctm")
     windows = WindowConfig(args.window, args.overlap, args.max_pause)
     model = _split_model(args, inputs, 1)
+    if args.streaming:
+        if args.onnx is not None:
+            parser.error(
+                "--streaming decodes a bundle or checkpoint; sherpa-onnx's online recognizer "
+                "decodes the streaming ONNX export (docs/streaming.md)"
+            )
+        if args.output_format == "srt" and len(inputs) > 1:
+            parser.error("--streaming writes to stdout: srt of one input at a time")
+        if inputs.count(STDIN) > 1:
+            parser.error("standard input ('-') can be read once")
+        recognizer = load_streaming_recognizer(
+            model,
+            args.chunk_ms,
+            args.left_context,
+            args.beam_size,
+            args.device,
+            max_symbols_per_frame=args.max_symbols_per_frame,
+        )
+        failed = _transcribe_streaming(recognizer, inputs, args, timestamps)
+        if failed:
+            raise SystemExit(
+                f"asr-transcribe: {failed} of {len(inputs)} input(s) could not be read"
+            )
+        return
+    if args.chunk_ms is not None or args.left_context is not None:
+        parser.error("--chunk-ms and --left-context go with --streaming")
     if args.output_format == "srt" and len(inputs) > 1 and args.output_dir is None:
         parser.error("srt of several files needs --output-dir (one .srt per file)")
     stems = [path.stem for path in inputs]
@@ -317,6 +441,7 @@ def decode_main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--nbest", type=int, default=1, help="also list the N best hypotheses (N <= beam size)"
     )
+    _add_streaming_arguments(parser, decoding=True)
     add_checkpoint_arguments(parser)
     args = parser.parse_intermixed_args(argv)  # as the docs type it: MODEL --epoch 6 MANIFEST
     inputs = list(args.inputs)
@@ -342,10 +467,20 @@ def decode_main(argv: list[str] | None = None) -> None:
         name += f"-beam{args.beam_size}"
     if args.max_symbols_per_frame is not None:
         name += f"-sym{args.max_symbols_per_frame}"
+    recognizer = _recognizer(args, source)
+    if args.chunk_ms is not None or args.left_context is not None:
+        if args.onnx is not None:
+            parser.error("--chunk-ms decodes a bundle or checkpoint, not an ONNX export")
+        context = chunked_context(recognizer.model, args.chunk_ms, args.left_context)
+        recognizer.model.encoder.use_context(context)
+        name += (
+            f"-chunk{args.chunk_ms or context.chunk * recognizer.model.frame_seconds * 1000:g}ms"
+        )
+        name += f"-left{context.left}"
     model_dir = args.model if args.model.is_dir() else args.model.parent
     output_dir = args.output_dir or model_dir / name
     summary = decode_manifest(
-        _recognizer(args, source),
+        recognizer,
         args.manifest,
         output_dir,
         args.max_duration,

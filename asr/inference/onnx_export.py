@@ -64,6 +64,7 @@ from asr.inference.onnx_runtime import (
 )
 from asr.models.aed import DecoderState, EncoderDecoder, _heads
 from asr.models.attention import lengths_to_mask
+from asr.models.conformer import StreamingContext, StreamingState
 from asr.models.transducer import Transducer
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,80 @@ class LstmDecoderGraph(nn.Module):
         return out, torch.stack(next_h, dim=1), torch.stack(next_c, dim=1)
 
 
+class NemoEncoderGraph(nn.Module):
+    """sherpa-onnx's offline NeMo encoder: `audio_signal` (N, F, T) raw log-mel, `length`
+    (N,) -> `outputs` (N, J, T') projected for the joiner, `encoded_lengths` (N,)."""
+
+    def __init__(self, model: Transducer, normalize: bool) -> None:
+        super().__init__()
+        self.graph = EncoderGraph(model, normalize)
+
+    def forward(self, audio_signal: Tensor, length: Tensor) -> tuple[Tensor, Tensor]:
+        out, lens = self.graph(audio_signal.transpose(1, 2), length)
+        return out.transpose(1, 2), lens
+
+
+class NemoStreamingEncoderGraph(nn.Module):
+    """sherpa-onnx's online NeMo encoder: one chunk `audio_signal` (N, F, W) of raw
+    log-mel (W = the chunk's feature frames), `length` (N,), and the caches of
+    `StreamingState`: `cache_last_channel` (N, layers, left, D), `cache_last_time`
+    (N, layers, D, K-1), `cache_last_channel_len` (N,) -> `outputs` (N, J, chunk) projected
+    for the joiner, `encoded_lengths`, and the three caches for the next chunk."""
+
+    def __init__(self, model: Transducer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        audio_signal: Tensor,
+        length: Tensor,
+        cache_last_channel: Tensor,
+        cache_last_time: Tensor,
+        cache_last_channel_len: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        state = StreamingState(cache_last_channel, cache_last_channel_len, cache_last_time)
+        out, lens, state = self.model.encoder.step(audio_signal.transpose(1, 2), length, state)
+        out = self.model.joiner.project_encoder(out).transpose(1, 2)
+        return out, lens.to(torch.int64), state.attention, state.conv, state.attention_len
+
+
+class NemoDecoderGraph(nn.Module):
+    """sherpa-onnx's NeMo LSTM decoder, ids with the blank last: `targets` (N, 1) int32,
+    `target_length` (N,) int32, `states_h` and `states_c` (layers, N, H) -> `outputs`
+    (N, J, 1) projected for the joiner, `prednet_lengths`, the next h and c."""
+
+    def __init__(self, model: Transducer) -> None:
+        super().__init__()
+        self.lstm = LstmDecoderGraph(model)
+        self.vocab_size = model.vocab_size
+
+    def forward(
+        self, targets: Tensor, target_length: Tensor, states_h: Tensor, states_c: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        ours = (targets.long() + 1) % self.vocab_size  # NeMo's blank, V-1, is our 0
+        h, c = states_h.transpose(0, 1), states_c.transpose(0, 1)
+        out, next_h, next_c = self.lstm(ours, h, c)
+        lengths = target_length.clamp(min=0)  # a new tensor: an output may not be an input
+        return out[:, :, None], lengths, next_h.transpose(0, 1), next_c.transpose(0, 1)
+
+
+class NemoJoinerGraph(nn.Module):
+    """sherpa-onnx's NeMo joiner: `encoder_outputs` (N, J, T), `decoder_outputs` (N, J, U),
+    both projected -> `outputs` (N, T, U, V) with the blank last."""
+
+    def __init__(self, model: Transducer) -> None:
+        super().__init__()
+        self.joiner = model.joiner
+        vocab = model.vocab_size
+        self.register_buffer("order", torch.arange(1, vocab + 1) % vocab, persistent=False)
+
+    def forward(self, encoder_outputs: Tensor, decoder_outputs: Tensor) -> Tensor:
+        enc = encoder_outputs.transpose(1, 2)[:, :, None, :]  # (N, T, 1, J)
+        dec = decoder_outputs.transpose(1, 2)[:, None, :, :]  # (N, 1, U, J)
+        return self.joiner.joint(enc, dec).index_select(-1, self.order)
+
+
 class JoinerGraph(nn.Module):
     """Projected encoder frame and predictor output -> logits."""
 
@@ -190,10 +265,9 @@ class AedDecoderGraph(nn.Module):
 
 SHERPA_FEATURE_DIM = 80  # sherpa-onnx's default filterbank (feature_dim= changes it)
 LSTM_NOT_FOR_SHERPA = (
-    "sherpa-onnx cannot load this export: its offline transducer runs a stateless predictor "
-    "over the last tokens (icefall's contract), and its LSTM contract is NeMo's, with NeMo's "
-    "features and the blank id last; asr-transcribe --onnx decodes it (train with "
-    "model.predictor.kind=stateless for sherpa-onnx)"
+    "sherpa-onnx cannot decode this export as trained: it follows sherpa-onnx's NeMo "
+    "transducer contract, whose recognizer computes the librosa front end, and this model "
+    "was trained on the kaldi one (data.features.frontend); asr-transcribe --onnx decodes it"
 )
 
 
@@ -212,23 +286,49 @@ class OnnxExport:
         return self.sherpa_note is None
 
 
+def contract_of(model: Transducer | EncoderDecoder) -> str:
+    """The layout `model` is exported in: `icefall` (a stateless predictor), `nemo` (an
+    LSTM predictor: sherpa-onnx's offline NeMo transducer), `nemo_streaming` (a streaming
+    encoder: sherpa-onnx's online NeMo transducer, an LSTM predictor needed), `aed`."""
+    if isinstance(model, EncoderDecoder):
+        return "aed"
+    streaming = getattr(model.encoder, "streaming", None)
+    if streaming is not None and streaming.streaming_chunk_sizes:
+        if model.predictor.kind != "lstm":
+            raise ValueError(
+                "a streaming model is exported in sherpa-onnx's online NeMo contract, which "
+                "needs an LSTM predictor (model.predictor.kind=lstm)"
+            )
+        return "nemo_streaming"
+    return "icefall" if model.predictor.kind == "stateless" else "nemo"
+
+
 def export_onnx(
     paths: list[Path],
     output_dir: str | Path,
     ema: bool = False,
     int8: bool = True,
     report: Callable[[str], None] | None = None,
+    context: Callable[[Transducer], StreamingContext] | None = None,
 ) -> OnnxExport:
     """Write the ONNX files of the model averaged over `paths` (with `ema`, its EMA weights)
     into `output_dir`, fp32 and (with `int8`) quantized; each graph is checked against
     PyTorch on inputs of another size than the traced ones before anything is written.
-    `report` receives one line per graph done (the export takes tens of seconds)."""
+    `report` receives one line per graph done (the export takes tens of seconds). A
+    streaming model is exported at the chunk size and left context `context` picks (None:
+    the largest trained)."""
     bundle = bundle_from_checkpoints(paths, ema)
     check_decodable(bundle, paths[-1])
     model, tokenizer, features = model_from_bundle(bundle)
     features_config = FeatureConfig(**features)
-    graphs = _graphs(model, features_config)
-    metadata = _metadata(model, tokenizer, features_config)
+    contract = contract_of(model)
+    if contract == "nemo_streaming":
+        from asr.inference.streaming import trained_context
+
+        chosen = context(model) if context else trained_context(model, None, None)
+        model.encoder.use_context(chosen)
+    graphs = _graphs(model, features_config, contract)
+    metadata = _metadata(model, tokenizer, features_config, contract)
     output_dir = Path(output_dir)
     staging = output_dir / f".export-tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -249,7 +349,7 @@ def export_onnx(
             if report:
                 took = time.perf_counter() - start
                 report(f"{onnx_file(name)}: exported and checked against PyTorch ({took:.0f} s)")
-        (staging / TOKENS).write_text(tokens_txt(tokenizer))
+        (staging / TOKENS).write_text(tokens_txt(tokenizer, blank_last=contract.startswith("nemo")))
         names.append(TOKENS)
         files = []
         for name in names:  # each file appears whole (a rename), never half-written
@@ -258,14 +358,21 @@ def export_onnx(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     kind = "aed" if isinstance(model, EncoderDecoder) else "transducer"
-    return OnnxExport(output_dir, files, kind, _sherpa_note(model, features_config))
+    return OnnxExport(output_dir, files, kind, _sherpa_note(model, features_config, contract))
 
 
-def _sherpa_note(model: Transducer | EncoderDecoder, features: FeatureConfig) -> str | None:
+def _sherpa_note(
+    model: Transducer | EncoderDecoder, features: FeatureConfig, contract: str
+) -> str | None:
     """Why sherpa-onnx cannot decode the export of `model` as it is; None when it can."""
-    if isinstance(model, EncoderDecoder):
+    if contract == "aed":
         return "sherpa-onnx has no contract for this attention decoder: asr-transcribe --onnx"
-    if model.predictor.kind != "stateless":
+    if contract == "nemo_streaming" and features.frontend != "librosa":
+        return (
+            f"sherpa-onnx's online NeMo recognizer computes the librosa front end; this model "
+            f"was trained on data.features.frontend={features.frontend}"
+        )
+    if contract == "nemo" and features.frontend != "librosa":
         return LSTM_NOT_FOR_SHERPA
     if features.num_mel_bins != SHERPA_FEATURE_DIM:
         return (
@@ -275,10 +382,13 @@ def _sherpa_note(model: Transducer | EncoderDecoder, features: FeatureConfig) ->
     return None
 
 
-def tokens_txt(tokenizer: Tokenizer) -> str:
+def tokens_txt(tokenizer: Tokenizer, blank_last: bool = False) -> str:
     """sherpa-onnx's symbol table: one `piece id` line per id (▁ stays; it reads it as a
-    space)."""
-    return "".join(f"{tokenizer.id_to_piece(i)} {i}\n" for i in range(tokenizer.vocab_size))
+    space). `blank_last`: NeMo's order, our ids shifted down by one and the blank (our 0,
+    `<blk>`) last."""
+    vocab = tokenizer.vocab_size
+    ours = [(i + 1) % vocab for i in range(vocab)] if blank_last else range(vocab)
+    return "".join(f"{tokenizer.id_to_piece(j)} {i}\n" for i, j in enumerate(ours))
 
 
 # One graph to export: the module, example inputs, their names and dynamic axes, and the
@@ -292,9 +402,11 @@ class _Graph:
     check_inputs: dict[str, torch.Tensor]
 
 
-def _graphs(model: Transducer | EncoderDecoder, features: FeatureConfig) -> dict[str, _Graph]:
-    """The graphs of `model`, by file stem, with example inputs (and other-sized inputs for
-    the check after export)."""
+def _graphs(
+    model: Transducer | EncoderDecoder, features: FeatureConfig, contract: str
+) -> dict[str, _Graph]:
+    """The graphs of `model` in `contract`'s layout, by file stem, with example inputs (and
+    other-sized inputs for the check after export)."""
     model = copy.deepcopy(model).eval()
     # channels-last strides depend on the batch size: the tracer would fix it
     model.encoder.subsampling.use_memory_format(torch.contiguous_format)
@@ -306,6 +418,8 @@ def _graphs(model: Transducer | EncoderDecoder, features: FeatureConfig) -> dict
         lens = torch.tensor([t - 7 * i for i in range(n)], dtype=torch.int64)
         return {"x": torch.randn(n, t, bins, generator=gen), "x_lens": lens}
 
+    if contract.startswith("nemo"):
+        return _nemo_graphs(model, features, contract, gen)
     graphs = {
         ENCODER: _Graph(
             EncoderGraph(model, features.normalize == "per_utterance"),
@@ -368,6 +482,92 @@ def _transducer_graphs(model: Transducer, gen: torch.Generator) -> dict[str, _Gr
         joiner_inputs(1),
     )
     return graphs
+
+
+def _nemo_graphs(
+    model: Transducer, features: FeatureConfig, contract: str, gen: torch.Generator
+) -> dict[str, _Graph]:
+    """The encoder, decoder and joiner in sherpa-onnx's NeMo transducer contracts."""
+    dyn = torch.export.Dim.DYNAMIC
+    bins, joint = features.num_mel_bins, model.joiner.output.in_features
+    encoder = model.encoder
+    if contract == "nemo_streaming":
+        span = encoder.context.chunk * encoder.subsampling_factor
+
+        def chunks(n: int) -> dict[str, torch.Tensor]:
+            state = encoder.initial_state(n, encoder.context.left)
+            return {
+                "audio_signal": torch.randn(n, bins, span, generator=gen) * 2 - 8,
+                "length": torch.full((n,), span, dtype=torch.int64),
+                "cache_last_channel": torch.randn(state.attention.shape, generator=gen),
+                "cache_last_time": torch.randn(state.conv.shape, generator=gen),
+                "cache_last_channel_len": torch.randint(0, encoder.context.left + 1, (n,)),
+            }
+
+        encoder_graph = _Graph(
+            NemoStreamingEncoderGraph(model),
+            chunks(3),
+            {name: {0: dyn} for name in chunks(1)},
+            [
+                "outputs",
+                "encoded_lengths",
+                "cache_last_channel_next",
+                "cache_last_time_next",
+                "cache_last_channel_len_next",
+            ],
+            chunks(1),
+        )
+    else:
+
+        def feats(n: int, t: int) -> dict[str, torch.Tensor]:
+            lens = torch.tensor([t - 7 * i for i in range(n)], dtype=torch.int64)
+            return {"audio_signal": torch.randn(n, bins, t, generator=gen), "length": lens}
+
+        encoder_graph = _Graph(
+            NemoEncoderGraph(model, features.normalize == "per_utterance"),
+            feats(3, 131),
+            {"audio_signal": {0: dyn, 2: dyn}, "length": {0: dyn}},
+            ["outputs", "encoded_lengths"],
+            feats(1, 259),
+        )
+    layers, hidden = model.predictor.lstm.num_layers, model.predictor.lstm.hidden_size
+
+    def decoder_inputs(n: int) -> dict[str, torch.Tensor]:
+        return {
+            "targets": torch.randint(0, model.vocab_size, (n, 1), generator=gen, dtype=torch.int32),
+            "target_length": torch.ones(n, dtype=torch.int32),
+            "states_h": torch.randn(layers, n, hidden, generator=gen),
+            "states_c": torch.randn(layers, n, hidden, generator=gen),
+        }
+
+    def joiner_inputs(n: int) -> dict[str, torch.Tensor]:
+        return {
+            "encoder_outputs": torch.randn(n, joint, 1, generator=gen),
+            "decoder_outputs": torch.randn(n, joint, 1, generator=gen),
+        }
+
+    return {
+        ENCODER: encoder_graph,
+        DECODER: _Graph(
+            NemoDecoderGraph(model),
+            decoder_inputs(3),
+            {
+                "targets": {0: dyn},
+                "target_length": {0: dyn},
+                "states_h": {1: dyn},
+                "states_c": {1: dyn},
+            },
+            ["outputs", "prednet_lengths", "next_h", "next_c"],
+            decoder_inputs(1),
+        ),
+        JOINER: _Graph(
+            NemoJoinerGraph(model),
+            joiner_inputs(3),
+            {"encoder_outputs": {0: dyn}, "decoder_outputs": {0: dyn}},
+            ["outputs"],
+            joiner_inputs(1),
+        ),
+    }
 
 
 def _aed_decoder_graph(model: EncoderDecoder, gen: torch.Generator) -> _Graph:
@@ -468,20 +668,27 @@ def _quantize(source: Path, target: Path) -> None:
 
 
 def _metadata(
-    model: Transducer | EncoderDecoder, tokenizer: Tokenizer, features: FeatureConfig
+    model: Transducer | EncoderDecoder,
+    tokenizer: Tokenizer,
+    features: FeatureConfig,
+    contract: str,
 ) -> dict[str, dict[str, Any]]:
     """Metadata per graph ("all": every graph): what sherpa-onnx reads (`model_type`,
-    `vocab_size`, `context_size`) and what `asr.inference.onnx_runtime` needs."""
+    `vocab_size`, `context_size`; NeMo's keys) and what `asr.inference.onnx_runtime` needs."""
     encoder = model.encoder
     common = {
         "asr_format": FORMAT,
         "asr_kind": "aed" if isinstance(model, EncoderDecoder) else "transducer",
+        "asr_contract": contract,
         "vocab_size": tokenizer.vocab_size,
         "sample_rate": SAMPLE_RATE,
         "feature_dim": features.num_mel_bins,
         "normalize": features.normalize,
+        "frontend": features.frontend,
         "subsampling_factor": encoder.subsampling_factor,
     }
+    if contract.startswith("nemo"):
+        return _nemo_metadata(model, features, contract, common)
     meta: dict[str, dict[str, Any]] = {"all": common, ENCODER: {"model_type": "conformer"}}
     if isinstance(model, EncoderDecoder):
         decoder = model.decoder
@@ -504,3 +711,44 @@ def _metadata(
     meta[DECODER] = decoder_meta
     meta[JOINER] = {"joiner_dim": model.joiner.output.in_features}
     return meta
+
+
+def _nemo_metadata(
+    model: Transducer, features: FeatureConfig, contract: str, common: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """sherpa-onnx's NeMo keys (its exporter scripts': the vocabulary without the blank,
+    which is last; no feature normalization outside the graph) and ours."""
+    lstm, encoder = model.predictor.lstm, model.encoder
+    nemo = {
+        **common,
+        "vocab_size": model.vocab_size - 1,
+        "normalize_type": "",
+        "pred_rnn_layers": lstm.num_layers,
+        "pred_hidden": lstm.hidden_size,
+        "feat_dim": features.num_mel_bins,
+        "model_type": "EncDecRNNTBPEModel",
+        "model_author": "asr",
+    }
+    if contract == "nemo_streaming":
+        context = encoder.context
+        span = context.chunk * encoder.subsampling_factor
+        layers, d = len(encoder.layers), encoder.output_dim
+        nemo |= {
+            "window_size": span,
+            "chunk_shift": span,
+            "chunk_frames": context.chunk,
+            "left_context": context.left,
+            "cache_last_channel_dim1": layers,
+            "cache_last_channel_dim2": context.left,
+            "cache_last_channel_dim3": d,
+            "cache_last_time_dim1": layers,
+            "cache_last_time_dim2": d,
+            "cache_last_time_dim3": encoder.config.conv_kernel_size - 1,
+        }
+    decoder = {
+        "predictor_kind": "lstm",
+        "blank_id": model.vocab_size - 1,
+        "num_layers": lstm.num_layers,
+        "hidden_size": lstm.hidden_size,
+    }
+    return {"all": common, ENCODER: nemo, DECODER: decoder}

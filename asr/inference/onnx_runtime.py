@@ -139,6 +139,37 @@ class _LstmPredictor:
         return torch.from_numpy(out), (torch.from_numpy(h), torch.from_numpy(c))
 
 
+class _NemoEncoder(_Encoder):
+    """encoder.onnx in sherpa-onnx's NeMo layout: features and outputs channels first."""
+
+    def __call__(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
+        feed = {
+            "audio_signal": _numpy(features.float().transpose(1, 2)),
+            "length": _numpy(feature_lens.long()),
+        }
+        out, lens = _run(self.session, feed)
+        return torch.from_numpy(out).transpose(1, 2), torch.from_numpy(lens)
+
+
+class _NemoLstmPredictor(_LstmPredictor):
+    """decoder.onnx in sherpa-onnx's NeMo layout: int32 ids, states (layers, N, H); kept
+    batch-first here, as the searches pick rows."""
+
+    def step(
+        self, last_tokens: Tensor, state: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        h, c = (_numpy(s.transpose(0, 1).contiguous()) for s in state)
+        feed = {
+            "targets": _numpy(last_tokens[:, None].int()),
+            "target_length": np.ones(len(last_tokens), dtype=np.int32),
+            "states_h": h,
+            "states_c": c,
+        }
+        out, _, h, c = _run(self.session, feed)
+        state = (torch.from_numpy(h).transpose(0, 1), torch.from_numpy(c).transpose(0, 1))
+        return torch.from_numpy(out)[:, :, 0], state
+
+
 class _Joiner:
     """joiner.onnx: the encoder and predictor outputs come projected from their graphs."""
 
@@ -156,6 +187,19 @@ class _Joiner:
         feed = {
             "encoder_out": _numpy(enc.reshape(-1, enc.size(-1)).float()),
             "decoder_out": _numpy(dec.reshape(-1, dec.size(-1)).float()),
+        }
+        (logit,) = _run(self.session, feed)
+        return torch.from_numpy(logit).view(*enc.shape[:-1], -1)
+
+
+class _NemoJoiner(_Joiner):
+    """joiner.onnx in sherpa-onnx's NeMo layout: (N, J, 1) inputs, (N, 1, 1, V) logits."""
+
+    def joint(self, encoder_out: Tensor, decoder_out: Tensor) -> Tensor:
+        enc, dec = torch.broadcast_tensors(encoder_out, decoder_out)
+        feed = {
+            "encoder_outputs": _numpy(enc.reshape(-1, enc.size(-1), 1).float()),
+            "decoder_outputs": _numpy(dec.reshape(-1, dec.size(-1), 1).float()),
         }
         (logit,) = _run(self.session, feed)
         return torch.from_numpy(logit).view(*enc.shape[:-1], -1)
@@ -272,9 +316,21 @@ def load_onnx_model(
     path = directory / onnx_file(ENCODER, int8)
     if meta.get("asr_format") != FORMAT:
         raise ValueError(f"{path} was not written by asr-export --format onnx (no asr_format)")
+    contract = meta.get("asr_contract", "icefall")
+    if contract == "nemo_streaming":
+        raise ValueError(
+            f"{directory} is a streaming export (sherpa-onnx's online NeMo contract): decode it "
+            "with sherpa-onnx's online recognizer, or the model's bundle with asr-transcribe "
+            "--streaming (docs/streaming.md)"
+        )
     tokens = TokenTable(directory / TOKENS)
-    features = FeatureConfig(num_mel_bins=int(meta["feature_dim"]), normalize="none")
-    encoder = _Encoder(encoder_session)
+    features = FeatureConfig(
+        num_mel_bins=int(meta["feature_dim"]),
+        normalize="none",
+        frontend=meta.get("frontend", "kaldi"),
+    )
+    nemo = contract == "nemo"
+    encoder = (_NemoEncoder if nemo else _Encoder)(encoder_session)
     decoder_session = open_session(directory / onnx_file(DECODER, int8), threads)
     decoder_meta = _metadata(decoder_session)
     if meta["asr_kind"] == "aed":
@@ -289,8 +345,12 @@ def load_onnx_model(
         )
     else:
         layers, hidden = int(decoder_meta["num_layers"]), int(decoder_meta["hidden_size"])
-        predictor = _LstmPredictor(decoder_session, layers, hidden)
-    joiner = _Joiner(open_session(directory / onnx_file(JOINER, int8), threads))
+        predictor = (_NemoLstmPredictor if nemo else _LstmPredictor)(
+            decoder_session, layers, hidden
+        )
+    joiner = (_NemoJoiner if nemo else _Joiner)(
+        open_session(directory / onnx_file(JOINER, int8), threads)
+    )
     factor = int(meta["subsampling_factor"])
     return OnnxTransducer(encoder, predictor, joiner, blank, factor), tokens, features
 

@@ -129,7 +129,9 @@ class Stream:
 class StreamingRecognizer:
     """A streaming transducer at one trained chunk size and left context (encoder
     frames; None: the largest trained), decoding many streams at once; `beam_size` above 1
-    decodes with beam search. `autocast`: a dtype to run the model in (bfloat16 on GPUs)."""
+    decodes with beam search, `max_symbols_per_frame` caps the tokens per encoder frame
+    (None: 3; sherpa-onnx's online greedy search takes 10). `autocast`: a dtype to run the
+    model in (bfloat16 on GPUs)."""
 
     def __init__(
         self,
@@ -141,29 +143,18 @@ class StreamingRecognizer:
         beam_size: int = 1,
         device: str | torch.device = "cpu",
         autocast: torch.dtype | None = None,
+        max_symbols_per_frame: int | None = None,
     ) -> None:
         if not isinstance(model, Transducer):
             raise ValueError(
                 f"streaming needs a transducer; this model is a {type(model).__name__}"
             )
-        streaming = model.encoder.streaming
-        if streaming is not None and not streaming.streaming_chunk_sizes:
-            streaming = None  # trained at full context only
-        if streaming is None:
-            raise ValueError(
-                "this model was trained with full context (model.encoder.streaming is null): "
-                "it cannot stream; decode it without --streaming"
-            )
+        context = trained_context(model, chunk, left_context)
         if features.normalize != "none":
             raise ValueError(
                 f"this model normalizes features {features.normalize.replace('_', ' ')}, "
                 "which a stream cannot compute; stream a model with model.encoder.feature_stats"
             )
-        context = StreamingContext(
-            chunk if chunk is not None else max(streaming.streaming_chunk_sizes),
-            left_context if left_context is not None else max(streaming.left_contexts),
-        )
-        check_trained_context(streaming, context)
         self.model = model.to(device).eval()
         self.model.encoder.use_context(context)
         self.tokenizer = tokenizer
@@ -171,8 +162,13 @@ class StreamingRecognizer:
         self.context = context
         self.device = torch.device(device)
         self.span = context.chunk * model.encoder.subsampling_factor  # feature frames
-        self.beam = BeamOptions(beam_size) if beam_size > 1 else None
-        self.greedy = GreedyOptions()
+        symbols = (
+            {}
+            if max_symbols_per_frame is None
+            else {"max_symbols_per_frame": max_symbols_per_frame}
+        )
+        self.beam = BeamOptions(beam_size, **symbols) if beam_size > 1 else None
+        self.greedy = GreedyOptions(**symbols)
         self._autocast = autocast
 
     @property
@@ -243,6 +239,48 @@ class StreamingRecognizer:
         return [s.transcript() for s in streams]
 
 
+def chunk_of_ms(model: Transducer, chunk_ms: float | None) -> int | None:
+    """The chunk in encoder frames of `chunk_ms` milliseconds (None: None), one the model
+    was trained with, or a one-line error listing the trained ones in milliseconds."""
+    if chunk_ms is None:
+        return None
+    frame_ms = model.frame_seconds * 1000
+    chunk = round(chunk_ms / frame_ms)
+    streaming = getattr(model.encoder, "streaming", None)
+    if streaming is None:
+        check_trained_context(None, StreamingContext())  # the full-context error
+    trained = streaming.streaming_chunk_sizes
+    if abs(chunk * frame_ms - chunk_ms) > 1e-6 or chunk not in trained:
+        raise ValueError(
+            f"--chunk-ms {chunk_ms:g} was not trained; trained chunks: "
+            f"{', '.join(f'{c * frame_ms:g}' for c in trained) or 'none'} ms"
+        )
+    return chunk
+
+
+def trained_context(
+    model: Transducer, chunk: int | None, left_context: int | None
+) -> StreamingContext:
+    """`model`'s streaming context of `chunk` and `left_context` encoder frames (None: the
+    largest trained), or a one-line error: a full-context model, an untrained size."""
+    streaming = getattr(model.encoder, "streaming", None)
+    if streaming is None or not streaming.streaming_chunk_sizes:
+        check_trained_context(None, StreamingContext())  # the full-context error
+    context = StreamingContext(
+        chunk if chunk is not None else max(streaming.streaming_chunk_sizes),
+        left_context if left_context is not None else max(streaming.left_contexts),
+    )
+    check_trained_context(streaming, context)
+    return context
+
+
+def chunked_context(
+    model: Transducer, chunk_ms: float | None, left_context: int | None
+) -> StreamingContext:
+    """`trained_context` with the chunk in milliseconds."""
+    return trained_context(model, chunk_of_ms(model, chunk_ms), left_context)
+
+
 def load_streaming_recognizer(
     path: str | Path | list[Path],
     chunk_ms: float | None = None,
@@ -250,23 +288,21 @@ def load_streaming_recognizer(
     beam_size: int = 1,
     device: str | torch.device = "cpu",
     ema: bool = False,
+    max_symbols_per_frame: int | None = None,
 ) -> StreamingRecognizer:
     """A `StreamingRecognizer` from a bundle or checkpoint(s); `chunk_ms`: the chunk in
     milliseconds, one the model was trained with (None: its largest)."""
     model, tokenizer, features = load_bundle(path, ema)
-    chunk = None
-    if chunk_ms is not None:
-        frame_ms = model.frame_seconds * 1000
-        chunk = round(chunk_ms / frame_ms)
-        streaming = getattr(model.encoder, "streaming", None)
-        if abs(chunk * frame_ms - chunk_ms) > 1e-6 or (
-            streaming is not None and chunk not in streaming.streaming_chunk_sizes
-        ):
-            trained = [] if streaming is None else streaming.streaming_chunk_sizes
-            raise ValueError(
-                f"--chunk-ms {chunk_ms:g} was not trained; trained chunks: "
-                f"{', '.join(f'{c * frame_ms:g}' for c in trained) or 'none'} ms"
-            )
+    if not isinstance(model, Transducer):
+        raise ValueError(f"streaming needs a transducer; this model is a {type(model).__name__}")
+    chunk = chunk_of_ms(model, chunk_ms)
     return StreamingRecognizer(
-        model, tokenizer, FeatureConfig(**features), chunk, left_context, beam_size, device
+        model,
+        tokenizer,
+        FeatureConfig(**features),
+        chunk,
+        left_context,
+        beam_size,
+        device,
+        max_symbols_per_frame=max_symbols_per_frame,
     )

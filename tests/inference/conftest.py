@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 TEST = "test-clean"
 
@@ -76,3 +77,37 @@ def aed_run(compose_train, feature_manifests, tmp_path_factory: pytest.TempPathF
     metrics = run(cfg)
     assert {"val/wer", "val/ctc_wer", "train/cross_entropy", "train/ctc"} <= set(metrics)
     return exp_dir
+
+
+@pytest.fixture(scope="session")
+def streaming_run(compose_train, tiny_corpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """experiment=demo_streaming shrunk, 6 steps (within its CTC warm-up, so its joiner
+    emits many tokens), after the recipe's stage 3 for it: librosa features and their
+    statistics. Its last checkpoint."""
+    from asr.data.feature_stats import compute_feature_stats
+    from asr.data.features import FeatureConfig, precompute_features
+    from asr.training.train import run
+
+    librosa = FeatureConfig(frontend="librosa")
+    for part in ("train-clean-100", "dev-clean"):
+        target = tiny_corpus.cuts(f"{part}-librosa-feats")
+        precompute_features(tiny_corpus.cuts(part), target, librosa)
+    stats = compute_feature_stats([tiny_corpus.cuts("train-clean-100-librosa-feats")], librosa)
+    stats.write(tiny_corpus.root / "feature_stats_librosa.json")
+    exp_dir = tmp_path_factory.mktemp("streaming") / "exp"
+    cfg = compose_train(
+        exp_dir,
+        "experiment=demo_streaming",
+        "model.encoder.streaming.chunk_sizes=[2,4,-1]",
+        "model.encoder.streaming.left_contexts=[8]",
+        "trainer.max_epochs=1",
+        "trainer.max_steps=6",
+        "optim.lr=3e-3",
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(cfg)
+    finally:
+        torch.set_num_threads(before)
+    return exp_dir / "checkpoints" / "last.ckpt"
