@@ -75,3 +75,17 @@ end_dry_run() {
 
 run() { [[ $stage -le $1 && $stop_stage -ge $1 ]]; }
 say() { printf '\n=== %s %s: %s (%d s elapsed) ===\n' "${stage_label:-stage}" "$1" "${names[$1]}" "$SECONDS"; }
+
+# The training config with these overrides, resolved (-p '' prints it whole whatever Hydra
+# flags the overrides hold); a mistyped key fails here, before any stage runs.
+resolved_config() { asr-train "$@" --cfg job --resolve -p ''; }
+# A key of "$config" (dotted), printed plainly; nothing when it is null or missing.
+setting() {
+  python -c 'import sys, yaml
+value = yaml.safe_load(sys.stdin)
+for key in sys.argv[1].split("."):
+    value = value.get(key) if isinstance(value, dict) else None
+if value is not None:
+    print(value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None).strip())' \
+    "$1" <<< "$config"
+}

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from asr.data.corpus import CorpusDir, prepare_manifests
-from asr.data.features import precompute_features
+from asr.data.features import FeatureConfig, precompute_features
 from asr.data.tokenizer import Tokenizer, train_tokenizer
 from asr.demo.synth import make_demo_corpus
 from asr.training.train import CONFIG_DIR
@@ -105,7 +105,14 @@ def tokenizer(tiny_corpus: TinyCorpus) -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def feature_manifests(tiny_corpus: TinyCorpus) -> dict[str, Path]:
-    """Stored features for train and dev, under the names asr/configs/experiment/demo.yaml uses."""
+    """Stored features for train and dev under the names the demo presets use: the Kaldi
+    front end's (returned: demo_stateless, the AED and pre-training presets) and the
+    librosa one's (`*-librosa-feats`: experiment=demo and demo_streaming)."""
+    librosa = FeatureConfig(frontend="librosa")
+    for part in (TRAIN, DEV):
+        precompute_features(
+            tiny_corpus.cuts(part), tiny_corpus.cuts(f"{part}-librosa-feats"), librosa
+        )
     return {
         part: precompute_features(tiny_corpus.cuts(part), tiny_corpus.cuts(f"{part}-feats"))
         for part in (TRAIN, DEV)

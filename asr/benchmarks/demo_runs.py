@@ -21,7 +21,7 @@ BIN = Path(sys.executable).parent
 def ensure_corpus(data_dir: Path, train_hours: float) -> None:
     """Build the demo corpus of `train_hours` hours in `data_dir` (recipes/demo/run.sh up to
     the features stage) unless its training features are already there."""
-    feats = data_dir / "manifests" / "librispeech_cuts_train-clean-100-feats.jsonl.gz"
+    feats = data_dir / "manifests" / "librispeech_cuts_train-clean-100-librosa-feats.jsonl.gz"
     if feats.is_file():
         return
     print(f"building the demo corpus in {data_dir} ({train_hours} h)", file=sys.stderr)

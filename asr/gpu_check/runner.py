@@ -10,7 +10,7 @@ and a hung collective cannot be interrupted from Python; a fresh process per sec
 keeps one failure from hiding the others' results, starts each section's peak-memory
 count from zero, and can be killed (with its subprocesses) at its time limit. Every line
 is written as soon as the section reports it, so a section cut off still reports what it
-measured. The limits add up to 360 s: the whole check takes at most 6 minutes.
+measured. The limits add up to 410 s: the whole check takes at most 7 minutes.
 
 Each line is a JSON object with `section` and `record`; each section ends with a `status`
 record (pass, fail, error, timeout) and the run with a `summary` of all of them. The exit
@@ -78,6 +78,11 @@ SECTIONS = (
     Section(
         "ssl", "asr.gpu_check.ssl", 60, 240,
         "BEST-RQ and w2v-BERT pre-training through asr-train under bf16 autocast",
+    ),
+    Section(
+        "streaming", "asr.gpu_check.streaming", 50, 240,
+        "a streaming transducer trained (a chunk size drawn per step) and decoded as "
+        "8 concurrent streams, bf16, and fp32 equal to whole utterances",
     ),
 )  # fmt: skip
 SECTION_NAMES = tuple(s.name for s in SECTIONS)

@@ -167,10 +167,24 @@ def export_main(argv: list[str] | None = None) -> None:
         "--no-int8", action="store_true", help="onnx: skip the int8-quantized copies"
     )
     parser.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=None,
+        help="onnx of a streaming model: its chunk, one it was trained with (default: its largest)",
+    )
+    parser.add_argument(
+        "--left-context",
+        type=int,
+        default=None,
+        help="onnx of a streaming model: its left context in encoder frames (default: its largest)",
+    )
+    parser.add_argument(
         "-o", "--output", type=Path, default=None, help="default: in the run's exp dir"
     )
     args = parser.parse_args(argv)
     paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
+    if args.format != "onnx" and (args.chunk_ms is not None or args.left_context is not None):
+        parser.error("--chunk-ms and --left-context pick a streaming model's ONNX export")
     if args.format == "onnx":
         if args.encoder_only:
             raise ValueError("--encoder-only writes a bundle for fine-tuning, not ONNX")
@@ -194,7 +208,12 @@ def _export_onnx(paths: list[Path], output: Path, args: argparse.Namespace) -> N
     def report(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    export = export_onnx(paths, output, ema=args.ema, int8=not args.no_int8, report=report)
+    def context(model):
+        return chunked_context(model, args.chunk_ms, args.left_context)
+
+    export = export_onnx(
+        paths, output, ema=args.ema, int8=not args.no_int8, report=report, context=context
+    )
     size = sum(f.stat().st_size for f in export.files) / 1e6
     print(f"wrote {len(export.files)} files to {export.directory} ({size:.1f} MB)")
     if export.sherpa_note:

@@ -148,10 +148,10 @@ class NemoEncoderGraph(nn.Module):
 
     def __init__(self, model: Transducer, normalize: bool) -> None:
         super().__init__()
-        self.graph = EncoderGraph(model, normalize)
+        self.encoder = EncoderGraph(model, normalize)  # not `graph`: the exporter's own name
 
     def forward(self, audio_signal: Tensor, length: Tensor) -> tuple[Tensor, Tensor]:
-        out, lens = self.graph(audio_signal.transpose(1, 2), length)
+        out, lens = self.encoder(audio_signal.transpose(1, 2), length)
         return out.transpose(1, 2), lens
 
 
@@ -374,6 +374,12 @@ def _sherpa_note(
         )
     if contract == "nemo" and features.frontend != "librosa":
         return LSTM_NOT_FOR_SHERPA
+    if contract == "icefall" and features.frontend != "kaldi":
+        return (
+            "sherpa-onnx cannot decode this export as trained: icefall's contract brings the "
+            f"Kaldi filterbank, and this model was trained on data.features.frontend="
+            f"{features.frontend}; asr-transcribe --onnx decodes it"
+        )
     if features.num_mel_bins != SHERPA_FEATURE_DIM:
         return (
             f"sherpa-onnx needs feature_dim={features.num_mel_bins} when loading it "

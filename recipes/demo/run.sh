@@ -91,19 +91,8 @@ device_args=(trainer.accelerator="$accelerator" trainer.devices=1)  # before the
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 # The experiment's config, resolved with the overrides before any stage runs (a real run and
-# a dry run alike), so that a mistyped key fails at once; `setting KEY` reads a key of it
-# (-p '' prints it whole whatever Hydra flags the overrides hold).
-config=$(asr-train experiment="$experiment" data_dir="$data" "${device_args[@]}" \
-  "${train_args[@]}" --cfg job --resolve -p '')
-setting() {
-  python -c 'import sys, yaml
-value = yaml.safe_load(sys.stdin)
-for key in sys.argv[1].split("."):
-    value = value.get(key) if isinstance(value, dict) else None
-if value is not None:
-    print(value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None).strip())' \
-    "$1" <<< "$config"
-}
+# a dry run alike), so that a mistyped key fails at once; `setting KEY` reads a key of it.
+config=$(resolved_config experiment="$experiment" data_dir="$data" "${device_args[@]}" "${train_args[@]}")
 # The tokenizer is data.tokenizer (asr/configs/data/demo.yaml), whose name bpe<N>.model gives
 # the vocabulary size: the config is the one place for both.
 tokenizer=$(setting data.tokenizer)
@@ -178,9 +167,10 @@ if run 7; then say 7  # greedy search, then beam search (BEAM=1 skips it)
 fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" -o "$exp/model.bundle.pt"
-  # A stateless predictor (EXPERIMENT=demo_stateless) is sherpa-onnx's: its ONNX graphs too
-  # (docs/export.md; about 30 s more). Any model exports with asr-export --format onnx.
-  if [[ $(setting model.predictor.kind) == stateless ]]; then
+  # A transducer's ONNX graphs too, which sherpa-onnx decodes (about 30 s more; docs/export.md):
+  # the stateless predictor's in icefall's contract, the LSTM one's in NeMo's, a streaming
+  # model's in NeMo's online contract (docs/streaming.md).
+  if [[ $(setting model.kind) == transducer ]]; then
     asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" --format onnx -o "$exp/onnx"
   fi
 fi

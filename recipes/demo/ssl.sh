@@ -101,8 +101,10 @@ if run 4; then say 4
       *) lr=$finetune_lr; init=$exp/pretrain_${name%-seed*}/encoder.pt ;;
     esac
     began=$SECONDS
+    # the Kaldi filterbank, as the pre-training (experiment=demo's own is the librosa one)
     asr-train experiment=demo data_dir="$data" seed="$seed" exp_dir="$exp/finetune_$name" \
-      "data.train_cuts=[$subset]" "${bins_args[@]}" \
+      "data.train_cuts=[$subset]" data.features.frontend=kaldi \
+      "data.valid_cuts=[$manifests/librispeech_cuts_dev-clean-feats.jsonl.gz]" "${bins_args[@]}" \
       init_encoder_from="$init" optim.lr="$lr" \
       trainer.max_steps="$steps" trainer.max_epochs=100000 \
       trainer.check_val_every_n_epoch="$val_epochs" \

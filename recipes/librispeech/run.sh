@@ -37,7 +37,9 @@
 #     within this fraction of the largest that fits (larger: fewer probes, smaller batches)
 #   EPOCH [the last], AVG [5]: the average of epochs EPOCH-AVG+1..EPOCH is decoded and exported
 #   BEAM [4]: the beam of the decoding stage (greedy is always decoded too)
-#   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer]
+#   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer;
+#     librispeech_streaming: stage 4 also writes its feature statistics, stage 9 its
+#     streaming ONNX export (docs/streaming.md)]
 #   SSL_OBJECTIVE [best_rq]: best_rq or w2v_bert (stages 11-12), SSL_EXP
 #     [exp/librispeech_ssl_<objective>]; FINETUNE_PARTS [train-clean-100]: the labelled parts
 #     stage 12 trains on (stage 6's batch sizes); pre-training reads the training cuts the
@@ -78,9 +80,20 @@ case $parts in
         test_parts=(dev-clean-2) ;;
   *) echo "PARTS must be all or mini, not '$parts'" >&2; exit 2 ;;
 esac
+# The experiment's config with the overrides, resolved where a stage needs a key of it
+# (`setting KEY`): its front end names stored features, a streaming preset's statistics
+# (stage 4) and its ONNX export (stage 9).
+config=
+read_config() {
+  [[ -n $config ]] || config=$(resolved_config experiment="$experiment" data_dir="$data" "${train_args[@]}")
+}
+frontend=kaldi
+if [[ $features == precomputed ]]; then read_config; frontend=$(setting data.features.frontend); fi
+feats=feats; [[ $frontend == kaldi ]] || feats=$frontend-feats
 # the training manifests: with speed perturbation the -sp ones; with stored features -feats
-train_name() { local n=$1; [[ $speed_perturb == 1 ]] && n=$n-sp; [[ $features == precomputed ]] && n=$n-feats; echo "$n"; }
-dev_name() { local n=$1; [[ $features == precomputed ]] && n=$n-feats; echo "$n"; }
+# (-librosa-feats for the librosa front end)
+train_name() { local n=$1; [[ $speed_perturb == 1 ]] && n=$n-sp; [[ $features == precomputed ]] && n=$n-$feats; echo "$n"; }
+dev_name() { local n=$1; [[ $features == precomputed ]] && n=$n-$feats; echo "$n"; }
 train_cuts=(); for p in "${train_parts[@]}"; do train_cuts+=("$(cuts "$(train_name "$p")")"); done
 dev_cuts=(); for p in "${dev_parts[@]}"; do dev_cuts+=("$(cuts "$(dev_name "$p")")"); done
 tokenizer=$data/tokenizer/bpe$vocab_size.model
@@ -119,9 +132,19 @@ if run 4; then say 4
     [[ $features == precomputed ]] || break
     name=$(dev_name "$p"); [[ " ${train_parts[*]} " == *" $p "* ]] && name=$(train_name "$p")
     if [[ -f $(cuts "$name") ]]; then echo "$(cuts "$name") exists"; else
-      asr-compute-features --cuts "$(cuts "${name%-feats}")" --output "$(cuts "$name")"
+      asr-compute-features --cuts "$(cuts "${name%-$feats}")" --frontend "$frontend" \
+        --output "$(cuts "$name")"
     fi
   done
+  # the global statistics a streaming preset normalizes with (model.encoder.feature_stats)
+  read_config
+  feature_stats=$(setting model.encoder.feature_stats)
+  if [[ -n $feature_stats && -f $feature_stats ]]; then echo "$feature_stats exists"
+  elif [[ -n $feature_stats ]]; then  # of the original parts (speed copies add nothing)
+    originals=(); for p in "${train_parts[@]}"; do originals+=("$(cuts "$(dev_name "$p")")"); done
+    asr-feature-stats --cuts "${originals[@]}" --frontend "$(setting data.features.frontend)" --source "$features" \
+      --output "$feature_stats"
+  fi
 fi
 sp_suffix=""; [[ $speed_perturb == 1 ]] && sp_suffix=-sp
 bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix.yaml
@@ -177,6 +200,11 @@ fi
 if run 9; then say 9
   pick_model
   asr-export "$exp/checkpoints" "${pick[@]}" -o "$exp/model.bundle.pt"
+  # a streaming preset: its ONNX export for sherpa-onnx's online recognizer (docs/streaming.md)
+  read_config
+  if [[ -n $(setting model.encoder.streaming) ]]; then
+    asr-export "$exp/checkpoints" "${pick[@]}" --format onnx -o "$exp/onnx"
+  fi
 fi
 if run 10; then say 10
   pick_model

@@ -7,6 +7,7 @@ import torch
 from asr.data.corpus import load_cuts
 from asr.data.features import (
     FeatureConfig,
+    OnlineFeatures,
     compute_features,
     precompute_features,
     single_threaded,
@@ -25,10 +26,59 @@ def _tone(seconds: float = 1.0) -> np.ndarray:
 
 
 def test_config_errors_name_the_key() -> None:
-    with pytest.raises(ValueError, match="data.features.source .* got 'disk'"):
+    with pytest.raises(ValueError, match="data.features.source='disk' is unknown"):
         FeatureConfig(source="disk")
-    with pytest.raises(ValueError, match="data.features.normalize .* got 'global'"):
+    with pytest.raises(ValueError, match="data.features.normalize='global' is unknown"):
         FeatureConfig(normalize="global")
+    with pytest.raises(ValueError, match=r"data.features.frontend='nemo' is unknown.*librosa"):
+        FeatureConfig(frontend="nemo")
+
+
+@pytest.mark.parametrize("frontend", ["kaldi", "librosa"])
+def test_online_features_in_pieces_are_the_whole_recordings(frontend: str) -> None:
+    """Frames computed as the samples arrive, in pieces of any size, equal the frames of
+    the whole recording; frames already used can be freed."""
+    audio = _tone()
+    config = FeatureConfig(frontend=frontend)
+    whole = OnlineFeatures(config)
+    whole.accept(audio)
+    whole.finish()
+    expected = whole.frames(0, whole.ready)
+    pieces = OnlineFeatures(config)
+    got, start = [], 0
+    for size in (1, 159, 0, 400, 1603, 7, 20000):
+        pieces.accept(audio[start : start + size])
+        start += size
+        got.append(pieces.frames(len(np.concatenate(got)) if got else 0, pieces.ready))
+        pieces.discard_before(pieces.ready)
+    pieces.accept(audio[start:])
+    pieces.finish()
+    done = sum(len(g) for g in got)
+    got.append(pieces.frames(done, pieces.ready))
+    np.testing.assert_array_equal(np.concatenate(got), expected)
+    with pytest.raises(Exception, match="already removed"):
+        pieces.frames(0, 1)
+
+
+def test_the_kaldi_front_end_streams_as_lhotse_computes_it() -> None:
+    audio = _tone()
+    online = OnlineFeatures(FeatureConfig())
+    online.accept(audio)
+    online.finish()
+    lhotse = FeatureConfig().extractor().extract(audio, 16000)
+    assert online.frames(0, online.ready).shape == lhotse.shape
+    np.testing.assert_allclose(online.frames(0, online.ready), lhotse, atol=1e-3)
+
+
+def test_the_librosa_front_end_differs_from_the_kaldi_one_and_stores_with_lhotse(
+    tmp_path: Path,
+) -> None:
+    audio = _tone()
+    librosa = FeatureConfig(frontend="librosa").extractor()
+    assert librosa.name == "asr-librosa-fbank" and librosa.frame_shift == 0.01
+    feats = librosa.extract(audio[None], 16000)  # (1, N) as lhotse passes it
+    kaldi = FeatureConfig().extractor().extract(audio, 16000)
+    assert feats.shape == kaldi.shape and np.abs(feats - kaldi).mean() > 0.5
 
 
 def test_per_utterance_normalization() -> None:

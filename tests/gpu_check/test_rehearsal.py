@@ -20,6 +20,7 @@ from asr.gpu_check.aed import REHEARSAL_CASE, TOKENS_PER_SECOND, utterance_featu
 from asr.gpu_check.ddp import MAX_STEPS
 from asr.gpu_check.runner import SECTION_NAMES
 from asr.gpu_check.ssl import MAX_STEPS as SSL_STEPS
+from asr.gpu_check.streaming import CHUNKS, STREAMS
 from asr.gpu_check.training import REHEARSAL_CASE as REHEARSAL_CASE_TRAINING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,3 +190,16 @@ def test_ssl_pre_trains_both_objectives_over_gloo(rehearsal: dict) -> None:
         assert all(0 < share <= 1 for share in record["code_use"])
     # BEST-RQ starts from chance: a cross-entropy near ln(64) over its 64 codes
     assert runs["ssl_best_rq"]["losses"][0] == pytest.approx(math.log(64), abs=0.5)
+
+
+def test_streaming_trains_with_drawn_chunks_and_streams_equal_whole_utterances(
+    rehearsal: dict,
+) -> None:
+    (train,) = records(rehearsal, "streaming", "train_run")
+    assert train["exit_code"] == 0 and train["losses_finite"]
+    assert train["optimizer_steps"] == MAX_STEPS
+    (decode,) = records(rehearsal, "streaming", "decode")
+    assert decode["streams"] == STREAMS and decode["precision"] == "fp32"  # the CPU rehearsal
+    for chunk in CHUNKS:
+        assert decode[f"chunk_{chunk}"]["fp32_equal_to_whole"] == STREAMS
+        assert decode[f"chunk_{chunk}"]["rtfx"] > 0 and decode[f"chunk_{chunk}"]["tokens"] > 0

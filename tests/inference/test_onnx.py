@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import kaldi_native_fbank as knf
+import numpy as np
 import onnx
 import pytest
 import torch
 
 import asr
 from asr.benchmarks.longform import sherpa_word_times
+from asr.data.features import normalize_features
 from asr.inference.cli import transcribe_main
 from asr.inference.onnx_export import export_onnx
 from asr.inference.onnx_runtime import load_onnx_recognizer
@@ -31,8 +34,7 @@ def stateless_run(compose_train, feature_manifests, tmp_path_factory) -> Path:
     exp_dir = tmp_path_factory.mktemp("stateless") / "exp"
     cfg = compose_train(
         exp_dir,
-        "experiment=demo",
-        "model.predictor.kind=stateless",
+        "experiment=demo_stateless",
         "trainer.max_epochs=1",
         "trainer.max_steps=6",
         "optim.lr=3e-3",
@@ -135,7 +137,7 @@ def test_lstm_and_aed_models_export_for_our_onnxruntime_decoder(
 ):
     flacs = test_flacs[:4]
     lstm = export_onnx([trained_run.checkpoints / "last.ckpt"], tmp_path / "lstm", int8=False)
-    assert not lstm.sherpa_onnx and "sherpa-onnx cannot load this export" in lstm.sherpa_note
+    assert lstm.sherpa_onnx  # NeMo's contract, on the librosa front end (experiment=demo)
     aed = export_onnx([aed_run / "checkpoints" / "last.ckpt"], tmp_path / "aed", int8=False)
     assert sorted(f.name for f in aed.files) == ["decoder.onnx", "encoder.onnx", "tokens.txt"]
     for export, ckpt in ((lstm, trained_run.checkpoints / "last.ckpt"),
@@ -145,6 +147,59 @@ def test_lstm_and_aed_models_export_for_our_onnxruntime_decoder(
             assert any(pytorch), pytorch
             ours = load_onnx_recognizer(export.directory, beam_size=beam).transcribe(flacs)
             assert ours == pytorch, (export.kind, beam)
+
+
+def _sherpa_offline_nemo_features(samples) -> torch.Tensor:
+    """The filterbank sherpa-onnx's offline NeMo recognizer computes (PostInit of
+    offline-recognizer-transducer-nemo-impl.h: a librosa mel bank from 0 Hz, no DC removal,
+    its default Povey window and 7.6 kHz upper edge)."""
+    options = knf.FbankOptions()
+    options.frame_opts.dither = 0.0
+    options.frame_opts.snip_edges = False
+    options.frame_opts.remove_dc_offset = False
+    options.mel_opts.num_bins = 80
+    options.mel_opts.low_freq = 0.0
+    options.mel_opts.high_freq = -400.0
+    options.mel_opts.is_librosa = True
+    fbank = knf.OnlineFbank(options)
+    fbank.accept_waveform(16000, samples)
+    fbank.input_finished()
+    frames = np.stack([fbank.get_frame(i) for i in range(fbank.num_frames_ready)])
+    return torch.from_numpy(normalize_features(frames, "per_utterance"))
+
+
+def test_sherpa_onnx_offline_decodes_the_lstm_export_in_nemos_contract(
+    trained_run, test_flacs, tmp_path
+):
+    """`make demo`'s kind of model (LSTM predictor, librosa front end): sherpa-onnx's offline
+    NeMo recognizer gives exactly what PyTorch gives on the features sherpa-onnx computes."""
+    import sherpa_onnx
+
+    checkpoint = trained_run.checkpoints / "last.ckpt"
+    export = export_onnx([checkpoint], tmp_path / "nemo", int8=False)
+    assert export.sherpa_onnx
+    lines = (export.directory / "tokens.txt").read_text().splitlines()
+    assert lines[-1] == f"<blk> {len(lines) - 1}"
+    d = export.directory
+    recognizer = sherpa_onnx.OfflineRecognizer.from_transducer(
+        str(d / "encoder.onnx"), str(d / "decoder.onnx"), str(d / "joiner.onnx"),
+        str(d / "tokens.txt"), num_threads=1, model_type="nemo_transducer",
+    )  # fmt: skip
+    pytorch = load_recognizer(checkpoint, max_symbols_per_frame=10)  # sherpa-onnx's NeMo greedy
+    flacs = test_flacs[:6]
+    audio = [read_audio(f) for f in flacs]
+    expected = [
+        " ".join(t.split())
+        for t in pytorch.transcribe_features([_sherpa_offline_nemo_features(a) for a in audio])
+    ]
+    assert any(expected), expected
+    got = []
+    for samples in audio:
+        stream = recognizer.create_stream()
+        stream.accept_waveform(16000, samples)
+        recognizer.decode_stream(stream)
+        got.append(" ".join(stream.result.text.split()))
+    assert got == expected
 
 
 def _error_of(argv: list[str], capsys) -> str:
