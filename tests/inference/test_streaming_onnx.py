@@ -5,6 +5,7 @@ on files and on raw PCM from standard input."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
+from asr.data.corpus import load_cuts
 from asr.data.features import FeatureConfig, online_fbank_options
 from asr.inference.audio import read_audio
 from asr.inference.streaming import load_streaming_recognizer
@@ -24,7 +26,9 @@ PIECE = 1600  # 0.1 s
 @pytest.fixture(scope="module")
 def streaming_export(streaming_run: Path, cli, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("online") / "onnx"
-    printed = cli("asr-export", streaming_run, "--format", "onnx", "--no-int8", "-o", out)
+    printed = cli(
+        "asr-export", streaming_run, "--format", "onnx", "--no-int8", "--chunk-ms", "80", "-o", out
+    )
     assert f"wrote 4 files to {out}" in printed and "sherpa-onnx cannot" not in printed
     return out
 
@@ -69,9 +73,9 @@ def test_sherpa_onnx_online_decodes_the_streaming_export_as_we_do(
     streaming_run, streaming_export, test_flacs
 ):
     meta = {p.key: p.value for p in onnx.load(streaming_export / "encoder.onnx").metadata_props}
-    recognizer = load_streaming_recognizer(streaming_run, max_symbols_per_frame=10)  # sherpa's
+    recognizer = load_streaming_recognizer(streaming_run, 80, max_symbols_per_frame=10)  # sherpa's
     span = recognizer.span
-    assert meta["window_size"] == meta["chunk_shift"] == str(span)
+    assert meta["window_size"] == meta["chunk_shift"] == str(span) == "8"  # 80 ms
     assert meta["cache_last_channel_dim2"] == "8" and meta["normalize_type"] == ""
     lines = (streaming_export / "tokens.txt").read_text().splitlines()
     assert lines[-1] == f"<blk> {len(lines) - 1}"  # NeMo's order: the blank last
@@ -124,3 +128,17 @@ def test_streaming_errors_are_one_line(streaming_run, trained_run, test_flacs, c
     assert error("--streaming", "--chunk-ms", "200", streaming_run, flac) == (
         "asr-transcribe: error: --chunk-ms 200 was not trained; trained chunks: 80, 160 ms"
     )
+
+
+def test_asr_decode_at_a_chunk_size_equals_streaming(streaming_run, test_cuts, tmp_path, cli):
+    """`asr-decode --chunk-ms` decodes whole utterances through the chunked masks: the
+    hypotheses streaming gives."""
+    out = tmp_path / "decode"
+    printed = cli("asr-decode", streaming_run, test_cuts, "--chunk-ms", "80", "-o", out)
+    assert printed.splitlines()[-1].startswith("WER ")
+    hyps = [json.loads(line) for line in (out / "hyps.jsonl").read_text().splitlines()]
+    recognizer = load_streaming_recognizer(streaming_run, 80)
+    cuts = {c.id: c for c in load_cuts(test_cuts)}
+    for hyp in hyps[:4]:
+        audio = cuts[hyp["id"]].load_audio()[0]
+        assert recognizer.transcribe([audio])[0].text == hyp["hyp"]
