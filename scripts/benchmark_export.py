@@ -7,11 +7,12 @@ Exports the checkpoint to `--onnx` first when that directory has no export. Then
 search on every utterance of the manifest, one utterance at a time (a file transcribed as
 it comes), audio read once beforehand, each decoder warmed up on the first utterance:
 
-- `wer` lines: WER of PyTorch at the default tokens per frame (3) and at 1, of this
-  package's onnxruntime decoder (`--onnx`, fp32 and int8) and of sherpa-onnx (fp32, int8)
-  at 1 (its greedy search's limit);
+- `wer` lines: WER of PyTorch at the default tokens per frame (3) and at sherpa-onnx's
+  limit (1 in icefall's contract, a stateless predictor; 10 in NeMo's, an LSTM one), of
+  this package's onnxruntime decoder (`--onnx`, fp32 and int8) and of sherpa-onnx (fp32,
+  int8) at that limit;
 - `equality` lines: the share of utterances on which sherpa-onnx's hypothesis equals
-  PyTorch's at one token per frame (fp32 and int8), and the WER differences;
+  PyTorch's at that limit (fp32 and int8), and the WER differences;
 - `rtfx` lines: seconds of audio per second of decoding (features included) for
   sherpa-onnx, the onnxruntime decoder and PyTorch, with 1 and 2 threads.
 
@@ -46,12 +47,16 @@ from asr.metrics import corpus_errors
 Transcriber = Callable[[np.ndarray], str]
 
 
-def sherpa_transcriber(directory: Path, int8: bool, threads: int) -> Transcriber:
+def sherpa_transcriber(directory: Path, int8: bool, threads: int, nemo: bool) -> Transcriber:
     import sherpa_onnx
 
     parts = [str(directory / onnx_file(name, int8)) for name in (ENCODER, DECODER, JOINER)]
     recognizer = sherpa_onnx.OfflineRecognizer.from_transducer(
-        *parts, str(directory / TOKENS), num_threads=threads, decoding_method="greedy_search"
+        *parts,
+        str(directory / TOKENS),
+        num_threads=threads,
+        decoding_method="greedy_search",
+        model_type="nemo_transducer" if nemo else "",
     )
 
     def transcribe(samples: np.ndarray) -> str:
@@ -77,15 +82,17 @@ def main() -> None:
     parser.add_argument("--onnx", type=Path, required=True, help="export directory")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--max-utterances", type=int, default=None)
+    parser.add_argument("--ema", action="store_true", help="the checkpoint's EMA weights")
     args = parser.parse_args()
     if not (args.onnx / onnx_file(ENCODER)).is_file():
-        export_onnx([args.checkpoint], args.onnx)
+        export_onnx([args.checkpoint], args.onnx, ema=args.ema)
     cuts = list(load_cuts(args.manifest))[: args.max_utterances]
     audio = [cut.load_audio()[0].astype(np.float32) for cut in cuts]
     refs = [cut_text(cut) for cut in cuts]
     seconds = sum(cut.duration for cut in cuts)
     results: dict[str, dict] = {}
     stateless = load_onnx_recognizer(args.onnx).model.predictor.kind == "stateless"
+    limit = 1 if stateless else 10  # sherpa-onnx's greedy search: icefall's, NeMo's
 
     def record(name: str, threads: int, transcribe: Transcriber) -> None:
         transcribe(audio[0])  # warm-up: first-call allocations and kernel choices untimed
@@ -103,29 +110,30 @@ def main() -> None:
 
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        for symbols in (None, 1):
-            recognizer = load_recognizer(args.checkpoint, "cpu", max_symbols_per_frame=symbols)
+        for symbols in (None, limit):
+            recognizer = load_recognizer(
+                args.checkpoint, "cpu", max_symbols_per_frame=symbols, ema=args.ema
+            )
             name = f"pytorch-sym{symbols or 'default'}"
             record(name, threads, lambda s, r=recognizer: r.transcribe([s], 1)[0])
         for int8 in (False, True):
             precision = "int8" if int8 else "fp32"
-            ours = load_onnx_recognizer(args.onnx, 1, 1, int8, threads)
-            name = f"onnxruntime-{precision}-sym1"
+            ours = load_onnx_recognizer(args.onnx, 1, limit, int8, threads)
+            name = f"onnxruntime-{precision}-sym{limit}"
             record(name, threads, lambda s, r=ours: r.transcribe([s], 1)[0])
-            if stateless:  # sherpa-onnx's contract
-                record(
-                    f"sherpa-onnx-{precision}",
-                    threads,
-                    sherpa_transcriber(args.onnx, int8, threads),
-                )
-    base = results["pytorch-sym1@1"]
+            record(
+                f"sherpa-onnx-{precision}",
+                threads,
+                sherpa_transcriber(args.onnx, int8, threads, nemo=not stateless),
+            )
+    base = results[f"pytorch-sym{limit}@1"]
     summary = {"kind": "summary", "checkpoint": str(args.checkpoint), "onnx": str(args.onnx)}
-    for precision in ("fp32", "int8") if stateless else ():
+    for precision in ("fp32", "int8"):
         other = results[f"sherpa-onnx-{precision}@1"]
         same = sum(a == b for a, b in zip(base["hyps"], other["hyps"], strict=True))
         line = {
             "kind": "equality",
-            "compared": f"sherpa-onnx {precision} vs pytorch, one token per frame",
+            "compared": f"sherpa-onnx {precision} vs pytorch, {limit} token(s) per frame",
             "equal_utterances": same,
             "utterances": len(cuts),
             "equal_share": round(same / len(cuts), 4),

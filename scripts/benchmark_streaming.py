@@ -57,22 +57,6 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def feed(recognizer: StreamingRecognizer, audio: list[np.ndarray], piece: int) -> list:
-    """Every recording as a concurrent stream in pieces of `piece` samples; the streams."""
-    streams = [recognizer.create_stream() for _ in audio]
-    for start in range(0, max(len(a) for a in audio), piece):
-        for stream, samples in zip(streams, audio, strict=True):
-            if start < len(samples):
-                stream.accept_waveform(samples[start : start + piece])
-            else:
-                stream.input_finished()
-        recognizer.decode(streams)
-    for stream in streams:
-        stream.input_finished()
-    recognizer.decode(streams)
-    return streams
-
-
 def wer_section(args, model_path: Path, trained: list[int], frame_ms: float) -> None:
     recognizer = load_recognizer(model_path)
     model = recognizer.model
@@ -126,10 +110,10 @@ def rtfx_section(args, audio: list[np.ndarray], trained: list[int]) -> None:
     for chunk in trained:
         recognizer = StreamingRecognizer(model, tokenizer, FeatureConfig(**features), chunk)
         for streams in (1, 8):
-            feed(recognizer, audio[:streams], 1600)  # warm-up
+            recognizer.feed(audio[:streams])  # warm-up
             began = time.perf_counter()
             for group in range(0, len(audio), streams):
-                feed(recognizer, audio[group : group + streams], 1600)
+                recognizer.feed(audio[group : group + streams])
             took = time.perf_counter() - began
             emit("rtfx", chunk_ms=recognizer.chunk_seconds * 1000, streams=streams,
                  audio_s=seconds, wall_s=took, rtfx=seconds / took,
@@ -185,7 +169,7 @@ def sherpa_section(args, audio: list[np.ndarray], refs: list[str]) -> None:
             while sherpa.is_ready(stream):
                 sherpa.decode_stream(stream)
         theirs.append(" ".join(sherpa.get_result(stream).split()))
-        mine.append(" ".join(feed(ours, [samples], 1600)[0].text.split()))
+        mine.append(" ".join(ours.feed([samples])[0].text.split()))
     same = sum(a == b for a, b in zip(theirs, mine, strict=True))
     emit("sherpa", chunk_ms=ours.chunk_seconds * 1000, utterances=len(audio),
          same_text=same / len(audio), wer_sherpa=corpus_errors(refs, theirs).wer,

@@ -106,13 +106,12 @@ def tokenizer(tiny_corpus: TinyCorpus) -> Tokenizer:
 @pytest.fixture(scope="session")
 def feature_manifests(tiny_corpus: TinyCorpus) -> dict[str, Path]:
     """Stored features for train and dev under the names the demo presets use: the Kaldi
-    front end's (returned: demo_stateless, the AED and pre-training presets) and the
-    librosa one's (`*-librosa-feats`: experiment=demo and demo_streaming)."""
-    librosa = FeatureConfig(frontend="librosa")
-    for part in (TRAIN, DEV):
-        precompute_features(
-            tiny_corpus.cuts(part), tiny_corpus.cuts(f"{part}-librosa-feats"), librosa
-        )
+    front end's (returned: demo_stateless, the AED and pre-training presets), the librosa
+    one's (`*-librosa-feats`: demo_streaming) and the librosa_povey one's (experiment=demo)."""
+    for frontend in ("librosa", "librosa_povey"):
+        for part in (TRAIN, DEV):
+            target = tiny_corpus.cuts(f"{part}-{frontend}-feats")
+            precompute_features(tiny_corpus.cuts(part), target, FeatureConfig(frontend=frontend))
     return {
         part: precompute_features(tiny_corpus.cuts(part), tiny_corpus.cuts(f"{part}-feats"))
         for part in (TRAIN, DEV)
@@ -140,6 +139,18 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def train_single_threaded(cfg: DictConfig) -> dict[str, float]:
+    """`asr.training.train.run(cfg)` on one intra-op thread (see `single_thread`)."""
+    from asr.training.train import run
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(cfg)
+    finally:
+        torch.set_num_threads(before)
 
 
 def tiny_overrides(corpus: TinyCorpus, exp_dir: Path, kind: str = "transducer") -> list[str]:
@@ -228,7 +239,6 @@ def trained_run(
 
     Without shuffling every epoch sees the same batches in the same order, so the training
     losses of two epochs compare the model alone, not the batches' lengths."""
-    from asr.training.train import run
 
     exp_dir = tmp_path_factory.mktemp("trained") / "exp"
     overrides = (
@@ -238,11 +248,11 @@ def trained_run(
         "data.sampler.shuffle=false",
         "optim.lr=3e-3",
     )
-    cfg = compose_train(exp_dir, *overrides)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        metrics = run(cfg)
-    finally:
-        torch.set_num_threads(before)
+    metrics = train_single_threaded(compose_train(exp_dir, *overrides))
     return TrainedRun(exp_dir, metrics, TRAINED_EPOCHS, overrides)
+
+
+@pytest.fixture(scope="session")
+def train_tiny() -> Callable[[DictConfig], dict[str, float]]:
+    """`train_single_threaded`, for the tests' own tiny runs."""
+    return train_single_threaded

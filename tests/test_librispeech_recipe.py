@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 import yaml
@@ -116,3 +117,26 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
     assert (manifests / "librispeech_cuts_train-other-500-feats.jsonl.gz").is_file()
     assert (manifests / "librispeech_cuts_dev-other-feats.jsonl.gz").is_file()
     assert (data / "bins-train-clean-100,train-clean-360,train-other-500.yaml").is_file()
+    # the streaming preset: its feature statistics (stage 4), then trained from stored
+    # librosa features (its batch sizes those of the run above) and exported for sherpa-onnx's
+    # online recognizer (stage 9)
+    streaming = tmp_path / "exp_streaming"
+    streaming.mkdir()
+    (streaming / "batch_sizes.yaml").write_text((exp / "batch_sizes.yaml").read_text())
+    env |= {"EXPERIMENT": "librispeech_streaming", "EXP": str(streaming), "AVG": "1"}
+    printed = _recipe(
+        env, "--stage", "features", "--stop-stage", "export", "--", *TINY_MODEL,
+        "trainer.max_epochs=1",
+    )  # fmt: skip
+    assert (manifests / "librispeech_cuts_train-other-500-librosa-feats.jsonl.gz").is_file()
+    stats = json.loads((data / "feature_stats_librosa.json").read_text())
+    assert stats["frontend"] == "librosa" and len(stats["mean"]) == 80
+    encoder = onnx.load(streaming / "onnx" / "encoder.onnx")
+    meta = {p.key: p.value for p in encoder.metadata_props}
+    assert meta["window_size"] == "64" and meta["cache_last_channel_dim2"] == "128"  # 640 ms
+    assert [i.name for i in encoder.graph.input][2:] == [
+        "cache_last_channel", "cache_last_time", "cache_last_channel_len"
+    ]  # fmt: skip
+    assert json.loads((streaming / "decode-test-clean-beam1" / "wer.json").read_text())[
+        "utterances"
+    ]

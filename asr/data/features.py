@@ -4,10 +4,12 @@ Features are computed on the fly from audio by default. `precompute_features` st
 once with lhotse (lilcom-compressed), which saves the extraction on every epoch when the
 CPU is the bottleneck: `asr-compute-features --cuts IN --output OUT`.
 
-Two front ends, each what sherpa-onnx computes for one family of exported models:
-`kaldi` (lhotse's Kaldi-compatible fbank, as for icefall's models) and `librosa`
-(kaldi-native-fbank with a librosa-style mel bank and a Hann window, as for NeMo's; the
-streaming export is decoded that way, so streaming models train on it).
+Three front ends, each what sherpa-onnx computes for one kind of exported model, so a
+deployed model hears what it was trained on: `kaldi` (lhotse's Kaldi-compatible fbank; its
+icefall transducers), `librosa` (kaldi-native-fbank with a librosa mel bank, a Hann window,
+0-8 kHz: NeMo's own, and its online NeMo recognizer's, which decodes streaming exports)
+and `librosa_povey` (the same mel bank with a Povey window and a 7.6 kHz upper edge: its
+offline NeMo recognizer's).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from asr.cli import command
 from asr.config_keys import check_choice
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
 
-FRONTENDS = ("kaldi", "librosa")
+FRONTENDS = ("kaldi", "librosa", "librosa_povey")
 NORMALIZATIONS = ("per_utterance", "none")
 
 
@@ -42,9 +44,11 @@ class FeatureConfig:
     - `dither`: Kaldi-style dither added to the samples (0: none; `kaldi` front end).
     - `normalize`: `per_utterance` (mean and variance of each utterance) or `none` (raw, or
       normalized inside the model with `model.encoder.feature_stats`).
-    - `frontend`: `kaldi` (lhotse's Kaldi-compatible fbank) or `librosa` (kaldi-native-fbank
-      as sherpa-onnx computes it for NeMo-style models: librosa mel bank, Hann window, no
-      DC removal, 0-8000 Hz; what the streaming export is decoded with).
+    - `frontend`: `kaldi` (lhotse's Kaldi-compatible fbank, which sherpa-onnx computes for
+      icefall's contract), `librosa` (kaldi-native-fbank's librosa mel bank, Hann window, no
+      DC removal, 0-8000 Hz: sherpa-onnx's online NeMo recognizer, for streaming exports)
+      or `librosa_povey` (the same with a Povey window and 0-7600 Hz: its offline NeMo
+      recognizer, for an LSTM predictor's export).
     """
 
     num_mel_bins: int = 80
@@ -62,27 +66,33 @@ class FeatureConfig:
         """The lhotse feature extractor of this front end."""
         if self.frontend == "librosa":
             return LibrosaFbank(LibrosaFbankConfig(num_mel_bins=self.num_mel_bins))
+        if self.frontend == "librosa_povey":
+            return LibrosaPoveyFbank(LibrosaFbankConfig(num_mel_bins=self.num_mel_bins))
         return Fbank(FbankConfig(num_mel_bins=self.num_mel_bins, dither=self.dither))
 
 
 def online_fbank_options(config: FeatureConfig) -> knf.FbankOptions:
     """kaldi-native-fbank's settings for `config`'s front end (samples in [-1, 1], no
-    dither). `librosa`: what sherpa-onnx's NeMo transducer recognizers compute
-    (`online-recognizer-transducer-nemo-impl.h`, PostInit). `kaldi`: lhotse's `Fbank`
-    settings (within 1.3e-4 of lhotse's output on the demo's audio)."""
+    dither). `librosa`: what sherpa-onnx's online NeMo recognizer computes, `librosa_povey`
+    its offline one (PostInit of `online-/offline-recognizer-transducer-nemo-impl.h`).
+    `kaldi`: lhotse's `Fbank` settings (within 1.3e-4 of lhotse's output on the demo's
+    audio)."""
     options = knf.FbankOptions()
     options.frame_opts.samp_freq = SAMPLE_RATE
     options.frame_opts.dither = 0.0
     options.frame_opts.snip_edges = False
     options.mel_opts.num_bins = config.num_mel_bins
-    if config.frontend == "librosa":
-        options.frame_opts.remove_dc_offset = False
-        options.frame_opts.window_type = "hann"
-        options.mel_opts.low_freq = 0.0
-        options.mel_opts.high_freq = SAMPLE_RATE / 2
-        options.mel_opts.is_librosa = True
-    else:
+    if config.frontend == "kaldi":
         options.mel_opts.low_freq = 20.0
+        options.mel_opts.high_freq = -400.0
+        return options
+    options.frame_opts.remove_dc_offset = False
+    options.mel_opts.low_freq = 0.0
+    options.mel_opts.is_librosa = True
+    if config.frontend == "librosa":
+        options.frame_opts.window_type = "hann"
+        options.mel_opts.high_freq = SAMPLE_RATE / 2
+    else:  # librosa_povey: the Povey window and 7.6 kHz sherpa-onnx's offline path keeps
         options.mel_opts.high_freq = -400.0
     return options
 
@@ -97,6 +107,7 @@ class LibrosaFbank(FeatureExtractor):
     """The `librosa` front end as a lhotse feature extractor (so lhotse can store it)."""
 
     name = "asr-librosa-fbank"
+    frontend = "librosa"
     config_type = LibrosaFbankConfig
 
     @property
@@ -108,10 +119,19 @@ class LibrosaFbank(FeatureExtractor):
 
     def extract(self, samples: np.ndarray | torch.Tensor, sampling_rate: int) -> np.ndarray:
         """(T, F) log-mel of mono samples, (N,) or (1, N)."""
-        fbank = OnlineFeatures(FeatureConfig(self.config.num_mel_bins, frontend="librosa"))
+        config = FeatureConfig(self.config.num_mel_bins, frontend=self.frontend)
+        fbank = OnlineFeatures(config)
         fbank.accept(np.asarray(samples, dtype=np.float32).reshape(-1), sampling_rate)
         fbank.finish()
         return fbank.frames(0, fbank.ready)
+
+
+@register_extractor
+class LibrosaPoveyFbank(LibrosaFbank):
+    """The `librosa_povey` front end as a lhotse feature extractor."""
+
+    name = "asr-librosa-povey-fbank"
+    frontend = "librosa_povey"
 
 
 class OnlineFeatures:

@@ -29,6 +29,7 @@ from asr.data.feature_stats import compute_feature_stats
 from asr.data.features import FeatureConfig
 from asr.decoding.transducer import greedy_search_timed
 from asr.gpu_check.ddp import (
+    TINY_MODEL,
     TrainRun,
     check_common,
     column,
@@ -48,18 +49,11 @@ STREAMS = 8
 PIECE = 1600  # samples: 0.1 s
 CHUNKS, LEFT = (2, 4), 8  # encoder frames (x 40 ms)
 BLANK_HANDICAP = 4.0  # subtracted from the blank's logit bias before decoding
-TINY_STREAMING = (
+TINY_STREAMING = (  # the ddp section's tiny transducer, streaming
     "experiment=demo_streaming",
-    "model.encoder.d_model=64",
-    "model.encoder.num_layers=2",
-    "model.encoder.num_heads=2",
-    "model.predictor.embed_dim=64",
-    "model.predictor.hidden_dim=64",
-    "model.joiner.joint_dim=64",
-    "model.loss.transducer_start_step=0",
+    *(o for o in TINY_MODEL if not o.startswith("experiment=")),
     f"model.encoder.streaming.chunk_sizes=[{CHUNKS[0]},{CHUNKS[1]},-1]",
     f"model.encoder.streaming.left_contexts=[{LEFT}]",
-    "~batches",
 )
 RUN = TrainRun("streaming", "streaming transducer training, a chunk size drawn per step")
 
@@ -69,18 +63,8 @@ def decode_streams(
 ) -> tuple[list[list[int]], float]:
     """All of `audio` as concurrent streams fed `PIECE` samples at a time -> each stream's
     tokens, and the seconds it took."""
-    streams = [recognizer.create_stream() for _ in audio]
     began = time.perf_counter()
-    for start in range(0, max(len(a) for a in audio), PIECE):
-        for stream, samples in zip(streams, audio, strict=True):
-            if start < len(samples):
-                stream.accept_waveform(samples[start : start + PIECE])
-            else:
-                stream.input_finished()
-        recognizer.decode(streams)
-    for stream in streams:
-        stream.input_finished()
-    recognizer.decode(streams)
+    streams = recognizer.feed(audio, PIECE)
     if recognizer.device.type == "cuda":
         torch.cuda.synchronize()
     return [s.tokens for s in streams], time.perf_counter() - began

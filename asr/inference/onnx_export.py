@@ -266,8 +266,9 @@ class AedDecoderGraph(nn.Module):
 SHERPA_FEATURE_DIM = 80  # sherpa-onnx's default filterbank (feature_dim= changes it)
 LSTM_NOT_FOR_SHERPA = (
     "sherpa-onnx cannot decode this export as trained: it follows sherpa-onnx's NeMo "
-    "transducer contract, whose recognizer computes the librosa front end, and this model "
-    "was trained on the kaldi one (data.features.frontend); asr-transcribe --onnx decodes it"
+    "transducer contract, whose offline recognizer computes the librosa_povey front end, and "
+    "this model was trained on another (data.features.frontend); asr-transcribe --onnx "
+    "decodes it"
 )
 
 
@@ -372,7 +373,7 @@ def _sherpa_note(
             f"sherpa-onnx's online NeMo recognizer computes the librosa front end; this model "
             f"was trained on data.features.frontend={features.frontend}"
         )
-    if contract == "nemo" and features.frontend != "librosa":
+    if contract == "nemo" and features.frontend != "librosa_povey":
         return LSTM_NOT_FOR_SHERPA
     if contract == "icefall" and features.frontend != "kaldi":
         return (

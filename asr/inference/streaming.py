@@ -216,6 +216,22 @@ class StreamingRecognizer:
             stream.state = state.select(torch.tensor([i], device=self.device))
             stream.search = search.select([i])
 
+    def feed(self, audio: Sequence[np.ndarray], piece: int = 1600) -> list[Stream]:
+        """Each recording (16 kHz samples) as a concurrent stream fed `piece` samples at a
+        time, all decoded after each round, each finished at its end -> the streams, done."""
+        streams = [self.create_stream() for _ in audio]
+        for start in range(0, max((len(a) for a in audio), default=0), piece):
+            for stream, samples in zip(streams, audio, strict=True):
+                if start < len(samples):
+                    stream.accept_waveform(samples[start : start + piece])
+                else:
+                    stream.input_finished()
+            self.decode(streams)
+        for stream in streams:
+            stream.input_finished()
+        self.decode(streams)
+        return streams
+
     def transcribe(
         self, audio: AudioInput | Sequence[AudioInput], piece_seconds: float = 0.1
     ) -> list[Transcript]:
@@ -224,18 +240,7 @@ class StreamingRecognizer:
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
         samples = [open_audio(a).read() for a in audio]
-        streams = [self.create_stream() for _ in samples]
-        step = max(1, int(piece_seconds * SAMPLE_RATE))
-        for start in range(0, max((len(s) for s in samples), default=0), step):
-            for stream, s in zip(streams, samples, strict=True):
-                if start < len(s):
-                    stream.accept_waveform(s[start : start + step])
-                else:
-                    stream.input_finished()
-            self.decode(streams)
-        for stream in streams:
-            stream.input_finished()
-        self.decode(streams)
+        streams = self.feed(samples, max(1, int(piece_seconds * SAMPLE_RATE)))
         return [s.transcript() for s in streams]
 
 

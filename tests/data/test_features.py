@@ -6,6 +6,7 @@ import torch
 
 from asr.data.corpus import load_cuts
 from asr.data.features import (
+    FRONTENDS,
     FeatureConfig,
     OnlineFeatures,
     compute_features,
@@ -34,7 +35,7 @@ def test_config_errors_name_the_key() -> None:
         FeatureConfig(frontend="nemo")
 
 
-@pytest.mark.parametrize("frontend", ["kaldi", "librosa"])
+@pytest.mark.parametrize("frontend", ["kaldi", "librosa", "librosa_povey"])
 def test_online_features_in_pieces_are_the_whole_recordings(frontend: str) -> None:
     """Frames computed as the samples arrive, in pieces of any size, equal the frames of
     the whole recording; frames already used can be freed."""
@@ -70,15 +71,30 @@ def test_the_kaldi_front_end_streams_as_lhotse_computes_it() -> None:
     np.testing.assert_allclose(online.frames(0, online.ready), lhotse, atol=1e-3)
 
 
-def test_the_librosa_front_end_differs_from_the_kaldi_one_and_stores_with_lhotse(
-    tmp_path: Path,
-) -> None:
+def precompute_features_of(cuts, output: Path, frontend: str) -> Path:
+    source = output.with_name("source.jsonl.gz")
+    cuts.to_file(source)
+    return precompute_features(source, output, FeatureConfig(frontend=frontend))
+
+
+def test_the_front_ends_differ_and_store_with_lhotse(tiny_corpus, tmp_path: Path) -> None:
     audio = _tone()
-    librosa = FeatureConfig(frontend="librosa").extractor()
-    assert librosa.name == "asr-librosa-fbank" and librosa.frame_shift == 0.01
-    feats = librosa.extract(audio[None], 16000)  # (1, N) as lhotse passes it
-    kaldi = FeatureConfig().extractor().extract(audio, 16000)
-    assert feats.shape == kaldi.shape and np.abs(feats - kaldi).mean() > 0.5
+    extractors = {f: FeatureConfig(frontend=f).extractor() for f in FRONTENDS}
+    assert extractors["librosa"].name == "asr-librosa-fbank"
+    assert extractors["librosa_povey"].name == "asr-librosa-povey-fbank"
+    feats = {f: e.extract(audio[None], 16000) for f, e in extractors.items()}  # (1, N): lhotse's
+    assert {f.shape for f in feats.values()} == {feats["kaldi"].shape}
+    for a, b in (("kaldi", "librosa"), ("librosa", "librosa_povey")):
+        assert np.abs(feats[a] - feats[b]).mean() > 0.1, (a, b)
+    cuts = load_cuts(tiny_corpus.cuts(DEV)).subset(first=2)
+    stored = precompute_features_of(cuts, tmp_path / "povey.jsonl.gz", "librosa_povey")
+    for cut in load_cuts(stored):
+        assert cut.features.type == "asr-librosa-povey-fbank"
+        np.testing.assert_allclose(
+            cut.load_features(),
+            extractors["librosa_povey"].extract(cut.load_audio()[0], 16000),
+            atol=0.05,  # lilcom's compression
+        )
 
 
 def test_per_utterance_normalization() -> None:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 TEST = "test-clean"
 
@@ -80,13 +79,14 @@ def aed_run(compose_train, feature_manifests, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
-def streaming_run(compose_train, tiny_corpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def streaming_run(
+    compose_train, train_tiny, tiny_corpus, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """experiment=demo_streaming shrunk, 6 steps (within its CTC warm-up, so its joiner
     emits many tokens), after the recipe's stage 3 for it: librosa features and their
     statistics. Its last checkpoint."""
     from asr.data.feature_stats import compute_feature_stats
     from asr.data.features import FeatureConfig, precompute_features
-    from asr.training.train import run
 
     librosa = FeatureConfig(frontend="librosa")
     for part in ("train-clean-100", "dev-clean"):
@@ -104,10 +104,5 @@ def streaming_run(compose_train, tiny_corpus, tmp_path_factory: pytest.TempPathF
         "trainer.max_steps=6",
         "optim.lr=3e-3",
     )
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run(cfg)
-    finally:
-        torch.set_num_threads(before)
+    train_tiny(cfg)
     return exp_dir / "checkpoints" / "last.ckpt"
