@@ -118,6 +118,14 @@ def feature_manifests(tiny_corpus: TinyCorpus) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="session")
+def demo_feature_manifests(
+    tiny_corpus: TinyCorpus, feature_manifests: dict[str, Path]
+) -> dict[str, Path]:
+    """The stored features experiment=demo trains on (its librosa_povey front end)."""
+    return {part: tiny_corpus.cuts(f"{part}-librosa_povey-feats") for part in feature_manifests}
+
+
 @pytest.fixture
 def tiny_transducer_config() -> dict:
     """The config of a tiny Transducer with a CTC head, for `build_model(cfg, vocab_size)`

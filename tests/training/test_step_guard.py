@@ -129,7 +129,7 @@ def _tiny(compose_train, exp: Path, *overrides: str):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
-    compose_train, feature_manifests, tmp_path, single_thread
+    compose_train, demo_feature_manifests, tmp_path, single_thread
 ) -> None:
     cfg = _tiny(
         compose_train,
@@ -158,9 +158,9 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_good_weights(
 
 @pytest.mark.slow
 def test_too_many_unusable_cuts_stop_the_epoch_naming_the_reason(
-    compose_train, feature_manifests, tmp_path, single_thread
+    compose_train, demo_feature_manifests, tmp_path, single_thread
 ) -> None:
-    cuts = list(load_cuts(feature_manifests[TRAIN]))
+    cuts = list(load_cuts(demo_feature_manifests[TRAIN]))
     broken = [
         replace(c, features=replace(c.features, storage_path=str(tmp_path / "gone.lca")))
         if i % 3 == 0
@@ -183,7 +183,9 @@ def test_too_many_unusable_cuts_stop_the_epoch_naming_the_reason(
 
 
 @pytest.fixture(scope="module")
-def skip_budget_run(compose_train, train_overrides, feature_manifests, tmp_path_factory) -> dict:
+def skip_budget_run(
+    compose_train, train_overrides, demo_feature_manifests, tmp_path_factory
+) -> dict:
     """An `asr-train` command whose run stops for its skip budget at the end of epoch 0: every
     cut of the epoch's first two batches (about 13 % of the cuts) has a missing feature file,
     `faults.max_skipped_fraction=0.05`, `last.ckpt` every 2 steps (`command(exp)`), and its
@@ -205,7 +207,7 @@ def skip_budget_run(compose_train, train_overrides, feature_manifests, tmp_path_
     sampler.set_epoch(0)
     batches = [list(batch.ids) for batch in sampler]
     victims = set(batches[0] + batches[1])  # trained on before the first checkpoint
-    cuts = list(load_cuts(feature_manifests[TRAIN]))
+    cuts = list(load_cuts(demo_feature_manifests[TRAIN]))
     assert 0.05 < len(victims) / len(cuts) < 0.2, (len(victims), len(cuts))
     missing = str(root / "missing.lca")
     broken = [
@@ -253,12 +255,12 @@ def test_asr_train_ends_its_own_stop_with_one_line(skip_budget_run) -> None:
 
 @pytest.mark.slow
 def test_relative_paths_read_from_elsewhere_stop_at_once_naming_the_directory(
-    train_overrides, feature_manifests, tmp_path: Path
+    train_overrides, demo_feature_manifests, tmp_path: Path
 ) -> None:
     """A manifest with paths relative to the corpus, trained from another directory: every
     cut is unreadable, and the run stops within its first steps in one line that names the
     first path and the directory it was read from (not after MIN_CUTS_MID_EPOCH cuts)."""
-    cuts = list(load_cuts(feature_manifests[TRAIN]))
+    cuts = list(load_cuts(demo_feature_manifests[TRAIN]))
     corpus = Path(cuts[0].features.storage_path).parent
     relative = [
         replace(c, features=replace(c.features, storage_path=Path(c.features.storage_path).name))

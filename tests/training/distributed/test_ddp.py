@@ -95,11 +95,13 @@ def corrupt_manifest(manifest: Path, victims: list[str], out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def main_setup(train_overrides, feature_manifests, tmp_path_factory) -> dict:
+def main_setup(train_overrides, demo_feature_manifests, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("ddp")
-    clean = main_overrides(train_overrides, root / "probe", feature_manifests["train-clean-100"])
+    clean = main_overrides(
+        train_overrides, root / "probe", demo_feature_manifests["train-clean-100"]
+    )
     victims = rank_batches(compose(clean), CORRUPT_RANK, 2)[CORRUPT_STEP]
-    corrupt = corrupt_manifest(feature_manifests["train-clean-100"], victims, root)
+    corrupt = corrupt_manifest(demo_feature_manifests["train-clean-100"], victims, root)
     steps = sum(len(rank_batches(compose(clean), 0, 2, epoch)) for epoch in range(EPOCHS))
     return {"root": root, "victims": victims, "train_cuts": corrupt, "steps": steps}
 
@@ -144,9 +146,9 @@ def test_both_ranks_draw_from_the_same_bucket_at_every_step(main_run) -> None:
 
 @pytest.mark.slow
 def test_every_usable_cut_is_trained_on_exactly_once_per_epoch(
-    main_run, main_setup, feature_manifests
+    main_run, main_setup, demo_feature_manifests
 ) -> None:
-    all_ids = {c.id for c in load_cuts(feature_manifests["train-clean-100"])}
+    all_ids = {c.id for c in load_cuts(demo_feature_manifests["train-clean-100"])}
     victims = set(main_setup["victims"])
     for epoch in range(EPOCHS):
         used, skipped = Counter(), Counter()
@@ -329,7 +331,7 @@ class _BatchIds(L.Callback):
 @pytest.mark.slow
 @pytest.mark.long
 def test_kill_one_process_mid_epoch_then_resume(
-    train_overrides, feature_manifests, tmp_path
+    train_overrides, demo_feature_manifests, tmp_path
 ) -> None:
     def command(name: str) -> list[str]:
         overrides = [
