@@ -19,8 +19,9 @@ Sections (`--only` picks some, comma-separated):
   the process's resident memory every 5 minutes of audio.
 - `sherpa`: `--onnx` (the streaming export) decoded by sherpa-onnx's OnlineRecognizer fed
   100 ms pieces, against our recognizer at the exported chunk on the same audio (both
-  padded with 0.5 s of silence, sherpa-onnx's 10 symbols per frame): the share of
-  utterances with the same text and both WERs.
+  followed by a chunk and 0.3 s of silence, which sherpa-onnx needs to decode a
+  recording's last chunk; sherpa-onnx's 10 symbols per frame): the share of utterances
+  with the same text and both WERs.
 """
 
 from __future__ import annotations
@@ -155,7 +156,10 @@ def sherpa_section(args, audio: list[np.ndarray], refs: list[str]) -> None:
         bundle_recognizer.model, bundle_recognizer.tokenizer, bundle_recognizer.features,
         chunk, int(meta["left_context"]), max_symbols_per_frame=10,
     )  # fmt: skip
-    padded = [np.concatenate([a, np.zeros(SAMPLE_RATE // 2, np.float32)]) for a in audio]
+    # sherpa-onnx decodes whole chunks only, and one when a frame past it is ready: silence
+    # of a chunk and 0.3 s more after each recording lets it reach the recording's end
+    pad = np.zeros(int((ours.chunk_seconds + 0.3) * SAMPLE_RATE), np.float32)
+    padded = [np.concatenate([a, pad]) for a in audio]
     d = args.onnx
     sherpa = sherpa_onnx.OnlineRecognizer.from_transducer(
         tokens=str(d / "tokens.txt"), encoder=str(d / "encoder.onnx"),
