@@ -1,34 +1,34 @@
 """Checkpoint(s) -> ONNX files that leave Python: `asr-export CKPT --format onnx -o DIR`.
 
-A transducer with the stateless predictor is written in icefall's contract, which
-sherpa-onnx's `OfflineRecognizer.from_transducer` decodes unchanged: `encoder.onnx`,
-`decoder.onnx`, `joiner.onnx`, `tokens.txt` (and `*.int8.onnx`, onnxruntime's dynamic int8
-quantization of the same graphs). The graphs and their inputs are described below.
-sherpa-onnx computes the 80-bin Kaldi filterbank itself with lhotse's `Fbank` defaults, and
-the per-utterance normalization lives in `encoder.onnx`.
-
-An LSTM predictor and the attention encoder-decoder export too; `asr-transcribe --onnx DIR`
-(`asr.inference.onnx_runtime`) decodes every export with this package's searches over
-onnxruntime. The exporter is torch's dynamo exporter (`torch.onnx.export(dynamo=True)`,
-which needs onnxscript: the `deploy` extra).
+A transducer is written in the sherpa-onnx contract its parts fit (`contract_of`), so that
+sherpa-onnx decodes it unchanged: `encoder.onnx`, `decoder.onnx`, `joiner.onnx`,
+`tokens.txt` (and `*.int8.onnx`, onnxruntime's dynamic int8 quantization of the same
+graphs). sherpa-onnx computes the filterbank itself, a different one per contract
+(`asr.data.features`, `frontend`); the normalization training used lives in `encoder.onnx`.
+`asr-transcribe --onnx DIR` (`asr.inference.onnx_runtime`) decodes every offline export with
+this package's searches over onnxruntime. The exporter is torch's dynamo exporter
+(`torch.onnx.export(dynamo=True)`, which needs onnxscript: the `deploy` extra).
 
 The graphs, plain modules with tensor inputs and outputs:
 
-A transducer is three graphs in icefall's contract, which sherpa-onnx decodes unchanged:
-
-- encoder: `x` (N, T, F) raw log-mel, `x_lens` (N,) -> `encoder_out` (N, T', J),
-  `encoder_out_lens` (N,). The per-utterance normalization training used runs inside, and
-  the joiner's encoder projection too, so the joiner adds two J-vectors.
-- decoder (stateless predictor): `y` (N, context) token ids, -1 before the start ->
-  `decoder_out` (N, J), the predictor's output already projected by the joiner.
-  LSTM predictor: `y` (N, 1), `h`, `c` (N, layers, H) -> `decoder_out`, `next_h`, `next_c`.
-- joiner: `encoder_out` (N, J), `decoder_out` (N, J) -> `logit` (N, V).
+- icefall's contract (a stateless predictor): encoder `x` (N, T, F) raw log-mel, `x_lens`
+  -> `encoder_out` (N, T', J) (the joiner's encoder projection inside, so the joiner adds
+  two J-vectors), `encoder_out_lens`; decoder `y` (N, context) token ids, -1 before the
+  start -> `decoder_out` (N, J), projected; joiner -> `logit` (N, V).
+- NeMo's offline contract (an LSTM predictor): encoder `audio_signal` (N, F, T), `length`
+  -> `outputs` (N, J, T'), `encoded_lengths`; decoder `targets` (N, 1) int32,
+  `target_length`, `states_h`, `states_c` (layers, N, H) -> `outputs` (N, J, 1), lengths,
+  the next states; joiner (N, J, T), (N, J, U) -> (N, T, U, V); ids in NeMo's order, the
+  blank last.
+- NeMo's online contract (a streaming encoder): the encoder takes one chunk and the caches
+  `cache_last_channel`, `cache_last_time`, `cache_last_channel_len`, and gives their next
+  values (`NemoStreamingEncoderGraph`); decoder and joiner as offline.
 
 An attention encoder-decoder is two graphs: the encoder gives the cross-attention keys and
 values of every decoder layer per frame, (N, T', 2 x layers x D), so that a decoding step
 never recomputes them; the decoder takes one token per row, its self-attention cache
 (layers, N, H, S, Dh) and that memory, and gives log-probabilities of the next token and
-the grown cache.
+the grown cache. (`LstmDecoderGraph`, the LSTM step written out, serves NeMo's decoder.)
 """
 
 from __future__ import annotations
