@@ -38,15 +38,32 @@ import onnx
 import torch
 
 from asr.data.corpus import cut_text, load_cuts
+from asr.data.features import FeatureConfig
+from asr.frames import SAMPLE_RATE
 from asr.inference.bundle import load_bundle
 from asr.inference.manifest_decoding import decode_manifest
 from asr.inference.recognizer import load_recognizer
-from asr.inference.streaming import StreamingRecognizer, load_streaming_recognizer
+from asr.inference.streaming import StreamingRecognizer
 from asr.metrics import corpus_errors
 from asr.models.conformer import StreamingContext
 
 SECTIONS = ("wer", "latency", "rtfx", "memory", "sherpa")
-SAMPLE_RATE = 16000
+
+
+class Loaded:
+    """The streaming model, tokenizer and features, loaded once; `at(chunk, ...)` gives a
+    recognizer at a trained chunk (None: the largest)."""
+
+    def __init__(self, path: Path) -> None:
+        self.model, self.tokenizer, features = load_bundle(path)
+        self.features = FeatureConfig(**features)
+
+    def at(
+        self, chunk: int | None = None, left: int | None = None, **options
+    ) -> StreamingRecognizer:
+        return StreamingRecognizer(
+            self.model, self.tokenizer, self.features, chunk, left, **options
+        )
 
 
 def emit(section: str, **fields) -> None:
@@ -78,13 +95,10 @@ def wer_section(args, model_path: Path, trained: list[int], frame_ms: float) -> 
              wer=summary["wer"], words=summary["ref_words"])  # fmt: skip
 
 
-def latency_section(args, audio: list[np.ndarray], trained: list[int]) -> None:
+def latency_section(args, loaded: Loaded, audio: list[np.ndarray], trained: list[int]) -> None:
     piece = SAMPLE_RATE // 100  # 10 ms
     for chunk in trained:
-        recognizer = load_streaming_recognizer(args.model, chunk_ms=None)
-        recognizer = StreamingRecognizer(
-            recognizer.model, recognizer.tokenizer, recognizer.features, chunk
-        )
+        recognizer = loaded.at(chunk)
         span_samples = recognizer.span * SAMPLE_RATE // 100
         waits = []
         for samples in audio[: args.latency_utterances]:
@@ -103,13 +117,10 @@ def latency_section(args, audio: list[np.ndarray], trained: list[int]) -> None:
              threads=torch.get_num_threads())  # fmt: skip
 
 
-def rtfx_section(args, audio: list[np.ndarray], trained: list[int]) -> None:
-    model, tokenizer, features = load_bundle(args.model)
-    from asr.data.features import FeatureConfig
-
+def rtfx_section(loaded: Loaded, audio: list[np.ndarray], trained: list[int]) -> None:
     seconds = sum(len(a) for a in audio) / SAMPLE_RATE
     for chunk in trained:
-        recognizer = StreamingRecognizer(model, tokenizer, FeatureConfig(**features), chunk)
+        recognizer = loaded.at(chunk)
         for streams in (1, 8):
             recognizer.feed(audio[:streams])  # warm-up
             began = time.perf_counter()
@@ -121,8 +132,8 @@ def rtfx_section(args, audio: list[np.ndarray], trained: list[int]) -> None:
                  threads=torch.get_num_threads())  # fmt: skip
 
 
-def memory_section(args, audio: list[np.ndarray]) -> None:
-    recognizer = load_streaming_recognizer(args.model)
+def memory_section(args, loaded: Loaded, audio: list[np.ndarray]) -> None:
+    recognizer = loaded.at()
     stream = recognizer.create_stream()
     total = int(args.long_minutes * 60 * SAMPLE_RATE)
     joined = np.concatenate(audio)
@@ -146,16 +157,12 @@ def memory_section(args, audio: list[np.ndarray]) -> None:
          rtfx=fed / SAMPLE_RATE / (time.perf_counter() - began))  # fmt: skip
 
 
-def sherpa_section(args, audio: list[np.ndarray], refs: list[str]) -> None:
+def sherpa_section(args, loaded: Loaded, audio: list[np.ndarray], refs: list[str]) -> None:
     import sherpa_onnx
 
     meta = {p.key: p.value for p in onnx.load(args.onnx / "encoder.onnx").metadata_props}
     chunk = int(meta["chunk_frames"])
-    bundle_recognizer = load_streaming_recognizer(args.model)
-    ours = StreamingRecognizer(
-        bundle_recognizer.model, bundle_recognizer.tokenizer, bundle_recognizer.features,
-        chunk, int(meta["left_context"]), max_symbols_per_frame=10,
-    )  # fmt: skip
+    ours = loaded.at(chunk, int(meta["left_context"]), max_symbols_per_frame=10)  # sherpa's
     # sherpa-onnx decodes whole chunks only, and one when a frame past it is ready: silence
     # of a chunk and 0.3 s more after each recording lets it reach the recording's end
     pad = np.zeros(int((ours.chunk_seconds + 0.3) * SAMPLE_RATE), np.float32)
@@ -194,9 +201,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sections = args.only.split(",")
-    model, _, _ = load_bundle(args.model)
-    trained = list(model.encoder.streaming.streaming_chunk_sizes)
-    frame_ms = model.frame_seconds * 1000
+    loaded = Loaded(args.model)
+    trained = list(loaded.model.encoder.streaming.streaming_chunk_sizes)
+    frame_ms = loaded.model.frame_seconds * 1000
     cuts = list(load_cuts(args.cuts))
     audio = [c.load_audio()[0].astype(np.float32) for c in cuts]
     refs = [cut_text(c) for c in cuts]
@@ -206,13 +213,13 @@ def main() -> None:
     if "wer" in sections:
         wer_section(args, args.model, trained, frame_ms)
     if "latency" in sections:
-        latency_section(args, audio, trained)
+        latency_section(args, loaded, audio, trained)
     if "rtfx" in sections:
-        rtfx_section(args, audio, trained)
+        rtfx_section(loaded, audio, trained)
     if "memory" in sections:
-        memory_section(args, audio)
+        memory_section(args, loaded, audio)
     if "sherpa" in sections and args.onnx:
-        sherpa_section(args, audio, refs)
+        sherpa_section(args, loaded, audio, refs)
 
 
 if __name__ == "__main__":

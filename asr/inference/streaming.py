@@ -99,12 +99,16 @@ class Stream:
             return frames
         return None
 
+    def _best(self) -> tuple[list[int], list[int]]:
+        """The tokens of the best hypothesis so far and the frame of each."""
+        if isinstance(self.search, GreedyProgress):
+            return self.search.tokens[0], self.search.frames[0]
+        best = self.search.hypotheses(1)[0]
+        return (list(best[0].tokens), list(best[0].frames)) if best else ([], [])
+
     @property
     def tokens(self) -> list[int]:
-        if isinstance(self.search, GreedyProgress):
-            return self.search.tokens[0]
-        best = self.search.hypotheses(1)[0]
-        return list(best[0].tokens) if best else []
+        return self._best()[0]
 
     @property
     def text(self) -> str:
@@ -113,11 +117,7 @@ class Stream:
     def transcript(self) -> Transcript:
         """The text so far and its words, with times in seconds from the stream's start."""
         recognizer = self._recognizer
-        if isinstance(self.search, GreedyProgress):
-            tokens, frames = self.search.tokens[0], self.search.frames[0]
-        else:
-            best = self.search.hypotheses(1)[0]
-            tokens, frames = (list(best[0].tokens), list(best[0].frames)) if best else ([], [])
+        tokens, frames = self._best()
         seconds = recognizer.model.frame_seconds
         pieces = [recognizer.tokenizer.id_to_piece(i) for i in tokens]
         words = words_from_tokens(
@@ -207,7 +207,9 @@ class StreamingRecognizer:
             else nullcontext()
         )
         with autocast:
-            out, out_lens, state = self.model.encoder.step(features.to(self.device), lens, state)
+            out, out_lens, state = self.model.encoder.step(
+                features.to(self.device), lens, state, self.context.chunk
+            )
             if isinstance(search, GreedyProgress):
                 greedy_continue(self.model, search, out, out_lens, self.greedy)
             else:

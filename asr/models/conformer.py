@@ -543,15 +543,20 @@ class ConformerEncoder(nn.Module):
         )
 
     def step(
-        self, features: Tensor, feature_lens: Tensor, state: StreamingState
+        self,
+        features: Tensor,
+        feature_lens: Tensor,
+        state: StreamingState,
+        chunk: int | None = None,
     ) -> tuple[Tensor, Tensor, StreamingState]:
         """One chunk of every stream: features (B, chunk * factor, F) (a stream's last chunk
         may be shorter: feature_lens (B,)) -> encoder_out (B, chunk, D), its lengths and the
-        next state. With `use_context`'s chunk size this computes what ``forward`` computes
-        for the same frames of the whole utterance."""
+        next state; `chunk` None: `use_context`'s. With the chunk size and left context of
+        `forward`'s masks this computes what it computes for the same frames."""
         if self.streaming is None:
             raise ValueError("this encoder was trained with full context: it cannot stream")
-        chunk, left = self.context.chunk, state.attention.size(2)
+        chunk = self.context.chunk if chunk is None else chunk
+        left = state.attention.size(2)
         span = chunk * self.subsampling_factor
         features = F.pad(self.normalize(features), (0, 0, 0, span - features.size(1)))
         x, lens = self.subsampling(features, feature_lens)
