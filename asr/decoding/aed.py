@@ -10,13 +10,17 @@ ceil(audio seconds x `max_tps`) tokens before EOS. Call ``model.eval()`` first.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
-from asr.models.aed import EncoderDecoder
+from asr.decoding.cuda_graphs import GraphedStep
+from asr.models.aed import EncoderDecoder, StaticDecoderState
+
+REPLAYS_PER_CHECK = 4  # graph mode: steps between two questions to the GPU
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,11 @@ def decode(
     encoder_lens: Tensor,
     options: AedSearchOptions = AedSearchOptions(),
 ) -> list[list[int]]:
-    """Greedy search when `options.beam_size` is 1, else beam search."""
+    """Greedy search when `options.beam_size` is 1 (on CUDA: `StaticGreedySearch`, the
+    same tokens replayed from a CUDA graph), else beam search."""
     if options.beam_size == 1:
+        if encoder_out.is_cuda and isinstance(model, EncoderDecoder):
+            return cached_static_search(model, options.max_tps)(encoder_out, encoder_lens)
         return greedy_search(model, encoder_out, encoder_lens, options.max_tps)
     return beam_search(
         model, encoder_out, encoder_lens, options.beam_size, options.length_penalty, options.max_tps
@@ -86,6 +93,121 @@ def greedy_search(
             rows = [rows[i] for i in keep]
         tokens = best
     return results
+
+
+@dataclass
+class _GreedyBuffers:
+    """A static greedy search's tensors: the decoder state, the token fed next `tokens`
+    (N,), `done` (N,), each row's token limit `limits` (N,), `out` (N, L) the tokens
+    chosen at each step and `count` (N,) how many of them are kept."""
+
+    state: StaticDecoderState
+    tokens: Tensor
+    done: Tensor
+    limits: Tensor
+    out: Tensor
+    count: Tensor
+
+
+class StaticGreedySearch:
+    """Greedy search with a preallocated self-attention cache: `search(encoder_out,
+    encoder_lens)` -> B token-id lists, `greedy_search`'s tokens.
+
+    Finished rows stay in the batch (their tokens are no longer kept), so every step is
+    the same fixed-shape work over `StaticDecoderState`: on CUDA with `use_cuda_graphs`
+    it is captured once and replayed, `REPLAYS_PER_CHECK` steps between checks for the
+    end; buffers are kept for batches that fit them. Elsewhere it runs eagerly (slower
+    than `greedy_search` on a CPU, which drops finished rows: its use there is its test).
+    """
+
+    def __init__(
+        self, model: EncoderDecoder, max_tps: float = 25.0, use_cuda_graphs: bool = True
+    ) -> None:
+        if not max_tps > 0:
+            raise ValueError(f"max_tps must be positive, got {max_tps}")
+        self.model, self.max_tps, self.use_cuda_graphs = model, max_tps, use_cuda_graphs
+        self.buffers: _GreedyBuffers | None = None
+        self.graphed: GraphedStep | None = None
+
+    @torch.inference_mode()
+    def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[list[int]]:
+        check_encoder_output(encoder_out, encoder_lens)
+        batch, frames = encoder_out.size(0), encoder_out.size(1)
+        if batch == 0:
+            return []
+        lens = encoder_lens.to(encoder_out.device)
+        limits = max_output_lengths(lens, self.model.frame_seconds, self.max_tps)
+        steps = int(limits.max()) + 1  # the last step can only end (EOS or the limit)
+        graphs = self.use_cuda_graphs and encoder_out.is_cuda
+        b = self._buffers_for(batch, max(frames, 1), steps, encoder_out, graphs)
+        self.model.decoder.load_static_state(b.state, encoder_out, lens)
+        b.tokens.fill_(self.model.bos_id)
+        b.done.fill_(True)
+        b.done[:batch] = False
+        b.limits.zero_()
+        b.limits[:batch].copy_(limits)
+        b.count.zero_()
+        run = self.graphed if graphs and self.graphed is not None else lambda: self._step(b)
+        taken = 0
+        while taken < steps and not bool(b.done.all()):
+            for _ in range(min(REPLAYS_PER_CHECK, steps - taken)):
+                run()
+                taken += 1
+        counts = b.count[:batch].tolist()
+        out = b.out[:batch, : max(counts)].cpu().tolist()
+        return [row[:n] for row, n in zip(out, counts, strict=True)]
+
+    def _buffers_for(
+        self, batch: int, frames: int, steps: int, encoder_out: Tensor, graphs: bool
+    ) -> _GreedyBuffers:
+        """Eager: buffers of exactly this batch. Graphs: the kept ones where it fits, else
+        larger ones (every dimension at least the kept one's) and a new capture."""
+        kept = self.buffers
+        if graphs and kept is not None:
+            rows, have_frames, length = kept.state.capacity
+            same = kept.out.device == encoder_out.device
+            if same and rows >= batch and have_frames >= frames and length >= steps:
+                return kept
+            batch, frames, steps = max(batch, rows), max(frames, have_frames), max(steps, length)
+        device = encoder_out.device
+        dtype = self.model.decoder.embedding.weight.dtype
+        state = self.model.decoder.static_state(batch, frames, steps, device, dtype)
+
+        def longs(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        done = torch.ones(batch, dtype=torch.bool, device=device)
+        buffers = _GreedyBuffers(
+            state, longs(batch), done, longs(batch), longs(batch, steps), longs(batch)
+        )
+        if graphs:
+            self.buffers = buffers
+            self.graphed = GraphedStep(lambda: self._step(buffers), device, True)
+        return buffers
+
+    def _step(self, b: _GreedyBuffers) -> None:
+        """Feed one token per row; keep each unfinished row's best next token unless it is
+        EOS or beyond the row's limit (then the row is done)."""
+        logits = self.model.decoder.step_static(b.tokens, b.state)
+        best = logits.argmax(dim=-1)
+        index = b.state.position - 1  # this step's number, 0 first
+        ends = b.done | (best == self.model.eos_id) | (index >= b.limits)
+        b.out.index_copy_(1, index.view(1), best[:, None])
+        b.count.add_((~ends).long())
+        b.done.copy_(ends)
+        b.tokens.copy_(best)
+
+
+_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_static_search(model: EncoderDecoder, max_tps: float) -> StaticGreedySearch:
+    """The model's `StaticGreedySearch` for `max_tps`, kept with the model (weakly) so that
+    its buffers and CUDA graph serve every batch that fits them."""
+    searches = _SEARCHES.setdefault(model, {})
+    if max_tps not in searches:
+        searches[max_tps] = StaticGreedySearch(model, max_tps)
+    return searches[max_tps]
 
 
 @torch.inference_mode()

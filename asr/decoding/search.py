@@ -6,9 +6,10 @@ import dataclasses
 
 from torch import Tensor
 
-from asr.decoding import aed, transducer
+from asr.decoding import aed, label_looping, transducer
 from asr.models.aed import EncoderDecoder
 from asr.models.build import Model
+from asr.models.transducer import Transducer
 
 SearchOptions = transducer.GreedyOptions | transducer.BeamOptions | aed.AedSearchOptions
 
@@ -83,6 +84,9 @@ def decode_timed(
         ]
     if not isinstance(options, transducer.GreedyOptions):
         raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
+    if encoder_out.is_cuda and isinstance(model, Transducer):
+        # The same tokens and frames; on a GPU without a round trip per frame (CUDA graphs).
+        return label_looping.cached_search(model, options)(encoder_out, encoder_lens)
     return transducer.greedy_search_timed(model, encoder_out, encoder_lens, options)
 
 

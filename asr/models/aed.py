@@ -66,6 +66,33 @@ class DecoderState:
         return DecoderState(cross_k, cross_v, mask, pick(self.self_k), pick(self.self_v))
 
 
+@dataclass
+class StaticDecoderState:
+    """Incremental decoding state in tensors allocated once, changed only in place (what a
+    CUDA graph of a decoding step needs), for N rows, T encoder frames and L tokens.
+
+    `cross_k`/`cross_v`: per layer (N, H, T, Dh); `memory_mask` (N, 1, 1, T); `self_k`/
+    `self_v`: per layer (N, H, L, Dh), slot i holds the keys/values of the i-th token fed;
+    `self_mask` (1, 1, 1, L): the slots filled so far; `positions` (L, D): the position
+    encoding of each slot; `position` (): tokens fed so far, on the device.
+    """
+
+    cross_k: list[Tensor]
+    cross_v: list[Tensor]
+    memory_mask: Tensor
+    self_k: list[Tensor]
+    self_v: list[Tensor]
+    self_mask: Tensor
+    positions: Tensor
+    position: Tensor
+
+    @property
+    def capacity(self) -> tuple[int, int, int]:
+        """(N rows, T frames, L tokens) it holds."""
+        n, _, frames, _ = self.cross_k[0].shape
+        return n, frames, self.self_k[0].size(2)
+
+
 def _heads(x: Tensor, num_heads: int) -> Tensor:
     """(N, L, D) -> (N, H, L, Dh)."""
     n, length, d = x.shape
@@ -134,6 +161,17 @@ class DecoderLayer(nn.Module):
         x = x + self.dropout(self.self_out(self._attend(q, k, v, None, False)))
         x = self._cross_and_ff(x, state.cross_k[index], state.cross_v[index], state.memory_mask)
         return x, (k, v)
+
+    def step_static(self, x: Tensor, state: StaticDecoderState, index: int) -> Tensor:
+        """`step` over preallocated caches: x (N, 1, D) -> (N, 1, D); this position's keys
+        and values are written into slot `state.position` of layer `index`'s cache."""
+        q, k, v = (_heads(t, self.num_heads) for t in self.self_qkv(self.self_norm(x)).chunk(3, -1))
+        slot = state.position.view(1)
+        state.self_k[index].index_copy_(2, slot, k.to(state.self_k[index].dtype))
+        state.self_v[index].index_copy_(2, slot, v.to(state.self_v[index].dtype))
+        keys, values = state.self_k[index], state.self_v[index]
+        x = x + self.dropout(self.self_out(self._attend(q, keys, values, state.self_mask, False)))
+        return self._cross_and_ff(x, state.cross_k[index], state.cross_v[index], state.memory_mask)
 
 
 @dataclass(frozen=True)
@@ -249,6 +287,70 @@ class TransformerDecoder(nn.Module):
             self_k=[],
             self_v=[],
         )
+
+    def static_state(
+        self, rows: int, frames: int, length: int, device: torch.device, dtype: torch.dtype
+    ) -> StaticDecoderState:
+        """Zeroed caches for `rows` rows, `frames` encoder frames and `length` tokens (fill
+        them with `load_static_state`)."""
+        if self.position_embedding is not None:
+            if length > self.max_positions:
+                raise ValueError(
+                    f"decoding {length} tokens needs more than max_positions="
+                    f"{self.max_positions}: raise model.decoder.max_positions"
+                )
+            positions = self.position_embedding.weight[:length]
+        else:
+            positions = sinusoidal_positions(length, self.d_model, 0, device)
+        first = self.layers[0]
+        heads = first.num_heads
+        dh = self.d_model // heads
+
+        def caches(size: int) -> list[Tensor]:
+            shape = (rows, heads, size, dh)
+            return [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+
+        return StaticDecoderState(
+            cross_k=caches(frames),
+            cross_v=caches(frames),
+            memory_mask=torch.zeros((rows, 1, 1, frames), dtype=torch.bool, device=device),
+            self_k=caches(length),
+            self_v=caches(length),
+            self_mask=torch.zeros((1, 1, 1, length), dtype=torch.bool, device=device),
+            positions=positions.to(device=device, dtype=dtype).clone(),
+            position=torch.zeros((), dtype=torch.long, device=device),
+        )
+
+    def load_static_state(
+        self, state: StaticDecoderState, memory: Tensor, memory_lens: Tensor
+    ) -> None:
+        """Reset `state` to before the first token for the utterances of memory (n, T', D)
+        in its first rows (n, T' within its capacity); other rows see one zero frame."""
+        memory, mask = self._memory(memory, memory_lens)
+        n, frames = memory.size(0), memory.size(1)
+        state.memory_mask.zero_()
+        state.memory_mask[n:, ..., 0] = True  # unused rows: no row may attend to nothing
+        state.memory_mask[:n, ..., :frames].copy_(mask)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.cross_keys_values(memory)
+            state.cross_k[i].zero_()
+            state.cross_v[i].zero_()
+            state.cross_k[i][:n, :, :frames].copy_(k)
+            state.cross_v[i][:n, :, :frames].copy_(v)
+        state.position.zero_()
+        state.self_mask.zero_()
+
+    def step_static(self, tokens: Tensor, state: StaticDecoderState) -> Tensor:
+        """`step` in place: tokens (N,) -> logits (N, V) for the next token; the caches
+        gain this position and `state.position` moves on (no host synchronization)."""
+        slots = torch.arange(state.self_mask.size(-1), device=tokens.device)
+        torch.le(slots, state.position, out=state.self_mask.view(-1))
+        pos = state.positions.index_select(0, state.position.view(1))  # (1, D)
+        x = self.dropout(self.embedding(tokens[:, None]) * self.embed_scale + pos)
+        for i, layer in enumerate(self.layers):
+            x = layer.step_static(x, state, i)
+        state.position.add_(1)
+        return self._logits(x[:, 0])
 
     def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """Feed one token per row: tokens (N,) -> logits (N, V) for the next token, new state."""

@@ -160,3 +160,64 @@ def test_search_options_are_checked() -> None:
     model = trained_looking_aed()
     with pytest.raises(ValueError, match="encoder_out"):
         greedy_search(model, torch.zeros(2, 3), torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize(("positions", "eos_bias"), [("sinusoidal", 2.2), ("learned", 2.5)])
+def test_static_cache_greedy_equals_greedy(positions, eos_bias):
+    """The preallocated-cache search (CUDA's, here eager) gives greedy search's tokens;
+    one instance serves batches of different sizes and lengths."""
+    from asr.decoding.aed import StaticGreedySearch
+
+    model = trained_looking_aed()
+    if positions == "learned":
+        torch.manual_seed(3)
+        cfg = {
+            "kind": "aed",
+            "encoder": {"input_dim": 20, "d_model": 32, "num_layers": 2, "num_heads": 2}
+            | {"conv_kernel_size": 7, "dropout": 0.0},
+            "decoder": {"d_model": 32, "num_layers": 1, "num_heads": 4, "dropout": 0.0}
+            | {"positions": "learned", "max_positions": 64},
+        }
+        model = build_model(cfg, VOCAB).double().eval()
+    with torch.no_grad():  # EOS likely enough to end some hypotheses, not all at once
+        model.decoder.output_bias[model.eos_id] = eos_bias
+    search = StaticGreedySearch(model, max_tps=12.0)
+    ended_early = emitted = 0
+    for lens in ([90, 31, 57, 8, 66], [40], [120, 3]):
+        enc, enc_lens = encoded(model, lens)
+        expected = greedy_search(model, enc, enc_lens, max_tps=12.0)
+        assert search(enc, enc_lens) == expected
+        assert expected == uncached_greedy(model, enc, enc_lens, 12.0)
+        limits = max_output_lengths(enc_lens, model.frame_seconds, 12.0).tolist()
+        ended_early += sum(len(h) < n for h, n in zip(expected, limits, strict=True))
+        emitted += sum(map(len, expected))
+    assert ended_early > 0 and emitted > 20  # EOS ends hypotheses, not only the limit
+
+
+def test_static_cache_greedy_stops_at_the_limit_with_eos_suppressed():
+    from asr.decoding.aed import StaticGreedySearch
+
+    model = trained_looking_aed()
+    with torch.no_grad():
+        model.decoder.output_bias[model.eos_id] = -math.inf
+    enc, enc_lens = encoded(model, [50, 23, 7])
+    got = StaticGreedySearch(model, max_tps=9.0)(enc, enc_lens)
+    limits = max_output_lengths(enc_lens, model.frame_seconds, 9.0).tolist()
+    assert [len(h) for h in got] == limits
+    assert got == greedy_search(model, enc, enc_lens, max_tps=9.0)
+
+
+def test_static_state_keeps_its_tensors():
+    """A CUDA graph replays into the tensors it captured: the step writes in place."""
+    model = trained_looking_aed()
+    enc, enc_lens = encoded(model, [30, 12])
+    with torch.inference_mode():
+        state = model.decoder.static_state(2, 30, 10, enc.device, torch.double)
+        model.decoder.load_static_state(state, enc, enc_lens)
+        tensors = [*state.self_k, *state.self_v, state.self_mask, state.position]
+        pointers = [t.data_ptr() for t in tensors]
+        tokens = torch.full((2,), model.bos_id)
+        for _ in range(10):
+            model.decoder.step_static(tokens, state)
+    assert [t.data_ptr() for t in tensors] == pointers
+    assert int(state.position) == 10 and bool(state.self_mask.all())

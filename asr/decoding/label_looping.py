@@ -1,0 +1,274 @@
+"""Batched greedy transducer search in the label-looping form, capturable by CUDA graphs.
+
+After Bataev et al., "Label-Looping: Highly Efficient Decoding for Transducers" (2024;
+NeMo's default greedy search). The frame-looping search (`transducer.greedy_continue`)
+walks frames in lock-step for the whole batch and asks the GPU after every step whether
+any sample emitted, so a batch of T frames costs at least T round trips from Python. Here
+each utterance loops over *labels*: an inner loop moves its own frame index over blanks
+(joiner only), and once it finds a label, the outer step records it and advances the
+predictor. Every step is the same fixed-shape work for the whole batch, masked per row,
+over tensors allocated once (`_Buffers`), so it can be captured as one CUDA graph and
+replayed several times between checks of whether anything is left to do.
+
+The decisions of each utterance are those of frame-looping greedy search, so the two give
+the same tokens and frames (tested on CPU): at frame t, a blank moves to t + 1; a label is
+emitted and the utterance stays on t, until `max_symbols_per_frame` labels there move it
+to t + 1 (a guard against a joiner that never emits blank).
+
+Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 label slots.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from asr.decoding.checks import check_encoder_output
+from asr.decoding.cuda_graphs import GraphedStep
+from asr.decoding.transducer import GreedyOptions, TimedTokens, _select
+from asr.models.transducer import PredictorState, Transducer
+
+REPLAYS_PER_CHECK = 4  # graph mode: fused steps between two questions to the GPU
+
+
+def _copy_state(target: PredictorState, source: PredictorState) -> None:
+    """Copy a batch-first predictor state into `target`'s tensors, in place."""
+    if isinstance(target, Tensor):
+        target.copy_(source)
+        return
+    for t, s in zip(target, source, strict=True):
+        _copy_state(t, s)
+
+
+def _empty_like_state(state: PredictorState, rows: int) -> PredictorState:
+    """Zeros of `state`'s shape with `rows` rows."""
+    if isinstance(state, Tensor):
+        return state.new_zeros((rows, *state.shape[1:]))
+    return tuple(_empty_like_state(s, rows) for s in state)
+
+
+@dataclass
+class _Buffers:
+    """Everything a search step reads or writes, allocated once for B rows and T frames.
+
+    `enc` (B, T, D) projected encoder output; `lens` (B,) valid frames (0 on unused rows);
+    `frame` (B,) each row's current frame; `symbols` (B,) labels emitted at it; `label`
+    (B,) the label found by the inner loop; `need` (B,) still looking for a label;
+    `active` (B,) frames left; `pred` (B, D) projected predictor output and `state` the
+    predictor state after each row's last label; `labels`, `frames` (B, S) what was
+    emitted and where; `count` (B,) how many.
+    """
+
+    enc: Tensor
+    lens: Tensor
+    rows: Tensor
+    frame: Tensor
+    symbols: Tensor
+    label: Tensor
+    need: Tensor
+    active: Tensor
+    pred: Tensor
+    state: PredictorState
+    labels: Tensor
+    frames: Tensor
+    count: Tensor
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return self.enc.size(0), self.enc.size(1)
+
+
+class LabelLoopingGreedy:
+    """`search(encoder_out, encoder_lens)` -> per utterance its tokens and their frames.
+
+    `use_cuda_graphs`: on CUDA, capture the fused step and replay it (buffers are kept and
+    reused for batches that fit; a larger batch or longer input captures anew). Elsewhere,
+    or with False, the steps run eagerly: inner steps until every row has found its
+    label, then one outer step (fewest predictor calls). `fused_loop` runs the graph's
+    loop (fused steps, `REPLAYS_PER_CHECK` between checks) on any device: None picks it
+    exactly when a graph is used; True runs the graph's body eagerly (its test on a CPU).
+    """
+
+    def __init__(
+        self,
+        model: Transducer,
+        options: GreedyOptions = GreedyOptions(),
+        use_cuda_graphs: bool = True,
+        fused_loop: bool | None = None,
+    ) -> None:
+        if options.max_symbols_per_frame < 1:
+            raise ValueError(
+                f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}"
+            )
+        self.model, self.options, self.use_cuda_graphs = model, options, use_cuda_graphs
+        self.fused_loop = fused_loop
+        self.buffers: _Buffers | None = None
+        self.fused: GraphedStep | None = None
+
+    @torch.inference_mode()
+    def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[TimedTokens]:
+        check_encoder_output(encoder_out, encoder_lens)
+        batch, frames = encoder_out.size(0), encoder_out.size(1)
+        if batch == 0:
+            return []
+        if frames == 0:
+            return [TimedTokens([], []) for _ in range(batch)]
+        enc = self.model.joiner.project_encoder(encoder_out)
+        graphs = self.use_cuda_graphs and enc.device.type == "cuda"
+        buffers = self._buffers_for(enc, graphs)
+        self._reset(buffers, enc, encoder_lens)
+        fused = graphs if self.fused_loop is None else self.fused_loop
+        if fused:
+            step = (
+                self.fused
+                if graphs and self.fused is not None
+                else GraphedStep(lambda: self._fused_step(buffers), enc.device, use_graph=False)
+            )
+            while bool(buffers.active.any()):
+                for _ in range(REPLAYS_PER_CHECK):
+                    step()
+        else:
+            self._eager_loops(buffers)
+        return self._results(buffers, batch)
+
+    # -- buffers ----------------------------------------------------------------------
+
+    def _buffers_for(self, enc: Tensor, graphs: bool) -> _Buffers:
+        """Eager: buffers of exactly this batch. Graphs: the kept ones where this batch
+        fits (same device and dtype), else new ones (and a new capture)."""
+        batch, frames = enc.size(0), enc.size(1)
+        kept = self.buffers
+        if (
+            graphs
+            and kept is not None
+            and kept.enc.device == enc.device
+            and kept.enc.dtype == enc.dtype
+            and kept.capacity[0] >= batch
+            and kept.capacity[1] >= frames
+        ):
+            return kept
+        if graphs and kept is not None:  # grow in both directions at once: fewer captures
+            batch = max(batch, kept.capacity[0])
+            frames = max(frames, kept.capacity[1])
+        buffers = self._allocate(batch, frames, enc)
+        if graphs:
+            self.buffers = buffers
+            self.fused = GraphedStep(lambda: self._fused_step(buffers), enc.device, True)
+        return buffers
+
+    def _allocate(self, batch: int, frames: int, enc: Tensor) -> _Buffers:
+        device, slots = enc.device, frames * self.options.max_symbols_per_frame + 1
+        predictor, joiner, blank = self.model.predictor, self.model.joiner, self.model.blank_id
+        blanks = torch.full((batch,), blank, dtype=torch.long, device=device)
+        out, state = predictor.step(blanks, predictor.init_state(batch, device))
+        pred = joiner.project_predictor(out)
+
+        def longs(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        def flags() -> Tensor:
+            return torch.zeros(batch, dtype=torch.bool, device=device)
+
+        return _Buffers(
+            enc=enc.new_zeros((batch, frames, enc.size(2))),
+            lens=longs(batch),
+            rows=torch.arange(batch, device=device),
+            frame=longs(batch),
+            symbols=longs(batch),
+            label=torch.full_like(blanks, blank),
+            need=flags(),
+            active=flags(),
+            pred=torch.zeros_like(pred),
+            state=_empty_like_state(state, batch),
+            labels=longs(batch, slots),
+            frames=longs(batch, slots),
+            count=longs(batch),
+        )
+
+    def _reset(self, b: _Buffers, enc: Tensor, encoder_lens: Tensor) -> None:
+        """The state before the first frame, for the utterances of `enc` in the first rows."""
+        batch, frames = enc.size(0), enc.size(1)
+        rows = b.capacity[0]
+        predictor, joiner, blank = self.model.predictor, self.model.joiner, self.model.blank_id
+        b.enc[:batch, :frames].copy_(enc)
+        b.lens.zero_()
+        b.lens[:batch].copy_(encoder_lens.to(enc.device))
+        for t in (b.frame, b.symbols, b.count):
+            t.zero_()
+        b.label.fill_(blank)
+        blanks = torch.full((rows,), blank, dtype=torch.long, device=enc.device)
+        out, state = predictor.step(blanks, predictor.init_state(rows, enc.device))
+        b.pred.copy_(joiner.project_predictor(out))
+        _copy_state(b.state, state)
+        torch.lt(b.frame, b.lens, out=b.active)
+        b.need.copy_(b.active)
+
+    # -- the steps ----------------------------------------------------------------------
+
+    def _inner_step(self, b: _Buffers) -> None:
+        """Rows looking for a label: the joiner at their frame; a blank moves them on."""
+        last = b.enc.size(1) - 1
+        enc = b.enc[b.rows, b.frame.clamp(max=last)]  # (B, D)
+        best = self.model.joiner.joint(enc, b.pred).argmax(dim=-1)
+        is_blank = best == self.model.blank_id
+        moves = b.need & is_blank
+        b.label.copy_(torch.where(b.need & ~is_blank, best, b.label))
+        b.frame.add_(moves.long())
+        b.symbols.masked_fill_(moves, 0)
+        torch.lt(b.frame, b.lens, out=b.active)
+        b.need.copy_(moves & b.active)
+
+    def _outer_step(self, b: _Buffers) -> None:
+        """Rows that found a label: record it, advance the predictor, count it against
+        the frame's limit."""
+        model, slots = self.model, b.labels.size(1)
+        ready = b.active & ~b.need
+        slot = torch.where(ready, b.count, slots - 1)[:, None]  # the last slot is scratch
+        b.labels.scatter_(1, slot, b.label[:, None])
+        b.frames.scatter_(1, slot, b.frame[:, None])
+        b.count.add_(ready.long())
+        out, state = model.predictor.step(b.label, b.state)
+        _copy_state(b.state, _select(ready, state, b.state))
+        b.pred.copy_(torch.where(ready[:, None], model.joiner.project_predictor(out), b.pred))
+        b.symbols.add_(ready.long())
+        full = ready & (b.symbols >= self.options.max_symbols_per_frame)
+        b.frame.add_(full.long())
+        b.symbols.masked_fill_(full, 0)
+        torch.lt(b.frame, b.lens, out=b.active)
+        b.need.copy_(b.need | (ready & b.active))
+
+    def _fused_step(self, b: _Buffers) -> None:
+        """One inner step, then the outer step of the rows that found their label: the
+        graph's body. With nothing left to do it changes nothing."""
+        self._inner_step(b)
+        self._outer_step(b)
+
+    def _eager_loops(self, b: _Buffers) -> None:
+        while True:
+            while bool(b.need.any()):
+                self._inner_step(b)
+            if not bool(b.active.any()):
+                return
+            self._outer_step(b)
+
+    def _results(self, b: _Buffers, batch: int) -> list[TimedTokens]:
+        counts = b.count[:batch].tolist()
+        width = max(counts)
+        labels = b.labels[:batch, :width].cpu().tolist()
+        frames = b.frames[:batch, :width].cpu().tolist()
+        return [TimedTokens(labels[i][:n], frames[i][:n]) for i, n in enumerate(counts)]
+
+
+_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_search(model: Transducer, options: GreedyOptions) -> LabelLoopingGreedy:
+    """The model's label-looping search for `options`, kept with the model (weakly) so
+    that its buffers and CUDA graph serve every batch that fits them."""
+    searches = _SEARCHES.setdefault(model, {})
+    if options not in searches:
+        searches[options] = LabelLoopingGreedy(model, options)
+    return searches[options]

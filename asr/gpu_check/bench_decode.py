@@ -1,0 +1,354 @@
+"""GPU bench, section `decode`: decoding speed (RTFx) of the searches `asr-decode` and
+`asr-transcribe` run, and the shallow-decoder AED's claim.
+
+Claim (Żelasko et al., arXiv 2503.05931, Canary-1B-Flash): moving decoder layers into the
+encoder gives about 3x the inference speed (RTFx) at equal accuracy. Measured before this
+section: 1.50-1.67x on an H100/H200 at batch 16, the greedy loop bound by kernel launches
+from Python. Target here: flash/deep >= 2.5x at batch 32 with the CUDA-graph search, or
+the bound shown by where the time goes (encoder against search).
+
+Inputs: 5-20 s of random features (a rehearsal: 1-2 s), random weights, float32 as the
+commands load a model, timed at batch 32 (every utterance) and batch 1 (the first
+`single_utterances`, one at a time); each time is encoder + search, synchronized.
+
+- Transducer (`experiment=librispeech_transducer`, 102 M): greedy search frame by frame
+  (`greedy_search_timed`, the CPU's search), label-looping with CUDA graphs (what the
+  commands use on CUDA) and without them, and beam search (4). Random weights would emit
+  at a random rate: the blank logit's bias is set (bisection) so that greedy search emits
+  LibriSpeech's 3.8 tokens per second, and every search decodes the same model. The
+  label-looping search must give the frame-looping one's tokens and frames exactly.
+- AED flash/deep (`librispeech_aed_flash` against `librispeech_aed_deep`, as the GPU
+  check's `aed` section): EOS suppressed, so each utterance decodes exactly its length
+  limit at 3.8 tokens per second with either model; greedy search with a growing cache
+  (the CPU's) and with the preallocated cache replayed from a CUDA graph (CUDA's), which
+  must give the same tokens. Ratio flash/deep per search and batch size.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor
+
+from asr.decoding import transducer
+from asr.decoding.aed import StaticGreedySearch, greedy_search
+from asr.decoding.label_looping import LabelLoopingGreedy
+from asr.frames import FRAMES_PER_SECOND
+from asr.gpu_check.aed import (
+    GPU_CASE as AED_GPU_CASE,
+)
+from asr.gpu_check.aed import (
+    REHEARSAL_CASE as AED_REHEARSAL_CASE,
+)
+from asr.gpu_check.aed import (
+    TOKENS_PER_SECOND,
+    AedCase,
+    batches,
+    eos_suppressed,
+    utterance_features,
+)
+from asr.gpu_check.aed import (
+    build as build_aed,
+)
+from asr.gpu_check.report import Report, SectionOptions
+from asr.models.build import build_model, count_parameters
+from asr.models.transducer import Transducer
+from asr.training.oomptimizer import compose_config
+
+TARGET_RATIO = 2.5  # issue 46: flash/deep at batch 32 with the CUDA-graph search
+RATE_TOLERANCE = 0.1  # the calibrated emission rate within 10 % of TOKENS_PER_SECOND
+BIAS_STEPS = 14  # bisection steps on the blank bias
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """The transducer preset, the AED pair and its inputs (`AedCase`: utterances, their
+    durations, vocabulary), the batch sizes, how many utterances batch 1 decodes, and the
+    timed passes per search."""
+
+    transducer: str
+    aed: AedCase
+    batch_sizes: tuple[int, ...]
+    single_utterances: int
+    repeats: int
+
+
+GPU_CASE = DecodeCase(
+    "librispeech_transducer",
+    AedCase(**{**AED_GPU_CASE.__dict__, "utterances": 32, "batch_sizes": (32, 1)}),
+    batch_sizes=(32, 1),
+    single_utterances=8,
+    repeats=2,
+)
+REHEARSAL_CASE = DecodeCase(
+    "demo",
+    AedCase(**{**AED_REHEARSAL_CASE.__dict__, "utterances": 4, "batch_sizes": (4, 1)}),
+    batch_sizes=(4, 1),
+    single_utterances=2,
+    repeats=1,
+)
+
+
+def _clock(device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+Search = Callable[[Tensor, Tensor], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One timed pass: encoder and search seconds, and each utterance's tokens."""
+
+    encoder_s: float
+    search_s: float
+    hyps: list[list[int]]
+
+
+@torch.inference_mode()
+def timed_pass(
+    encode: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    search: Search,
+    batched: Sequence[tuple[Tensor, Tensor]],
+    device: str,
+) -> Timed:
+    """Encode and search every batch, timed apart."""
+    encoder_s = search_s = 0.0
+    hyps: list[list[int]] = []
+    for features, lens in batched:
+        start = _clock(device)
+        out, out_lens = encode(features, lens)
+        encoded = _clock(device)
+        hyps += search(out, out_lens)
+        search_s += _clock(device) - encoded
+        encoder_s += encoded - start
+    return Timed(encoder_s, search_s, hyps)
+
+
+def rate_record(passes: Sequence[Timed], audio_s: float) -> dict[str, Any]:
+    """RTFx and the medians of the passes' encoder and search seconds."""
+    encoder_s = statistics.median(p.encoder_s for p in passes)
+    search_s = statistics.median(p.search_s for p in passes)
+    tokens = sum(map(len, passes[0].hyps))
+    return {
+        "rtfx": audio_s / (encoder_s + search_s),
+        "seconds": encoder_s + search_s,
+        "encoder_seconds": encoder_s,
+        "search_seconds": search_s,
+        "search_share": search_s / (encoder_s + search_s),
+        "tokens": tokens,
+        "search_tokens_per_second": tokens / search_s if search_s > 0 else None,
+    }
+
+
+def build_transducer(preset: str, vocab_size: int, device: str) -> Transducer:
+    """The preset's transducer with seeded random weights on `device`, in eval mode."""
+    cfg = compose_config([f"experiment={preset}"])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = build_model(OmegaConf.to_container(cfg.model, resolve=True), vocab_size)
+    if not isinstance(model, Transducer):
+        raise TypeError(f"experiment={preset} builds a {type(model).__name__}, not a transducer")
+    return model.eval()
+
+
+@contextmanager
+def blank_shift(model: Transducer, shift: float) -> Iterator[None]:
+    """Within: the joiner's blank logit raised by `shift` (more blanks, fewer tokens)."""
+    bias = model.joiner.output.bias
+    with torch.no_grad():
+        bias[model.blank_id] += shift
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            bias[model.blank_id] -= shift
+
+
+@torch.inference_mode()
+def calibrate_blank(
+    model: Transducer, encoded: Sequence[tuple[Tensor, Tensor]], audio_s: float, search: Search
+) -> tuple[float, float]:
+    """The blank shift (bisection) at which `search` emits about TOKENS_PER_SECOND tokens
+    per second of audio on the encoder outputs `encoded`: (shift, tokens per second)."""
+
+    def rate(shift: float) -> float:
+        with blank_shift(model, shift):
+            return sum(len(h) for out, lens in encoded for h in search(out, lens)) / audio_s
+
+    low, high = -30.0, 30.0  # more blank as the shift grows: the rate falls
+    shift, found = 0.0, rate(0.0)
+    for _ in range(BIAS_STEPS):
+        if abs(found / TOKENS_PER_SECOND - 1) <= RATE_TOLERANCE:
+            break
+        low, high = (shift, high) if found > TOKENS_PER_SECOND else (low, shift)
+        shift = (low + high) / 2
+        found = rate(shift)
+    return shift, found
+
+
+def transducer_searches(model: Transducer) -> dict[str, Search]:
+    """The searches compared, by name: each gives token ids per utterance."""
+    graphs = LabelLoopingGreedy(model)
+    eager = LabelLoopingGreedy(model, use_cuda_graphs=False)
+    beam = transducer.BeamOptions(beam_size=4)
+
+    def tokens_of(hyps: list) -> list[list[int]]:
+        return [h.tokens for h in hyps]
+
+    return {
+        "greedy_frame_looping": lambda e, n: tokens_of(transducer.greedy_search_timed(model, e, n)),
+        "greedy_label_looping_graphs": lambda e, n: tokens_of(graphs(e, n)),
+        "greedy_label_looping_eager": lambda e, n: tokens_of(eager(e, n)),
+        "beam_4": lambda e, n: [
+            list(h[0].tokens) if h else [] for h in transducer.beam_search(model, e, n, beam)
+        ],
+    }
+
+
+def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], device: str) -> None:
+    model = build_transducer(case.transducer, case.aed.vocab_size, device)
+    report.record(
+        "model", kind="transducer", preset=case.transducer, parameters=count_parameters(model)
+    )
+    audio_s = sum(f.size(0) for f in features) / FRAMES_PER_SECOND
+    searches = transducer_searches(model)
+    with torch.inference_mode():
+        encoded = [model.encode(f, n) for f, n in batches(features, case.batch_sizes[0], device)]
+    # Random weights emit at a random rate, and beam search (summing over alignments)
+    # emits fewer tokens than greedy search on the same weights: each gets its own shift.
+    shifts = {}
+    for name in ("greedy_frame_looping", "beam_4"):
+        shift, rate = calibrate_blank(model, encoded, audio_s, searches[name])
+        shifts[name] = shift
+        report.record(
+            "calibration", search=name, blank_bias_shift=shift, tokens_per_second=rate,
+            target_tokens_per_second=TOKENS_PER_SECOND,
+        )  # fmt: skip
+        if abs(rate / TOKENS_PER_SECOND - 1) > RATE_TOLERANCE:
+            report.warn(f"{name} emits {rate:.2f} tokens/s after calibration, not ~3.8")
+    del encoded
+    shift_of = {n: shifts["beam_4" if n == "beam_4" else "greedy_frame_looping"] for n in searches}
+    for size in case.batch_sizes:
+        inputs = features if size > 1 else features[: case.single_utterances]
+        seconds = sum(f.size(0) for f in inputs) / FRAMES_PER_SECOND
+        batched = batches(inputs, size, device)
+        for name, search in searches.items():  # warm-up: kernels, cuDNN plans, graph capture
+            with blank_shift(model, shift_of[name]):
+                timed_pass(model.encode, search, batched[-1:], device)
+        lines = {}
+        for name, search in searches.items():
+            with blank_shift(model, shift_of[name]):
+                passes = [
+                    timed_pass(model.encode, search, batched, device) for _ in range(case.repeats)
+                ]
+            lines[name] = passes
+            report.record("decode", model="transducer", search=name, batch_size=size,
+                          utterances=len(inputs), audio_seconds=seconds,
+                          **rate_record(passes, seconds))  # fmt: skip
+        frame = lines["greedy_frame_looping"][0].hyps
+        for name in ("greedy_label_looping_graphs", "greedy_label_looping_eager"):
+            if lines[name][0].hyps != frame:
+                differ = sum(a != b for a, b in zip(lines[name][0].hyps, frame, strict=True))
+                report.fail(f"batch {size}: {name} differs from frame-looping greedy search "
+                            f"on {differ} of {len(frame)} utterances")  # fmt: skip
+        base = rate_record(lines["greedy_frame_looping"], seconds)["rtfx"]
+        report.record(
+            "speedup", model="transducer", batch_size=size,
+            label_looping_graphs=rate_record(lines["greedy_label_looping_graphs"], seconds)["rtfx"]
+            / base,
+            label_looping_eager=rate_record(lines["greedy_label_looping_eager"], seconds)["rtfx"]
+            / base,
+        )  # fmt: skip
+
+
+def bench_aed(report: Report, case: DecodeCase, features: list[Tensor], device: str) -> None:
+    pair = {"deep": case.aed.deep, "flash": case.aed.flash}
+    models = {name: build_aed(preset, case.aed.vocab_size, device) for name, preset in pair.items()}
+    for name, model in models.items():
+        report.record("model", kind="aed", model=name, preset=pair[name],
+                      parameters=count_parameters(model),
+                      encoder_layers=len(model.encoder.layers),
+                      decoder_layers=len(model.decoder.layers))  # fmt: skip
+    searches: dict[str, dict[str, Search]] = {
+        name: {
+            "greedy_growing_cache": lambda e, n, m=model: greedy_search(m, e, n, TOKENS_PER_SECOND),
+            "greedy_static_cache_graphs": StaticGreedySearch(model, TOKENS_PER_SECOND),
+        }
+        for name, model in models.items()
+    }
+    with eos_suppressed(models["deep"]), eos_suppressed(models["flash"]):
+        for size in case.batch_sizes:
+            inputs = features if size > 1 else features[: case.single_utterances]
+            seconds = sum(f.size(0) for f in inputs) / FRAMES_PER_SECOND
+            batched = batches(inputs, size, device)
+            rtfx: dict[tuple[str, str], dict[str, Any]] = {}
+            for name, model in models.items():
+                for search in searches[name].values():
+                    timed_pass(model.encode, search, batched[-1:], device)
+                hyps = {}
+                for search_name, search in searches[name].items():
+                    passes = [
+                        timed_pass(model.encode, search, batched, device)
+                        for _ in range(case.repeats)
+                    ]
+                    hyps[search_name] = passes[0].hyps
+                    rtfx[name, search_name] = rate_record(passes, seconds)
+                    report.record("decode", model=f"aed_{name}", search=search_name,
+                                  batch_size=size, utterances=len(inputs), audio_seconds=seconds,
+                                  **rtfx[name, search_name])  # fmt: skip
+                if hyps["greedy_static_cache_graphs"] != hyps["greedy_growing_cache"]:
+                    report.fail(f"aed {name}, batch {size}: the static-cache search's tokens "
+                                "differ from greedy search's")  # fmt: skip
+            for search_name in searches["deep"]:
+                deep, flash = rtfx["deep", search_name], rtfx["flash", search_name]
+                ratio = flash["rtfx"] / deep["rtfx"]
+                report.record(
+                    "ratio", search=search_name, batch_size=size, rtfx_ratio=ratio,
+                    search_only_ratio=deep["search_seconds"] / flash["search_seconds"],
+                    encoder_only_ratio=deep["encoder_seconds"] / flash["encoder_seconds"],
+                    # With a free search the ratio would be the encoders' alone; with a free
+                    # encoder, the searches' alone: where the measured ratio sits between.
+                    flash_search_share=flash["search_share"],
+                    deep_search_share=deep["search_share"], target=TARGET_RATIO,
+                )  # fmt: skip
+                graphs = search_name == "greedy_static_cache_graphs"
+                if graphs and size == max(case.batch_sizes) and ratio < TARGET_RATIO:
+                    report.warn(
+                        f"batch {size}: flash decodes {ratio:.2f}x as fast as deep with the "
+                        f"CUDA-graph search, below {TARGET_RATIO}x: the search takes "
+                        f"{deep['search_share']:.0%} of deep's time and "
+                        f"{flash['search_share']:.0%} of flash's (the encoders alone: "
+                        f"{deep['encoder_seconds'] / flash['encoder_seconds']:.2f}x)"
+                    )
+
+
+def run(report: Report, options: SectionOptions) -> None:
+    case = REHEARSAL_CASE if options.rehearsal else GPU_CASE
+    threads = torch.get_num_threads()
+    if options.rehearsal:
+        torch.set_num_threads(1)  # toy models; two threads made the CPU's passes erratic
+    try:
+        input_dim = compose_config([f"experiment={case.transducer}"]).model.encoder.input_dim
+        features = utterance_features(case.aed, input_dim)
+        report.record(
+            "setup", device=options.device, precision="float32",
+            utterances=len(features), single_utterances=case.single_utterances,
+            shortest_s=case.aed.shortest_s, longest_s=case.aed.longest_s,
+            audio_seconds=sum(f.size(0) for f in features) / FRAMES_PER_SECOND,
+            batch_sizes=case.batch_sizes, repeats=case.repeats,
+            tokens_per_second=TOKENS_PER_SECOND,
+        )  # fmt: skip
+        bench_transducer(report, case, features, options.device)
+        bench_aed(report, case, features, options.device)
+    finally:
+        torch.set_num_threads(threads)
