@@ -43,8 +43,11 @@ Code paths that only a GPU executes, and the section that executes each:
   asr/losses/ssl.py and asr/training/ssl_objective.py on CUDA tensors -> ssl.
 
 Not executed here: asr/training/distributed/savers/adpsgd.py and gossip.py under NCCL (AD-PSGD
-needs two processes); asr-decode and asr-transcribe with --device cuda (their searches
-run on CUDA in the aed section, their file handling is device-independent); the
+needs two processes); the greedy searches asr-decode and asr-transcribe run on CUDA,
+asr/decoding/label_looping.py and `StaticGreedySearch` in asr/decoding/aed.py replayed from
+CUDA graphs (asr/decoding/cuda_graphs.py): `make gpu-bench`'s decode section runs them and
+checks their tokens against the eager searches' (the commands' file handling is
+device-independent); the
 `--device cuda` branch of asr-oomptimizer's `main` (it calls the same `cuda_probe`).
 """
 

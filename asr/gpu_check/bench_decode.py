@@ -150,6 +150,30 @@ def rate_record(passes: Sequence[Timed], audio_s: float) -> dict[str, Any]:
     }
 
 
+@torch.inference_mode()
+def search_profile(
+    search: Search, encoded: Sequence[tuple[Tensor, Tensor]], device: str
+) -> dict[str, Any]:
+    """Where a search's time goes: its wall seconds over `encoded`, and on CUDA the
+    seconds its kernels kept the GPU busy (`torch.profiler`): a busy share near 1 means
+    the search is bound by its arithmetic, far below 1 by launches and round trips."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        start = _clock(device)
+        for out, lens in encoded:
+            search(out, lens)
+        wall = _clock(device) - start
+    events = prof.key_averages()
+    syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
+    record: dict[str, Any] = {"wall_seconds": wall, "host_reads": syncs}
+    if device == "cuda":
+        busy = sum(e.self_device_time_total for e in events) / 1e6
+        record.update(gpu_busy_seconds=busy, gpu_busy_share=busy / wall)
+    return record
+
+
 def build_transducer(preset: str, vocab_size: int, device: str) -> Transducer:
     """The preset's transducer with seeded random weights on `device`, in eval mode."""
     cfg = compose_config([f"experiment={preset}"])
@@ -322,6 +346,15 @@ def bench_aed(report: Report, case: DecodeCase, features: list[Tensor], device: 
                     deep_search_share=deep["search_share"], target=TARGET_RATIO,
                 )  # fmt: skip
                 graphs = search_name == "greedy_static_cache_graphs"
+                if graphs and size == max(case.batch_sizes):
+                    for name, model in models.items():
+                        with torch.inference_mode():
+                            encoded = [model.encode(f, n) for f, n in batched]
+                        report.record(
+                            "profile", model=f"aed_{name}", search=search_name, batch_size=size,
+                            **search_profile(searches[name][search_name], encoded, device),
+                        )  # fmt: skip
+                        del encoded
                 if graphs and size == max(case.batch_sizes) and ratio < TARGET_RATIO:
                     report.warn(
                         f"batch {size}: flash decodes {ratio:.2f}x as fast as deep with the "
