@@ -15,8 +15,9 @@ Strategies (one epoch each, cut metadata only, no audio is read):
   `max_duration_same_budget`: one `max_duration` that fits the same memory, i.e. the largest
   M with M / d_k <= batch_size_k for every bucket k (d_k its longest duration), run as 1D.
 
-Per strategy: padding fraction of input frames and of output tokens (1 - real / padded),
-mean audio seconds per batch, batches per epoch; for `--ranks` simulated data-parallel
+Per strategy: padding fraction of input frames, of output tokens and of a transducer's
+T x (U + 1) lattice nodes (1 - real / padded; `asr.data.buckets.padding_stats`), mean audio
+seconds per batch, batches per epoch; for `--ranks` simulated data-parallel
 ranks, with and without `sync_buckets`, the mean over steps of the slowest rank's padded
 frames over the fastest rank's (a proxy for time lost waiting at each all-reduce).
 """
@@ -33,31 +34,14 @@ import yaml
 from lhotse import CutSet
 from lhotse.dataset import DynamicCutSampler
 
-from asr.data.bins import CutLengths, equal_total_edges, token_sub_bins, write_bins
-from asr.data.buckets import build_sampler, count_tokens, num_tokens
+from asr.data.bins import equal_total_edges, token_sub_bins, write_bins
+from asr.data.buckets import build_sampler, count_tokens, cut_lengths, padding_stats
 from asr.data.synthetic_cuts import synthetic_cuts
-from asr.frames import FRAMES_PER_SECOND
 
 
 def batch_stats(batches: Iterable[CutSet]) -> dict[str, float]:
-    """Padding fractions, mean seconds per batch and the batch count of one epoch."""
-    real_frames = padded_frames = real_tokens = padded_tokens = seconds = 0.0
-    count = 0
-    for batch in batches:
-        durations = [c.duration for c in batch]
-        tokens = [num_tokens(c) for c in batch]
-        real_frames += sum(durations) * FRAMES_PER_SECOND
-        padded_frames += len(durations) * max(durations) * FRAMES_PER_SECOND
-        real_tokens += sum(tokens)
-        padded_tokens += len(tokens) * max(tokens)
-        seconds += sum(durations)
-        count += 1
-    return {
-        "frame_padding": round(1 - real_frames / padded_frames, 4),
-        "token_padding": round(1 - real_tokens / padded_tokens, 4),
-        "seconds_per_batch": round(seconds / count, 1),
-        "batches": count,
-    }
+    """`padding_stats` of one epoch, rounded for printing."""
+    return {k: round(v, 4) for k, v in padding_stats(batches).items()}
 
 
 def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
@@ -107,11 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     cuts = load_cuts(args)
-    lengths = CutLengths(
-        list(cuts.ids),
-        np.array([c.duration for c in cuts]),
-        np.array([num_tokens(c) for c in cuts]),
-    )
+    lengths = cut_lengths(cuts)
     longest = float(lengths.durations.max())
     duration_bins = equal_total_edges(lengths.durations, args.num_buckets)
     bins_2d = [list(b) for b in token_sub_bins(lengths, duration_bins, args.num_token_buckets)]

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import cache
@@ -45,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the peers' venv 
 
 from asr.losses.samplewise import predicted_peak_bytes, samplewise_transducer_loss  # noqa: E402
 from asr.models.transducer import Joiner  # noqa: E402
-from asr.profiling import count_launching_ops  # noqa: E402
+from asr.profiling import PeakMemory, count_launching_ops  # noqa: E402
 
 MB = 2**20
 
@@ -68,9 +66,6 @@ CASES = {
     "d": Case(32, 1000, 100, 500, 256),
 }
 OPS_BATCHES = (4, 16)  # launching ops are counted at these batch sizes; the slope is per sample
-# Braun et al. (arXiv 2211.16270): batch 1024 of 40 s utterances in 6 GB. Frame rate,
-# target length, vocabulary and joint width are our assumptions for a typical setup.
-PAPER = Case(1024, 1000, 100, 1024, 512)
 IMPLS = ("samplewise", "batched", "warprnnt_numba")
 # k2-fsa's C++ losses, built from source by scripts/install_bench_peers.sh; on a machine
 # without a CUDA toolkit they live in a side venv with PyPI's CPU torch (--peer-python).
@@ -211,47 +206,6 @@ def fast_rnnt_pruned_loss(joiner: Joiner, enc, pred, targets, enc_lens, target_l
     return 0.5 * simple + pruned
 
 
-class PeakMemory:
-    """Peak memory above a baseline: RSS polled every ms on CPU, the allocator on CUDA."""
-
-    def __init__(self, device: str) -> None:
-        self.device, self.page = device, os.sysconf("SC_PAGE_SIZE")
-        self.peak, self._stop = 0, threading.Event()
-
-    def rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def __enter__(self) -> PeakMemory:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-            return self
-        self.base = self.peak = self.rss()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.rss())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated()
-            return
-        self._stop.set()
-        self.thread.join()
-        self.peak = max(self.peak, self.rss())
-
-    @property
-    def extra_mb(self) -> float:
-        return (self.peak - self.base) / MB
-
-
 def run_once(fn, joiner: Joiner, enc, pred, *rest) -> float:
     enc, pred = enc.detach().requires_grad_(True), pred.detach().requires_grad_(True)
     joiner.zero_grad(set_to_none=True)
@@ -276,7 +230,10 @@ def worker(case_name: str, impl: str, repeats: int, device: str) -> dict:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
     out = {"case": case_name, "impl": impl, **asdict(case), "status": "ok"}
-    out |= {"time_s": round(statistics.median(times), 3), "peak_mb": round(memory.extra_mb, 1)}
+    out |= {
+        "time_s": round(statistics.median(times), 3),
+        "peak_mb": round(memory.extra_bytes / MB, 1),
+    }
     out |= {"loss": round(loss, 4), "torch": torch.__version__}
     if impl == "samplewise":
         out["formula_mb"] = round(formula_bytes(case) / MB, 1)
@@ -338,6 +295,18 @@ def spawn(case: str, impl: str, args: argparse.Namespace) -> dict:
     return json.loads(lines[-1])
 
 
+def paper_case() -> Case:
+    """Braun et al.'s headline (arXiv 2211.16270: batch 1024 of 40 s in 6 GB) as the GPU
+    bench sets it, with its assumptions (`asr.gpu_check.bench_loss`; imported here, not at
+    the top, as it imports torchaudio, which the peers' workers need not have)."""
+    from asr.gpu_check.bench_loss import PAPER
+
+    widths = {PAPER.encoder_dim, PAPER.predictor_dim, PAPER.joint_dim}
+    if len(widths) != 1:
+        raise ValueError(f"Case has one width D; the bench's PAPER has {sorted(widths)}")
+    return Case(PAPER.batch, PAPER.frames, PAPER.tokens, PAPER.vocab, widths.pop())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="a,b", help="comma-separated: a, b, c")
@@ -367,8 +336,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(line | {"full_lattice_would_need_mb": need}), flush=True)
                 continue
             print(json.dumps(spawn(case, impl, args)), flush=True)
-    paper = {"case": "paper", **asdict(PAPER), "formula_mb": round(formula_bytes(PAPER) / MB)}
-    paper["batched_would_need_mb"] = round(batched_bytes(PAPER) / MB)
+    case = paper_case()
+    paper = {"case": "paper", **asdict(case), "formula_mb": round(formula_bytes(case) / MB)}
+    paper["batched_would_need_mb"] = round(batched_bytes(case) / MB)
     print(json.dumps(paper), flush=True)
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Run scripts/gpu_check.py, or the demo recipe, on a GPU machine that reaches no package registry.
+# Run scripts/gpu_check.py, the GPU bench or the demo recipe, on a GPU machine that reaches no
+# package registry.
 #
 #   scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR [ARGS...]
+#   scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR --bench [ARGS...]
 #   scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR --demo [RUN_SH_ARGS...]
 #
 # The machine's own Python (PYTHON, default python3; 3.12 on the GPU image) already holds torch,
@@ -10,23 +12,26 @@
 # WHEELS_DIR (made online by scripts/prepare_gpu_wheels.sh) only the distributions that are not
 # installed yet, installs this checkout in editable mode, checks the imports the GPU check
 # needs, and runs `python scripts/gpu_check.py ARGS...` in the venv, exiting with its code.
+# With --bench it runs `python scripts/gpu_bench.py ARGS...` (make gpu-bench) there instead.
 # With --demo it runs `recipes/demo/run.sh RUN_SH_ARGS...` there instead (make demo on the GPU:
 # DEVICE=auto picks it; logger=csv is added, as the image has no W&B).
 # Nothing is downloaded and nothing of the image is changed: pip runs with --no-index and
 # --no-deps and writes into the venv only. A re-run reuses the venv and installs nothing new.
-# With network access, `make gpu-check` is the ordinary path.
+# With network access, `make gpu-check` (and `make gpu-bench`) is the ordinary path.
 set -euo pipefail
 
 me=gpu_check.sh
 usage() {
     cat <<'EOF'
 usage: scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR [ARGS...]
+       scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR --bench [ARGS...]
        scripts/gpu_check.sh --system-python [--python PYTHON] WHEELS_DIR --demo [RUN_SH_ARGS...]
   Offline GPU check on the machine's own Python (default python3, 3.12 on the GPU image):
   a venv .venv-gpu-check with --system-site-packages, the missing packages from WHEELS_DIR
   (made online by scripts/prepare_gpu_wheels.sh), then scripts/gpu_check.py ARGS...; with
-  --demo, recipes/demo/run.sh RUN_SH_ARGS... (the demo on the GPU, W&B off).
-  With network access, use `make gpu-check` (and `make demo`) instead.
+  --bench, scripts/gpu_bench.py ARGS... (the GPU bench); with --demo, recipes/demo/run.sh
+  RUN_SH_ARGS... (the demo on the GPU, W&B off).
+  With network access, use `make gpu-check` (`make gpu-bench`, `make demo`) instead.
 EOF
 }
 die() { echo "$me: $*" >&2; exit 1; }
@@ -49,8 +54,9 @@ fi
 (($#)) || { usage >&2; exit 2; }
 wheels_arg=$1
 shift
-demo=
-if [[ ${1:-} == --demo ]]; then demo=1; shift; fi
+demo= script=gpu_check.py
+if [[ ${1:-} == --demo ]]; then demo=1; shift
+elif [[ ${1:-} == --bench ]]; then script=gpu_bench.py; shift; fi
 wheels=$(cd "$wheels_arg" 2>/dev/null && pwd) \
     || die "wheel folder $wheels_arg not found (make it with scripts/prepare_gpu_wheels.sh $wheels_arg)"
 
@@ -210,5 +216,5 @@ if [[ -n $demo ]]; then
     [[ " ${args[*]} " == *" logger=csv "* ]] || args+=(-- logger=csv)
     exec bash recipes/demo/run.sh "${args[@]}"
 fi
-[[ -f scripts/gpu_check.py ]] || die "scripts/gpu_check.py not found in $root"
-exec "$py" scripts/gpu_check.py "$@"
+[[ -f scripts/$script ]] || die "scripts/$script not found in $root"
+exec "$py" "scripts/$script" "$@"

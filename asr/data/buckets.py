@@ -11,17 +11,18 @@ Bins are upper edges (see `asr.data.bins`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from lhotse import CutSet
 from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
 from asr.config_keys import checked_keys
-from asr.data.bins import Bin, bin_index, duration_index, read_bins
+from asr.data.bins import Bin, CutLengths, bin_index, duration_index, read_bins
 from asr.data.corpus import cut_text
 from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
 from asr.data.tokenizer import Tokenizer
@@ -118,6 +119,46 @@ def num_tokens(cut: Cut) -> int:
             f"cut {cut.id} has no custom num_tokens: 2D buckets and TPS limits need "
             "build_sampler(..., tokenizer=...)"
         ) from None
+
+
+def cut_lengths(cuts: Iterable[Cut]) -> CutLengths:
+    """Durations and stored token counts (`num_tokens`) of `cuts`, for `asr.data.bins`."""
+    cuts = list(cuts)
+    return CutLengths(
+        [c.id for c in cuts],
+        np.asarray([c.duration for c in cuts], dtype=float),
+        np.asarray([num_tokens(c) for c in cuts], dtype=np.int64),
+    )
+
+
+def padding_stats(batches: Iterable[Iterable[Cut]]) -> dict[str, float]:
+    """What padding costs over `batches` (each a batch's cuts, with `num_tokens`): the share
+    of padding in the padded input frames (`frame_padding`: 1 - real / padded), in the
+    padded tokens (`token_padding`) and in a transducer's padded T x (U + 1) lattice nodes
+    (`lattice_padding`: what a batched loss computes for nothing); `seconds_per_batch` (real
+    audio, mean) and `batches`. Frames are taken as proportional to seconds."""
+    real = {"frames": 0.0, "tokens": 0.0, "nodes": 0.0}
+    padded = dict.fromkeys(real, 0.0)
+    count = 0
+    for batch in batches:
+        durations = np.asarray([c.duration for c in batch], dtype=float)
+        tokens = np.asarray([num_tokens(c) for c in batch], dtype=float)
+        real["frames"] += durations.sum()
+        real["tokens"] += tokens.sum()
+        real["nodes"] += (durations * (tokens + 1)).sum()
+        padded["frames"] += len(durations) * durations.max()
+        padded["tokens"] += len(tokens) * tokens.max()
+        padded["nodes"] += len(durations) * durations.max() * (tokens.max() + 1)
+        count += 1
+    if not count:
+        raise ValueError("padding_stats needs at least one batch")
+    return {
+        "frame_padding": float(1 - real["frames"] / padded["frames"]),
+        "token_padding": float(1 - real["tokens"] / padded["tokens"]),
+        "lattice_padding": float(1 - real["nodes"] / padded["nodes"]),
+        "seconds_per_batch": float(real["frames"] / count),
+        "batches": count,
+    }
 
 
 def count_tokens(cuts: CutSet, tokenizer: Tokenizer) -> CutSet:

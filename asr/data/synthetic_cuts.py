@@ -4,7 +4,8 @@ tests and the batching benchmark (`scripts/benchmark_batching.py --synthetic`).
 Durations: 1-35 s, most between 10 and 17 s (LibriSpeech's training segments); speech rate
 about 2.7 words per second, varying by speaker (sd 0.3 words/s, no heavy tail).
 Transcripts are drawn from `vocabulary` when given (so a real tokenizer can count them);
-otherwise each cut stores `custom["num_tokens"]` directly.
+otherwise each cut stores `custom["num_tokens"]` directly. `duration_scale` shrinks every
+cut (its duration and its token count) for toy sizes, as the GPU check's CPU rehearsals use.
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ def synthetic_cuts(
     vocabulary: Sequence[str] | None = None,
     words_per_second: float = 2.7,
     tokens_per_word: float = 1.4,
+    duration_scale: float = 1.0,
 ) -> CutSet:
-    """`num_cuts` cuts without audio (ids `syn-00000`, ...), eagerly in memory."""
+    """`num_cuts` cuts without audio (ids `syn-00000`, ...), eagerly in memory; durations
+    and stored token counts times `duration_scale` (at least 1 token)."""
+    if not duration_scale > 0:
+        raise ValueError(f"duration_scale must be positive, got {duration_scale}")
+    if vocabulary is not None and duration_scale != 1.0:
+        raise ValueError("duration_scale shrinks stored token counts: it needs vocabulary=None")
     rng = np.random.default_rng(seed)
     durations = librispeech_like_durations(num_cuts, rng)
     rates = np.clip(rng.normal(words_per_second, 0.3, num_cuts), 1.0, None)
@@ -44,7 +51,9 @@ def synthetic_cuts(
             custom = None
         else:
             text = ""
-            custom = {"num_tokens": max(1, round(count * tokens_per_word))}
+            tokens = max(1, round(count * tokens_per_word))
+            custom = {"num_tokens": max(1, round(tokens * duration_scale))}
+        duration *= duration_scale
         sup = SupervisionSegment(cut_id, cut_id, 0.0, duration, text=text or None)
         cuts.append(MonoCut(cut_id, 0.0, duration, 0, supervisions=[sup], custom=custom))
     return CutSet.from_cuts(cuts)

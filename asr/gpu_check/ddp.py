@@ -35,7 +35,7 @@ from typing import IO, Any
 from asr.data.corpus import CorpusDir, load_cuts
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
-from asr.gpu_check.runner import SECTIONS
+from asr.gpu_check.runner import section_limit
 from asr.training.metrics_csv import metric_rows
 
 MAX_STEPS = 6
@@ -132,12 +132,6 @@ def run_overrides(
 def train_overrides(corpus: CorpusDir, exp_dir: Path, device: str) -> list[str]:
     """The overrides both runs share: the tiny transducer on the noise corpus."""
     return [*TINY_MODEL, *run_overrides(corpus, exp_dir, device, corpus.tokenizer)]
-
-
-def section_limit(options: SectionOptions, module: str = __name__) -> float:
-    """The time limit in the runner (seconds) of the section in `module` (this one)."""
-    section = next(s for s in SECTIONS if s.module == module)
-    return section.rehearsal_limit_s if options.rehearsal else section.limit_s
 
 
 def column(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
@@ -352,7 +346,7 @@ def run(report: Report, options: SectionOptions) -> None:
         vocab_size=corpus.vocab_size,
         seconds=time.monotonic() - began,
     )
-    deadline = began + section_limit(options) - STARTUP_S
+    deadline = began + section_limit(options, __name__) - STARTUP_S
     ports = free_ports(len(RUNS))
     runs = [start_run(r, corpus, options, port) for r, port in zip(RUNS, ports, strict=True)]
     try:

@@ -1,21 +1,27 @@
-"""`make gpu-check` / `scripts/gpu_check.py`: run the GPU check's sections, each in its own
-process with its own time limit, and stream their JSON lines to stdout and to a file.
+"""`make gpu-check` / `scripts/gpu_check.py` and `make gpu-bench` / `scripts/gpu_bench.py`:
+run a suite's sections, each in its own process with its own time limit, and stream their
+JSON lines to stdout and to a file.
 
     python scripts/gpu_check.py                     # every section on the first GPU
     python scripts/gpu_check.py --only lattice      # one section again (comma-separated list)
     python scripts/gpu_check.py --rehearse          # every section at toy sizes on the CPU
+    python scripts/gpu_bench.py --only batching     # the same for the bench's sections
+
+Two suites share this runner: the GPU check (`GPU_CHECK`: the code paths only a GPU
+executes, at toy sizes, in at most 7 minutes) and the GPU bench (`GPU_BENCH`: the papers'
+headline claims measured at their own scale, in at most 9 minutes).
 
 Why a process per section: a kernel that faults the GPU leaves its CUDA context unusable,
 and a hung collective cannot be interrupted from Python; a fresh process per section
 keeps one failure from hiding the others' results, starts each section's peak-memory
 count from zero, and can be killed (with its subprocesses) at its time limit. Every line
 is written as soon as the section reports it, so a section cut off still reports what it
-measured. The limits add up to 410 s: the whole check takes at most 7 minutes.
+measured.
 
 Each line is a JSON object with `section` and `record`; each section ends with a `status`
-record (pass, fail, error, timeout) and the run with a `summary` of all of them. The exit
-code is 0 when every section that ran passed. Without a CUDA device (and without
-`--rehearse`) the check prints one line saying so and ends.
+record (pass, fail, error, timeout) and the run with a `summary` of all of them (its
+`section` is the suite's name). The exit code is 0 when every section that ran passed.
+Without a CUDA device (and without `--rehearse`) a suite prints one line saying so and ends.
 """
 
 from __future__ import annotations
@@ -57,6 +63,26 @@ class Section:
     checks: str
 
 
+@dataclass(frozen=True)
+class Suite:
+    """Sections run together: `name` (the summary's `section`, the output file's stem),
+    `noun` and `participle` for the one line without CUDA ("nothing was checked ... to
+    test the check"), what the suite leaves out (`not_executed`, listed in the summary)
+    and where its output goes by default."""
+
+    name: str
+    description: str
+    noun: str
+    participle: str
+    sections: tuple[Section, ...]
+    not_executed: tuple[str, ...]
+    output_dir: Path
+
+    @property
+    def section_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sections)
+
+
 SECTIONS = (
     Section("env", "asr.gpu_check.environment", 20, 60, "the stack's versions and the device"),
     Section(
@@ -90,6 +116,50 @@ NOT_EXECUTED = (
     "AD-PSGD and H-ADPSGD (trainer.strategy=adpsgd): they need two processes",
     "collectives between several GPUs or nodes (the check has one GPU)",
 )
+# The limits add up to 410 s: the whole check takes at most 7 minutes.
+GPU_CHECK = Suite(
+    "gpu_check", "Run the code paths only a GPU executes, in minutes.", "check", "checked",
+    SECTIONS, NOT_EXECUTED, Path("exp/gpu_check"),
+)  # fmt: skip
+
+# The limits add up to 540 s: the whole bench takes at most 9 minutes on one H100.
+BENCH_SECTIONS = (
+    Section(
+        "loss-headline", "asr.gpu_check.bench_loss", 140, 120,
+        "the sample-wise transducer loss at Braun et al.'s 1024 x 40 s (target 6 GB), "
+        "Triton and PyTorch lattices, beside torchaudio's rnnt_loss at its largest batch",
+    ),
+    Section(
+        "batching", "asr.gpu_check.bench_batching", 180, 240,
+        "the 102 M transducer in bf16: 1D duration buckets at one max_duration against "
+        "2D buckets, TPS filter and the OOM-probing search, each with both losses",
+    ),
+    Section(
+        "decode", "asr.gpu_check.bench_decode", 150, 240,
+        "RTFx of transducer greedy and beam search and of the flash / deep AED pair",
+    ),
+    Section(
+        "streaming", "asr.gpu_check.bench_streaming", 70, 180,
+        "a streaming transducer's training step per chunk size and its decoding RTFx "
+        "with 1, 16 and 64 concurrent streams",
+    ),
+)  # fmt: skip
+BENCH_NOT_EXECUTED = (
+    "several GPUs: the batching claim's '4x fewer GPUs in the same wall time' is read from "
+    "one GPU's audio seconds per second",
+    "the recipe's 30 x 2 buckets: the batching section searches 3 x 2 to fit its 3 minutes",
+)
+GPU_BENCH = Suite(
+    "gpu_bench", "Measure the papers' headline claims on one GPU, in minutes.", "bench",
+    "measured", BENCH_SECTIONS, BENCH_NOT_EXECUTED, Path("exp/gpu_bench"),
+)  # fmt: skip
+SUITES = (GPU_CHECK, GPU_BENCH)
+
+
+def section_limit(options: SectionOptions, module: str) -> float:
+    """The time limit in the runner (seconds) of the section in `module`, of any suite."""
+    section = next(s for suite in SUITES for s in suite.sections if s.module == module)
+    return section.rehearsal_limit_s if options.rehearsal else section.limit_s
 
 
 class Lines:
@@ -221,34 +291,35 @@ def _relay(
     return Relayed("fail" if summary["failures"] else "pass", error)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="gpu_check", description="Run the code paths only a GPU executes, in minutes."
-    )
+def _parse_args(argv: list[str] | None, suite: Suite) -> argparse.Namespace:
+    names = suite.section_names
+    parser = argparse.ArgumentParser(prog=suite.name, description=suite.description)
     parser.add_argument(
-        "--only", default=",".join(SECTION_NAMES),
-        help=f"comma-separated sections to run (default: all of {', '.join(SECTION_NAMES)})",
+        "--only", default=",".join(names),
+        help=f"comma-separated sections to run (default: all of {', '.join(names)})",
     )  # fmt: skip
     parser.add_argument(
         "--rehearse", action="store_true",
         help="every section at toy sizes on the CPU (Triton interpreted, gloo for NCCL): "
-        "tests the check itself on a machine without a GPU",
+        f"tests the {suite.noun} itself on a machine without a GPU",
     )  # fmt: skip
-    parser.add_argument("-o", "--output", type=Path, help="JSON lines file (default under exp/)")
-    parser.add_argument("--work-dir", type=Path, default=Path("exp/gpu_check/work"))
+    parser.add_argument(
+        "-o", "--output", type=Path, help=f"JSON lines file (default under {suite.output_dir}/)"
+    )
+    parser.add_argument("--work-dir", type=Path, default=suite.output_dir / "work")
     parser.add_argument(
         "--memory-budget", default=DEFAULT_BUDGET,
-        help=f"the training section's batch-size search budget (default {DEFAULT_BUDGET})",
+        help=f"the batch-size searches' memory budget (default {DEFAULT_BUDGET})",
     )  # fmt: skip
     parser.add_argument("--section", help=argparse.SUPPRESS)  # in a section's own process
     parser.add_argument("--module", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SECTION_NAMES))
-    if unknown or not names:
-        parser.error(f"--only {args.only!r}: unknown sections {unknown}; valid: {SECTION_NAMES}")
-    args.only = names
+    only = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(only) - set(names))
+    if args.section is None and (unknown or not only):
+        parser.error(f"--only {args.only!r}: unknown sections {unknown}; valid: {names}")
+    args.only = only
     return args
 
 
@@ -274,8 +345,9 @@ def _section_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+def main(argv: list[str] | None = None, suite: Suite = GPU_CHECK) -> int:
+    """Run `suite`'s sections (`argv`: its command line) -> the exit code."""
+    args = _parse_args(argv, suite)
     if args.section is not None:
         return _section_main(args)
     import torch  # here, not at import: a section's process imports what it needs itself
@@ -284,34 +356,35 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.rehearse and not torch.cuda.is_available():
         print(json.dumps({
-            "section": "gpu_check", "record": "status", "status": "no_cuda",
+            "section": suite.name, "record": "status", "status": "no_cuda",
             "message": f"no CUDA device visible to torch {torch.__version__}: nothing was "
-            "checked (run it on a GPU machine, or --rehearse to test the check on the CPU)",
+            f"{suite.participle} (run it on a GPU machine, or --rehearse to test the "
+            f"{suite.noun} on the CPU)",
         }))  # fmt: skip
         return 0
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    output = args.output or Path("exp/gpu_check") / f"gpu_check-{stamp}.jsonl"
+    output = args.output or suite.output_dir / f"{suite.name}-{stamp}.jsonl"
     device = "cpu" if args.rehearse else "cuda"
     # Absolute: the ddp section's training runs start in the section's own folder.
     work_dir = args.work_dir.resolve()
     options = SectionOptions(device, work_dir, parse_memory_size(args.memory_budget))
-    print(f"gpu_check: JSON lines -> {output}", file=sys.stderr)
+    print(f"{suite.name}: JSON lines -> {output}", file=sys.stderr)
     out = Lines(output)
     began = time.monotonic()
     statuses = {}
     try:
-        for section in SECTIONS:
+        for section in suite.sections:
             if section.name in args.only:
                 statuses[section.name] = run_section(section, options, out)
         passed = all(s == "pass" for s in statuses.values())
         out.write({
-            "section": "gpu_check", "record": "summary", "status": "pass" if passed else "fail",
+            "section": suite.name, "record": "summary", "status": "pass" if passed else "fail",
             "sections": statuses, "seconds": round(time.monotonic() - began, 1),
-            "rehearsal": args.rehearse, "date": stamp, "not_executed": list(NOT_EXECUTED),
+            "rehearsal": args.rehearse, "date": stamp, "not_executed": list(suite.not_executed),
         })  # fmt: skip
     finally:
         out.close()
-    print(f"gpu_check: {statuses} -> {output}", file=sys.stderr)
+    print(f"{suite.name}: {statuses} -> {output}", file=sys.stderr)
     return 0 if passed else 1
 
 

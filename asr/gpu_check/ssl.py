@@ -33,11 +33,11 @@ from asr.gpu_check.ddp import (
     ended,
     free_ports,
     run_overrides,
-    section_limit,
     start_training,
 )
 from asr.gpu_check.noise_corpus import make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.runner import section_limit
 from asr.training.metrics_csv import metric_rows
 
 TINY_ENCODER = (

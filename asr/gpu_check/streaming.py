@@ -36,11 +36,11 @@ from asr.gpu_check.ddp import (
     ended,
     free_ports,
     run_overrides,
-    section_limit,
     start_training,
 )
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.runner import section_limit
 from asr.inference.bundle import load_bundle
 from asr.inference.streaming import StreamingRecognizer
 from asr.training.metrics_csv import metric_rows

@@ -21,16 +21,26 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from asr.data.bins import CutLengths, estimate_bins
+from asr.data.batch import Batch
+from asr.data.bins import estimate_bins
+from asr.data.buckets import cut_lengths
 from asr.data.synthetic_cuts import synthetic_cuts
 from asr.gpu_check.report import Report, SectionOptions
 from asr.losses.lattice_choice import active_lattice
 from asr.models.build import count_parameters
-from asr.training.oomptimizer import Bucket, buckets_from_bins, compose_config, search_buckets
+from asr.training.objective import Objective
+from asr.training.oomptimizer import (
+    Bucket,
+    BucketResult,
+    buckets_from_bins,
+    compose_config,
+    search_buckets,
+)
 from asr.training.probes import (
     ModelSetup,
     ProbeResult,
@@ -41,6 +51,19 @@ from asr.training.probes import (
 )
 
 PRECISION = "bf16-mixed"  # the probes' and the steps' autocast (ModelSetup.precision)
+
+
+class SearchSettings(Protocol):
+    """How a batch-size search runs (a `TrainingCase`, or a GPU bench section's case)."""
+
+    @property
+    def start(self) -> int: ...  # first batch size the search tries
+
+    @property
+    def rel_tolerance(self) -> float: ...
+
+    @property
+    def max_size(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -88,12 +111,7 @@ REHEARSAL_CASE = TrainingCase(
 
 def synthetic_buckets(case: TrainingCase) -> tuple[list[Bucket], dict]:
     """Buckets from the lengths of 2,000 LibriSpeech-like synthetic cuts."""
-    cuts = synthetic_cuts(2000, seed=0)
-    lengths = CutLengths(
-        [c.id for c in cuts],
-        np.asarray([c.duration * case.duration_scale for c in cuts]),
-        np.asarray([max(1, round(c.custom["num_tokens"] * case.duration_scale)) for c in cuts]),
-    )
+    lengths = cut_lengths(synthetic_cuts(2000, seed=0, duration_scale=case.duration_scale))
     keys, _ = estimate_bins(lengths, case.num_buckets)
     buckets, _ = buckets_from_bins(keys["bucket_duration_bins"], keys["max_tps"])
     return buckets, keys
@@ -102,6 +120,31 @@ def synthetic_buckets(case: TrainingCase) -> tuple[list[Bucket], dict]:
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def training_step(
+    model: torch.nn.Module,
+    objective: Objective,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    step: int,
+    device: str,
+) -> float | None:
+    """One optimizer step on `batch` (on `device`) under bf16 autocast -> its loss, or None
+    when CUDA ran out of memory (the step is lost, its memory freed)."""
+    try:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = objective(model, batch, step=step)["loss"]
+        loss.backward()
+        optimizer.step()
+        return loss.item()  # waits for the step
+    except torch.cuda.OutOfMemoryError:
+        loss = None  # its graph
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()  # the exception's frames held tensors until here
+        torch.cuda.empty_cache()
+        return None
 
 
 def train_steps(
@@ -119,19 +162,12 @@ def train_steps(
         ).to(device)
         _sync(device)
         began = time.perf_counter()
-        try:
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device, dtype=torch.bfloat16):
-                loss = objective(model, batch, step=step + i)["loss"]
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            _sync(device)
-        except torch.cuda.OutOfMemoryError:
+        loss = training_step(model, objective, optimizer, batch, step + i, device)
+        _sync(device)
+        if loss is None:
             ooms.append(i)
-            loss = None
-            gc.collect()
-            torch.cuda.empty_cache()
+        else:
+            losses.append(loss)
         times.append(time.perf_counter() - began)
     del ddp_buckets
     steady = times[2:] or times
@@ -156,17 +192,21 @@ def train_steps(
 
 def search_batch_sizes(
     report: Report,
-    case: TrainingCase,
+    case: SearchSettings,
     setup: ModelSetup,
     buckets: list[Bucket],
     budget: int,
     device: str,
-) -> list:
-    """`asr-oomptimizer`'s search over `buckets` under `budget`, every probe reported."""
+    **labels: Any,
+) -> list[BucketResult]:
+    """`asr-oomptimizer`'s search over `buckets` under `budget` (from `case.start`, to
+    `case.rel_tolerance`, at most `case.max_size`), every probe reported; `labels` are
+    added to each record."""
 
     def on_probe(bucket: Bucket, size: int, outcome: ProbeResult) -> None:
         report.record(
             "probe",
+            **labels,
             max_duration=bucket.max_duration,
             max_tokens=bucket.max_tokens,
             batch_size=size,
@@ -189,6 +229,7 @@ def search_batch_sizes(
         )
     report.record(
         "batch_sizes",
+        **labels,
         bucket_duration_bins=[r.bucket.max_duration for r in results],
         bucket_batch_size=[r.batch_size for r in results],
         peak_bytes=[r.peak_bytes for r in results],

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from asr.data.tokenizer import Tokenizer
 from asr.errors import first_line
 from asr.frames import FRAMES_PER_SECOND
 from asr.models.build import build_model, model_kind
+from asr.tokens import PAD_ID
 from asr.training.objective import Objective, build_objective, first_full_loss_step
 from asr.training.optimizer import build_optimizer
 
@@ -130,6 +131,40 @@ def build_training(
     return model, objective, optimizer, first_full_loss_step(objective)
 
 
+def random_batch(
+    durations: Sequence[float],
+    tokens: Sequence[int],
+    num_mel_bins: int,
+    vocab_size: int | None,
+    device: str | torch.device = "cpu",
+) -> Batch:
+    """Random features and tokens of the given lengths (seconds, token counts), padded as a
+    real batch is (features zero and tokens `PAD_ID` beyond each length), built on `device`;
+    audio alone (no tokens) without a vocabulary, for pre-training."""
+    frames = [math.ceil(round(d * FRAMES_PER_SECOND, 6)) for d in durations]
+    if vocab_size is None:
+        tokens, vocab_size = [0] * len(frames), 2
+    b, t, u = len(frames), max(frames), max(tokens)
+    feature_lens = torch.tensor(frames, dtype=torch.int64, device=device)
+    token_lens = torch.tensor(list(tokens), dtype=torch.int64, device=device)
+    features = torch.randn(b, t, num_mel_bins, device=device)
+    ids = torch.randint(1, vocab_size, (b, u), device=device)
+    if min(frames) < t:
+        features.masked_fill_(
+            torch.arange(t, device=device)[None, :, None] >= feature_lens[:, None, None], 0.0
+        )
+    if min(tokens) < u:
+        ids.masked_fill_(torch.arange(u, device=device)[None] >= token_lens[:, None], PAD_ID)
+    return Batch(
+        features=features,
+        feature_lens=feature_lens,
+        tokens=ids,
+        token_lens=token_lens,
+        cut_ids=[f"random-{i}" for i in range(b)],
+        texts=[""] * b,
+    )
+
+
 def worst_case_batch(
     batch_size: int,
     max_duration: float,
@@ -139,16 +174,8 @@ def worst_case_batch(
 ) -> Batch:
     """B utterances of `max_duration` seconds, each with `max_tokens` random tokens (none
     without a vocabulary: audio alone, for pre-training)."""
-    frames = math.ceil(round(max_duration * FRAMES_PER_SECOND, 6))
-    if vocab_size is None:
-        max_tokens, vocab_size = 0, 2
-    return Batch(
-        features=torch.randn(batch_size, frames, num_mel_bins),
-        feature_lens=torch.full((batch_size,), frames, dtype=torch.int64),
-        tokens=torch.randint(1, vocab_size, (batch_size, max_tokens)),
-        token_lens=torch.full((batch_size,), max_tokens, dtype=torch.int64),
-        cut_ids=[f"worst-case-{i}" for i in range(batch_size)],
-        texts=[""] * batch_size,
+    return random_batch(
+        [max_duration] * batch_size, [max_tokens] * batch_size, num_mel_bins, vocab_size
     )
 
 

@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 
 from asr.gpu_check.report import Report, SectionOptions
-from asr.gpu_check.runner import SECTIONS, Lines, Section, run_section
+from asr.gpu_check.runner import (
+    GPU_BENCH,
+    GPU_CHECK,
+    SECTIONS,
+    Lines,
+    Section,
+    Suite,
+    main,
+    run_section,
+    section_limit,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,3 +151,43 @@ def test_report_lines_are_plain_json() -> None:
     first, summary = (json.loads(line) for line in out.getvalue().splitlines())
     assert first == {"record": "x", "path": "/a", "ratio": 0.333333, "inf": "inf", "pair": [1, 2]}
     assert summary == {"record": "summary", "failures": [], "warnings": []}
+
+
+def fake_suite(output_dir: Path) -> Suite:
+    sections = tuple(Section(name, name, 60, 60, "") for name in ("fake_ok", "fake_fault"))
+    return Suite(
+        "fake_suite", "a suite of fakes", "fakes", "faked", sections, ("nothing",), output_dir
+    )
+
+
+def test_a_suite_runs_its_sections_and_names_its_summary(
+    fake_sections: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(fake_sections)
+    suite = fake_suite(Path("exp/fakes"))
+    assert main(["--rehearse", "--only", "fake_ok"], suite=suite) == 0
+    (output,) = (fake_sections / "exp" / "fakes").glob("fake_suite-*.jsonl")  # its default
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert {line["section"] for line in lines} == {"fake_ok", "fake_suite"}
+    summary = lines[-1]
+    assert summary["record"] == "summary" and summary["status"] == "pass"
+    assert summary["sections"] == {"fake_ok": "pass"} and summary["not_executed"] == ["nothing"]
+    assert (fake_sections / "exp" / "fakes" / "work" / "fake_ok").is_dir()  # its work folder
+    assert main(["--rehearse", "-o", "all.jsonl"], suite=suite) == 1  # fake_fault fails
+    last = json.loads((fake_sections / "all.jsonl").read_text().splitlines()[-1])
+    assert last["sections"] == {"fake_ok": "pass", "fake_fault": "fail"}
+
+
+def test_only_names_a_suites_own_sections(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["--only", "lattice"], suite=GPU_BENCH)  # a section of the check, not the bench
+    assert "unknown sections ['lattice']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--only", "batching"], suite=GPU_CHECK)
+
+
+def test_section_limits_are_found_in_either_suite() -> None:
+    gpu, cpu = SectionOptions("cuda", Path("w"), 1), SectionOptions("cpu", Path("w"), 1)
+    assert section_limit(gpu, "asr.gpu_check.ddp") == 65
+    assert section_limit(cpu, "asr.gpu_check.bench_batching") == 240
+    assert section_limit(gpu, "asr.gpu_check.bench_batching") == 180

@@ -1,0 +1,40 @@
+"""The GPU bench: the headline claims this framework is built on, measured at their own scale
+on one GPU in at most 9 minutes.
+
+    make gpu-bench                                         # in make test's environment
+    python scripts/gpu_bench.py --only loss-headline       # one section (comma-separated)
+    bash scripts/gpu_check.sh --system-python .gpu-wheels --bench   # a GPU without a registry
+    python scripts/gpu_bench.py --rehearse                 # toy sizes on the CPU: tests the bench
+
+JSON lines go to stdout and to exp/gpu_bench/gpu_bench-<time>.jsonl as each section reports
+them (`-o` to choose); each section runs in its own process with its own time limit (the
+GPU check's runner, `asr.gpu_check.runner`, suite `GPU_BENCH`). Without a CUDA device it
+prints one line and ends. recipes/librispeech/RESULTS.md holds the runs beside the claims.
+
+Sections, each with the claim it measures:
+
+- loss-headline (`asr.gpu_check.bench_loss`): Braun, McDermott, Hsiao (arXiv 2211.16270),
+  the sample-wise transducer loss and its gradients "for a batch size of 1024, and audio
+  length of 40 seconds, using only 6 GB of memory": its peak memory above the inputs and
+  its time per batch with the Triton and the PyTorch lattice, beside torchaudio's
+  `rnnt_loss` at the largest batch it fits on the GPU.
+- batching (`asr.gpu_check.bench_batching`): Żelasko et al. (arXiv 2503.05931), 2D
+  bucketing, TPS filtering and the OOM-probing batch-size search against one
+  `max_duration` over 1D buckets ("more than 50 % of computation spent on padding"
+  without them, "5x increase in average batch sizes"): the 102 M transducer in bf16,
+  audio seconds per step and per second, padding, out-of-memory steps, with this
+  project's sample-wise loss and with torchaudio's.
+- decode (`asr.gpu_check.bench_decode`): the shallow-decoder AED's "3x inference speed-up
+  (RTFx)" (same paper), and transducer greedy and beam search.
+- streaming (`asr.gpu_check.bench_streaming`): a streaming transducer's training step at
+  each trained chunk size, and its decoding RTFx with 1, 16 and 64 concurrent streams.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from asr.gpu_check.runner import GPU_BENCH, main
+
+if __name__ == "__main__":
+    sys.exit(main(suite=GPU_BENCH))
