@@ -75,7 +75,13 @@ from asr.data.rank_sync import RankSynchronizedSampler
 from asr.data.synthetic_cuts import synthetic_cuts
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import section_limit
-from asr.gpu_check.training import PRECISION, TINY_MODEL, search_batch_sizes, training_step
+from asr.gpu_check.training import (
+    PRECISION,
+    TINY_MODEL,
+    random_weights_setup,
+    search_batch_sizes,
+    training_step,
+)
 from asr.losses.lattice_choice import active_lattice
 from asr.training.oomptimizer import Bucket, buckets_from_bins, compose_config
 from asr.training.probes import ModelSetup, build_training, random_batch
@@ -339,7 +345,7 @@ def run(report: Report, options: SectionOptions) -> None:
     setups, plans = {}, []
     for loss in LOSSES:
         cfg = compose_config([*case.overrides, f"model.loss.kind={loss}"])
-        setups[loss] = replace(ModelSetup.from_config(cfg, case.vocab_size), precision=PRECISION)
+        setups[loss] = random_weights_setup(cfg, case.vocab_size)
         found = search_plans(report, case, setups[loss], loss, buckets, common, budget, device)
         for plan in found:
             epoch = padding_stats(build_sampler(cuts, plan.sampler))

@@ -29,7 +29,7 @@ and 4 streams of 2 s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.gpu_check.aed import TOKENS_PER_SECOND
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.streaming import decode_streams
-from asr.gpu_check.training import PRECISION, train_steps
+from asr.gpu_check.training import PRECISION, random_weights_setup, train_steps
 from asr.inference.streaming import StreamingRecognizer
 from asr.models.build import build_model, count_parameters
 from asr.models.conformer import FULL_CONTEXT
@@ -84,7 +84,7 @@ def chunk_setup(case: StreamingCase, chunk: int, left: int) -> ModelSetup:
         f"model.encoder.streaming.chunk_sizes=[{chunk}]",
         f"model.encoder.streaming.left_contexts=[{left}]",
     ])  # fmt: skip
-    return replace(ModelSetup.from_config(cfg, case.vocab_size), precision=PRECISION)
+    return random_weights_setup(cfg, case.vocab_size)
 
 
 def training(

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from asr.data.batch import Batch
 from asr.data.bins import estimate_bins
@@ -107,6 +108,15 @@ REHEARSAL_CASE = TrainingCase(
     max_size=8,
     max_budget=512 * 2**20,
 )
+
+
+def random_weights_setup(cfg: DictConfig, vocab_size: int) -> ModelSetup:
+    """`ModelSetup` of `cfg` at `vocab_size` in bf16-mixed, never reading `data.tokenizer`:
+    the check and the bench build random weights at a fixed vocabulary, and a tokenizer left
+    in the checkout (the demo's 128 pieces under data/demo) must not change or refuse it."""
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "data.tokenizer", None)
+    return replace(ModelSetup.from_config(cfg, vocab_size), precision=PRECISION)
 
 
 def synthetic_buckets(case: TrainingCase) -> tuple[list[Bucket], dict]:
@@ -245,7 +255,7 @@ def run(report: Report, options: SectionOptions) -> None:
     case = REHEARSAL_CASE if options.rehearsal else GPU_CASE
     budget = min(options.memory_budget, case.max_budget or options.memory_budget)
     cfg = compose_config(case.overrides)
-    setup = replace(ModelSetup.from_config(cfg, case.vocab_size), precision=PRECISION)
+    setup = random_weights_setup(cfg, case.vocab_size)
     buckets, keys = synthetic_buckets(case)
     report.record(
         "setup",
