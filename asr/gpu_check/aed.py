@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from omegaconf import OmegaConf
@@ -90,14 +90,20 @@ def eos_suppressed(model: EncoderDecoder) -> Iterator[None]:
             bias[model.eos_id] = saved
 
 
-def build(preset: str, vocab_size: int, device: str) -> EncoderDecoder:
-    """The preset's model with seeded random weights, built on `device`, in eval mode."""
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+
+
+def build(preset: str, vocab_size: int, device: str, kind: type[ModelT] = EncoderDecoder) -> ModelT:
+    """The preset's model with seeded random weights, built on `device`, in eval mode; it
+    must be a `kind` (an AED by default)."""
     cfg = compose_config([f"experiment={preset}"])
     torch.manual_seed(0)
     with torch.device(device):
         model = build_model(OmegaConf.to_container(cfg.model, resolve=True), vocab_size)
-    if not isinstance(model, EncoderDecoder):
-        raise TypeError(f"experiment={preset} builds a {type(model).__name__}, not an AED")
+    if not isinstance(model, kind):
+        raise TypeError(
+            f"experiment={preset} builds a {type(model).__name__}, not a {kind.__name__}"
+        )
     return model.eval()
 
 

@@ -34,19 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
 from asr.decoding import transducer
 from asr.decoding.aed import StaticGreedySearch, greedy_search
 from asr.decoding.label_looping import LabelLoopingGreedy
 from asr.frames import FRAMES_PER_SECOND
-from asr.gpu_check.aed import (
-    GPU_CASE as AED_GPU_CASE,
-)
-from asr.gpu_check.aed import (
-    REHEARSAL_CASE as AED_REHEARSAL_CASE,
-)
+from asr.gpu_check.aed import GPU_CASE as AED_GPU_CASE
+from asr.gpu_check.aed import REHEARSAL_CASE as AED_REHEARSAL_CASE
 from asr.gpu_check.aed import (
     TOKENS_PER_SECOND,
     AedCase,
@@ -54,11 +49,9 @@ from asr.gpu_check.aed import (
     eos_suppressed,
     utterance_features,
 )
-from asr.gpu_check.aed import (
-    build as build_aed,
-)
+from asr.gpu_check.aed import build as build_model_of
 from asr.gpu_check.report import Report, SectionOptions
-from asr.models.build import build_model, count_parameters
+from asr.models.build import count_parameters
 from asr.models.transducer import Transducer
 from asr.training.oomptimizer import compose_config
 
@@ -174,17 +167,6 @@ def search_profile(
     return record
 
 
-def build_transducer(preset: str, vocab_size: int, device: str) -> Transducer:
-    """The preset's transducer with seeded random weights on `device`, in eval mode."""
-    cfg = compose_config([f"experiment={preset}"])
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = build_model(OmegaConf.to_container(cfg.model, resolve=True), vocab_size)
-    if not isinstance(model, Transducer):
-        raise TypeError(f"experiment={preset} builds a {type(model).__name__}, not a transducer")
-    return model.eval()
-
-
 @contextmanager
 def blank_shift(model: Transducer, shift: float) -> Iterator[None]:
     """Within: the joiner's blank logit raised by `shift` (more blanks, fewer tokens)."""
@@ -240,7 +222,7 @@ def transducer_searches(model: Transducer) -> dict[str, Search]:
 
 
 def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], device: str) -> None:
-    model = build_transducer(case.transducer, case.aed.vocab_size, device)
+    model = build_model_of(case.transducer, case.aed.vocab_size, device, Transducer)
     report.record(
         "model", kind="transducer", preset=case.transducer, parameters=count_parameters(model)
     )
@@ -297,7 +279,9 @@ def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], d
 
 def bench_aed(report: Report, case: DecodeCase, features: list[Tensor], device: str) -> None:
     pair = {"deep": case.aed.deep, "flash": case.aed.flash}
-    models = {name: build_aed(preset, case.aed.vocab_size, device) for name, preset in pair.items()}
+    models = {
+        name: build_model_of(preset, case.aed.vocab_size, device) for name, preset in pair.items()
+    }
     for name, model in models.items():
         report.record("model", kind="aed", model=name, preset=pair[name],
                       parameters=count_parameters(model),

@@ -30,19 +30,26 @@ from asr.gpu_check.runner import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_without_cuda_it_ends_at_once_with_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "suite", "words"),
+    [("gpu_check.py", "gpu_check", "nothing was checked"),
+     ("gpu_bench.py", "gpu_bench", "nothing was measured")],
+)  # fmt: skip
+def test_without_cuda_it_ends_at_once_with_one_line(
+    tmp_path: Path, script: str, suite: str, words: str
+) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine with one
     began = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py")],
+        [sys.executable, str(ROOT / "scripts" / script)],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
     )  # fmt: skip
     seconds = time.monotonic() - began
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.splitlines()
     record = json.loads(line)
-    assert record["status"] == "no_cuda"
-    assert "no CUDA device" in record["message"] and "nothing was checked" in record["message"]
+    assert record["section"] == suite and record["status"] == "no_cuda"
+    assert "no CUDA device" in record["message"] and words in record["message"]
     assert not done.stderr.strip()
     assert not (tmp_path / "exp").exists()  # nothing written
     assert seconds < 30, seconds  # imports torch and stops: a few seconds
