@@ -3,6 +3,7 @@
 #   names=(corpus manifests ...)     # the stages in order
 #   stage=0; stop_stage=10           # defaults
 #   source "$(dirname "$0")/../stages.sh"
+#   shar=${SHAR:-0}                  # only in a recipe that offers --shar (sets shar=1)
 #   parse_stages "$@"                # --stage S --stop-stage S --dry-run [-- hydra overrides]
 #   end_dry_run                      # with --dry-run: list the stages, exit 0
 #   if run 3; then say 3; ...; fi
@@ -35,6 +36,12 @@ to_number() {
   echo "$what; stages: ${names[*]} (or 0-$(( ${#names[@]} - 1 )))" >&2; exit 2
 }
 
+unknown_argument() {
+  local shar_option=; [[ -n ${shar-} ]] && shar_option=" [--shar]"
+  echo "unknown argument '$1'; usage: $0 [--stage S] [--stop-stage S] [--dry-run]$shar_option [-- hydra overrides]" >&2
+  exit 2
+}
+
 parse_stages() {
   train_args=()
   dry_run=
@@ -43,9 +50,9 @@ parse_stages() {
       --stage) stage=$(to_number "$1" "${2-}"); shift 2 ;;
       --stop-stage) stop_stage=$(to_number "$1" "${2-}"); shift 2 ;;
       --dry-run) dry_run=1; shift ;;
+      --shar) [[ -n ${shar-} ]] || unknown_argument "$1"; shar=1; shift ;;
       --) shift; train_args=("$@"); break ;;
-      *) echo "unknown argument '$1'; usage: $0 [--stage S] [--stop-stage S] [--dry-run] [-- hydra overrides]" >&2
-         exit 2 ;;
+      *) unknown_argument "$1" ;;
     esac
   done
   if (( stage > stop_stage )); then

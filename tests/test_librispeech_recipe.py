@@ -64,7 +64,10 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
         "OMP_NUM_THREADS": "1",
         "WANDB_MODE": "disabled",
     }
-    printed = _recipe(env, "--stage", "manifests", "--", *TINY_MODEL, "trainer.max_epochs=2")
+    # SHAR=1: stage 4 also writes each training part (its speed copies too) as Shar shards
+    printed = _recipe(
+        env | {"SHAR": "1"}, "--stage", "manifests", "--", *TINY_MODEL, "trainer.max_epochs=2"
+    )
     for stage in ("manifests", "perturb", "tokenizer", "features", "bins", "batch-sizes"):
         assert f": {stage} (" in printed
     manifests = data / "manifests"
@@ -72,6 +75,10 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
         original = load_cuts(manifests / f"librispeech_cuts_{part}.jsonl.gz")
         perturbed = load_cuts(manifests / f"librispeech_cuts_{part}-sp.jsonl.gz")
         assert len(perturbed) == 3 * len(original)
+        index = json.loads((data / "shar" / f"{part}-sp" / "shar_index.json").read_text())
+        assert index["cuts_written"] == len(perturbed) and list(index["fields"]) == [
+            "cuts", "recording"
+        ]  # fmt: skip
     assert (exp / "batch_sizes.yaml").is_file()
     # decoded and exported: the average of the last two epochs, greedy and beam 4
     bundle = torch.load(exp / "model.bundle.pt", weights_only=True)
@@ -113,8 +120,10 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
     # stored features instead of on-the-fly ones, without speed perturbation: the stages
     # that differ (training on stored features is the demo recipe's way, tested there)
     env |= {"FEATURES": "precomputed", "SPEED_PERTURB": "0", "EXP": str(tmp_path / "exp_feats")}
-    _recipe(env, "--stage", "features", "--stop-stage", "bins", "--", *TINY_MODEL)
+    _recipe(env | {"SHAR": "1"}, "--stage", "features", "--stop-stage", "bins", "--", *TINY_MODEL)
     assert (manifests / "librispeech_cuts_train-other-500-feats.jsonl.gz").is_file()
+    index = json.loads((data / "shar" / "train-other-500-feats" / "shar_index.json").read_text())
+    assert list(index["fields"]) == ["cuts", "recording", "features"]  # audio and features
     assert (manifests / "librispeech_cuts_dev-other-feats.jsonl.gz").is_file()
     assert (data / "bins-train-clean-100,train-clean-360,train-other-500.yaml").is_file()
     # the streaming preset: its feature statistics (stage 4), then trained from stored

@@ -101,6 +101,15 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
         "  stage 11: pretrain", "  stage 12: finetune", r"train overrides: a=b\ c"
     ]  # fmt: skip
     assert "training on train-clean-5" in done.stdout
+    # --shar (or SHAR=1): stage 4 writes Shar shards too; a recipe without it refuses it
+    for args, env in ((["--shar"], {}), ([], {"SHAR": "1"})):
+        done = _recipe(root, "librispeech/run.sh", "--dry-run", *args, PARTS="mini", **env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rstrip().endswith(", Shar shards: data/librispeech/shar")
+    done = _recipe(root, "librispeech/run.sh", "--dry-run", SHAR="yes")
+    assert done.returncode == 2 and "SHAR must be 0 or 1, not 'yes'" in done.stderr
+    done = _recipe(root, "demo/ssl.sh", "--dry-run", "--shar")
+    assert done.returncode == 2 and "unknown argument '--shar'" in done.stderr
     done = _recipe(root, "demo/ssl.sh", "--dry-run", "--stage", "finetune", SEED="7")
     assert done.returncode == 0, done.stderr
     assert "  ssl stage 4: finetune\n  ssl stage 5: decode\n  ssl stage 6: compare\n" in done.stdout

@@ -5,6 +5,7 @@
 #   recipes/demo/run.sh --stage train         # from a stage on (name or number)
 #   recipes/demo/run.sh --stage 4 --stop-stage 4
 #   recipes/demo/run.sh --dry-run --stage train -- trainer.max_epochs=4
+#   recipes/demo/run.sh --shar --stage features --stop-stage features   # Shar shards too
 #
 # --dry-run lists the stages it would run and the overrides after "--", checked by resolving
 # the experiment's config (read-only), then exits: nothing is run or written. The project's
@@ -35,6 +36,10 @@
 # Decoding (stage 7): greedy search, and beam search of BEAM hypotheses (default 4; 1 skips
 # it), both printed at the end.
 #
+# Shar shards (--shar, or SHAR=1): stage 3 also writes the training part as lhotse Shar shards
+# (asr-export-shar: its audio as FLAC and its stored features, docs/data.md) into
+# data/demo/shar/train-clean-100-<features>/, named as the features manifest they come from.
+#
 # EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_streaming,
 # demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
@@ -46,6 +51,7 @@ device=${DEVICE:-auto}
 train_hours=${TRAIN_HOURS:-2}
 batch_memory=${BATCH_MEMORY:-}
 batch_search=${BATCH_SEARCH:-}
+shar=${SHAR:-0}
 beam=${BEAM:-4}
 [[ $beam =~ ^[1-9][0-9]*$ ]] || { echo "BEAM must be a beam size (1: greedy search only), not '$beam'" >&2; exit 2; }
 [[ -n $batch_memory ]] && batch_search=1
@@ -54,6 +60,7 @@ beam=${BEAM:-4}
 names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe plots)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
+[[ $shar == 0 || $shar == 1 ]] || { echo "SHAR must be 0 or 1, not '$shar'" >&2; exit 2; }
 if [[ $device == auto ]]; then  # torch (seconds to import) is asked only beside an NVIDIA driver
   device=cpu
   if [[ -e /proc/driver/nvidia/version ]]; then
@@ -103,7 +110,8 @@ vocab_size=${vocab_size#bpe}
 # A preset that keeps an EMA of the weights (ema=scaled, as the demo's) is decoded and exported
 # with it: the EMA chose best.ckpt and is the better model of a short run.
 weights=(); [[ -n $(setting ema) ]] && weights=(--ema)
-end_dry_run "experiment: $experiment, device: $device (kernels: $kernels), data: $data, exp: $exp, tokenizer: $tokenizer"
+shar_note=; [[ $shar == 1 ]] && shar_note=", Shar shards: $data/shar"
+end_dry_run "experiment: $experiment, device: $device (kernels: $kernels), data: $data, exp: $exp, tokenizer: $tokenizer$shar_note"
 
 if run 0; then say 0
   asr-make-demo-corpus "$data" --train-hours "$train_hours"
@@ -129,6 +137,11 @@ if run 3; then say 3
   if [[ -n $stats && ! -f $stats ]]; then
     asr-feature-stats --cuts "$(cuts train-clean-100-$feats)" --frontend "$frontend" --output "$stats"
   elif [[ -n $stats ]]; then echo "$stats exists"; fi
+  shards=$data/shar/train-clean-100-$feats  # --shar: the training part as Shar shards
+  if [[ $shar == 1 && -f $shards/shar_index.json ]]; then echo "$shards exists"
+  elif [[ $shar == 1 ]]; then
+    asr-export-shar "$(cuts train-clean-100-$feats)" --fields recording features -o "$shards"
+  fi
 fi
 bins=$data/bins.yaml
 batch_sizes=$exp/batch_sizes.yaml

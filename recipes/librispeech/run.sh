@@ -5,15 +5,17 @@
 #   PARTS=mini recipes/librispeech/run.sh                # mini LibriSpeech (train-clean-5, dev-clean-2)
 #   recipes/librispeech/run.sh --stage train -- trainer.devices=4
 #   recipes/librispeech/run.sh --dry-run --stage train   # the stages it would run; runs nothing
+#   SHAR=1 recipes/librispeech/run.sh --stage features --stop-stage features  # Shar shards
 #
 # --dry-run lists the stages it would run and the overrides after "--", then exits: nothing is
 # run, downloaded or written. The project's .venv (make install) is used when asr-train is not
 # on PATH (recipes/stages.sh).
 #
-# Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features, 5 bins, 6 batch-sizes,
-# 7 train, 8 decode, 9 export, 10 results (a table, training curves, buckets). Each stage
-# skips work already done; arguments after "--" go to asr-train and asr-oomptimizer (Hydra
-# overrides). Self-supervised pre-training, optional (docs/ssl.md; not run by default):
+# Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features (and, with SHAR=1, Shar
+# shards of the training parts), 5 bins, 6 batch-sizes, 7 train, 8 decode, 9 export, 10 results
+# (a table, training curves, buckets). Each stage skips work already done; arguments after
+# "--" go to asr-train and asr-oomptimizer (Hydra overrides). Self-supervised pre-training,
+# optional (docs/ssl.md; not run by default):
 #   recipes/librispeech/run.sh --stage pretrain --stop-stage finetune
 # 11 pretrain: experiment=librispeech_ssl_$SSL_OBJECTIVE on all the training audio
 #   (transcripts unused): duration bins, its own batch-size search, training, and its
@@ -30,6 +32,10 @@
 #   SPEED_PERTURB [1]: train on each part plus 0.9x and 1.1x speed copies (3x the audio)
 #   FEATURES [on_the_fly]: fbank computed by the data loader workers (GPU machines have the
 #     CPU to spare), or precomputed (stored once by stage 4, ~3x the disk with SPEED_PERTURB)
+#   SHAR [0]: 1 (or --shar): stage 4 also writes each training part, as training reads it
+#     (with its speed copies: 3x the audio), as lhotse Shar shards of 1000 cuts
+#     (asr-export-shar: audio as FLAC, and the stored features with FEATURES=precomputed)
+#     into $DATA/shar/<part>/, named as the manifest (e.g. train-clean-100-sp; docs/data.md)
 #   BATCH_MEMORY: the memory a training step may use for stage 6's batch-size search; default
 #     85 % of the first GPU's memory (a safety margin: memory fragments over a long run, and
 #     the search's worst case is not every batch's); DEVICE [cuda] where it searches
@@ -64,11 +70,13 @@ num_buckets=${NUM_BUCKETS:-30}
 ssl_objective=${SSL_OBJECTIVE:-best_rq}
 read -ra pretrain_args <<< "${PRETRAIN_ARGS:-}"
 read -ra finetune_parts <<< "${FINETUNE_PARTS:-train-clean-100}"
+shar=${SHAR:-0}
 
 names=(download manifests perturb tokenizer features bins batch-sizes train decode export results
   pretrain finetune)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
+[[ $shar == 0 || $shar == 1 ]] || { echo "SHAR must be 0 or 1, not '$shar'" >&2; exit 2; }
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 join() { local IFS=,; echo "$*"; }
@@ -102,7 +110,8 @@ data_args=(
   "data.train_cuts=[$(join "${train_cuts[@]}")]" "data.valid_cuts=[$(join "${dev_cuts[@]}")]"
   "data.test_cuts=[$(cuts "${test_parts[0]}")]" "data.features.source=$features"
 )
-end_dry_run "parts: $parts (training on ${train_parts[*]}), data: $data, exp: $exp"
+shar_note=; [[ $shar == 1 ]] && shar_note=", Shar shards: $data/shar"
+end_dry_run "parts: $parts (training on ${train_parts[*]}), data: $data, exp: $exp$shar_note"
 
 if run 0; then say 0
   asr-prepare-manifests --download-only --corpus-dir "$data/LibriSpeech" --parts "$download"
@@ -145,6 +154,15 @@ if run 4; then say 4
     asr-feature-stats --cuts "${originals[@]}" --frontend "$(setting data.features.frontend)" --source "$features" \
       --output "$feature_stats"
   fi
+  # SHAR=1: each training manifest as Shar shards (its audio; its stored features too)
+  shar_fields=(recording); [[ $features == precomputed ]] && shar_fields+=(features)
+  for p in "${train_parts[@]}"; do
+    [[ $shar == 1 ]] || break
+    shards=$data/shar/$(train_name "$p")
+    if [[ -f $shards/shar_index.json ]]; then echo "$shards exists"; else
+      asr-export-shar "$(cuts "$(train_name "$p")")" --fields "${shar_fields[@]}" -o "$shards"
+    fi
+  done
 fi
 sp_suffix=""; [[ $speed_perturb == 1 ]] && sp_suffix=-sp
 bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix.yaml
