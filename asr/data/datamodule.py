@@ -23,6 +23,7 @@ from asr.data.corpus import open_cuts
 from asr.data.dataset import AsrDataset, SpecAugmentConfig
 from asr.data.features import FeatureConfig
 from asr.data.rank_sync import RankSynchronizedSampler, check_resumable
+from asr.data.shar_sampler import SharSampler, manifest_shards, open_shards
 from asr.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ class TrainLoader:
     Workers persist across epochs.
     """
 
-    def __init__(self, dataset: AsrDataset, sampler: RankSynchronizedSampler, num_workers: int):
+    def __init__(
+        self, dataset: AsrDataset, sampler: RankSynchronizedSampler | SharSampler, num_workers: int
+    ):
         self.sampler = sampler
         self._loader = _loader(dataset, sampler, num_workers)
         self._resume: dict[str, int] | None = None
@@ -87,6 +90,10 @@ class AsrDataModule(L.LightningDataModule):
     `data` group (`asr/configs/data/*.yaml`):
 
     - `train_cuts`: lhotse cut manifests of the training data (interleaved).
+    - `train_shar`: lhotse Shar sources of training data (directories written by
+      `asr-export-shar`, or their http(s) URLs): each rank reads its own shards in
+      sequence (`asr.data.shar_sampler`); `train_cuts` beside them are read as one shard
+      each, split among the ranks by cuts.
     - `valid_cuts`: cut manifests of the validation data.
     - `test_cuts`: cut manifests tested after fitting (may be empty).
     - `tokenizer`: the SentencePiece model (null: audio alone, for pre-training; the
@@ -106,6 +113,7 @@ class AsrDataModule(L.LightningDataModule):
         *,
         train_cuts: Sequence[str],
         valid_cuts: Sequence[str],
+        train_shar: Sequence[str] = (),
         test_cuts: Sequence[str] = (),
         tokenizer: str | None = None,
         features: Mapping[str, Any] | None = None,
@@ -121,6 +129,7 @@ class AsrDataModule(L.LightningDataModule):
             list(valid_cuts),
             list(test_cuts),
         )
+        self.train_shar = list(train_shar)
         self.tokenizer_path = tokenizer
         self.features = dataclass_from_keys(FeatureConfig, features, "data.features")
         self.spec_augment = (
@@ -159,12 +168,26 @@ class AsrDataModule(L.LightningDataModule):
             subsampling_factor=self.subsampling_factor,
         )
 
-    def train_dataloader(self) -> TrainLoader:
-        rank, world = self._rank_and_world()
+    def _train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler | SharSampler:
+        if not self.train_shar and not self.train_cuts:
+            raise ConfigError(
+                "data.train_cuts and data.train_shar are both empty: no training data"
+            )
+        if self.train_shar:
+            field = "features" if self.features.source == "precomputed" else "recording"
+            shards = open_shards(self.train_shar, [field]) + manifest_shards(self.train_cuts)
+            return SharSampler(
+                shards, [field], self.sampler_cfg, rank=rank, world_size=world,
+                tokenizer=self.tokenizer,
+            )  # fmt: skip
         cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
-        sampler = build_sampler(
+        return build_sampler(
             cuts, self.sampler_cfg, rank=rank, world_size=world, tokenizer=self.tokenizer
         )
+
+    def train_dataloader(self) -> TrainLoader:
+        rank, world = self._rank_and_world()
+        sampler = self._train_sampler(rank, world)
         loader = TrainLoader(self._dataset(train=True), sampler, self.num_workers)
         if self._resume is not None:
             loader.resume_at(self._resume)
@@ -176,10 +199,9 @@ class AsrDataModule(L.LightningDataModule):
 
         Iterates the sampler over cut metadata only: seconds for LibriSpeech's 281k cuts.
         """
-        cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
-        sampler = build_sampler(
-            cuts, self.sampler_cfg, rank=rank, world_size=world_size, tokenizer=self.tokenizer
-        )
+        sampler = self._train_sampler(rank, world_size)
+        if isinstance(sampler, SharSampler):
+            return len(sampler)  # from the shards' cut lists: no audio is read
         return sum(1 for _ in sampler)
 
     def _eval_loader(self, paths: Sequence[str]) -> torch.utils.data.DataLoader:

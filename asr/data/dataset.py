@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 # Why the dataset drops a cut: the keys of `Batch.skipped`, in a fixed order (the training
 # module sums the counts over data-parallel ranks as one vector).
 UNREADABLE = "unreadable audio"
+# cut.custom key set by a source that could not read a cut's data (a damaged Shar shard):
+# its value says why; the cut is skipped as unreadable.
+UNREADABLE_MARK = "unreadable_source"
+SOURCE_SHARD = "shar_shard"  # cut.custom key: the Shar shard files a cut's data came from
 EMPTY_TRANSCRIPT = "empty transcript"
 UNKNOWN_CHARACTER = "character outside the tokenizer"
 TOO_MANY_TOKENS = "more tokens than encoder frames"
@@ -170,6 +174,10 @@ class AsrDataset(torch.utils.data.Dataset):
         skipped: dict[str, list[str]] = {}
         self._first_fault = ""
         for cut in cuts:
+            marked = (cut.custom or {}).get(UNREADABLE_MARK)
+            if marked:
+                self._skip(skipped, cut, UNREADABLE, f"unreadable ({marked})")
+                continue
             checked = self._check_text(cut)
             if isinstance(checked, str):
                 self._skip(skipped, cut, checked, "")
@@ -177,6 +185,8 @@ class AsrDataset(torch.utils.data.Dataset):
             text, token_ids = checked
             feat = self.load_features(cut)
             if isinstance(feat, str):  # a corrupt or missing file: skip it, keep going
+                shard = (cut.custom or {}).get(SOURCE_SHARD)
+                feat += f"; read from Shar shard {shard}" if shard else ""
                 self._skip(skipped, cut, UNREADABLE, f"unreadable ({feat})")
                 continue
             frames = int(subsampled_lengths(feat.shape[0], self.subsampling_factor))

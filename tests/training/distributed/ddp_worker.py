@@ -24,8 +24,10 @@ import hydra
 import lightning as L
 import torch
 from lhotse import CutSet
+from lhotse.shar import LazySharIterator
 
 from asr.data.corpus import load_cuts
+from asr.data.shar import shar_fields
 from asr.training.train import CONFIG_DIR, build, resume_path
 
 
@@ -73,14 +75,15 @@ class Recorder(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         ids = [*batch.cut_ids, *(i for v in batch.skipped.values() for i in v)]
-        first = self.cuts[re.sub(r"_dup\d+$", "", ids[0])]
+        first = self.cuts[re.sub(r"_dup\d+$", "", ids[0])] if ids else None  # Shar: may be empty
+        sampler = trainer.train_dataloader.sampler
         self.steps.append(
             {
                 "step": trainer.global_step,
                 "epoch": trainer.current_epoch,
                 "cut_ids": batch.cut_ids,
                 "skipped": batch.skipped,
-                "bucket": trainer.train_dataloader.sampler.bucket_of(CutSet.from_cuts([first])),
+                "bucket": None if first is None else sampler.bucket_of(CutSet.from_cuts([first])),
                 "digest": weights_digest(module.model),
                 "encoder_digest": weights_digest(module.model.encoder),
             }
@@ -104,6 +107,8 @@ def main() -> None:
         nan_rank, nan_step = map(int, args.nan_at.split(":"))
         module.objective = NanAt(module.objective, nan_rank, nan_step)
     cuts = {c.id: c for path in cfg.data.train_cuts for c in load_cuts(path)}
+    for source in cfg.data.get("train_shar") or []:  # the shards' cut lists, no audio
+        cuts |= {c.id: c for c in LazySharIterator(fields={"cuts": shar_fields(source)["cuts"]})}
     recorder = Recorder(cuts)
     trainer.callbacks.append(recorder)
     args.record.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,156 @@
+"""Training batches from Shar shards: the epoch's plan, every cut once across ranks with
+equal batch counts, cut manifests beside shards, faults skipped and counted, resume."""
+
+import io
+import logging
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from lhotse import CutSet
+
+from asr.data.buckets import SamplerConfig
+from asr.data.corpus import load_cuts
+from asr.data.dataset import UNREADABLE, AsrDataset
+from asr.data.shar import export_shar
+from asr.data.shar_sampler import SharSampler, manifest_shards, open_shards, plan_epoch
+from tests.conftest import TRAIN, TinyCorpus
+
+SHARD_SIZE = 7  # 30 cuts: 5 shards, an odd number (some shared by the ranks)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_shards", [1, 2, 5, 8, 9])
+def test_the_plan_reads_every_cut_of_every_shard_once(num_shards, world_size):
+    cuts_per_shard = 12  # divisible by every world size here
+    for epoch in (0, 1):
+        plan = plan_epoch(num_shards, world_size, seed=7, epoch=epoch)
+        assert plan == plan_epoch(num_shards, world_size, seed=7, epoch=epoch)  # every rank
+        taken = [
+            (part.index, i)
+            for parts in plan
+            for part in parts
+            for i in range(cuts_per_shard)
+            if i % part.every == part.offset
+        ]
+        assert sorted(taken) == [(s, i) for s in range(num_shards) for i in range(cuts_per_shard)]
+        whole = [p.index for parts in plan for p in parts if p.every == 1]
+        assert len(whole) == num_shards - num_shards % world_size  # the rest are shared
+    orders = {tuple(p.index for p in plan_epoch(8, 1, seed=7, epoch=e)[0]) for e in range(4)}
+    assert len(orders) > 1  # shuffled per epoch
+
+
+@pytest.fixture(scope="module")
+def shar_dir(tiny_corpus: TinyCorpus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shar")
+    export_shar(load_cuts(tiny_corpus.cuts(TRAIN)), out, shard_size=SHARD_SIZE)
+    return out
+
+
+def _sampler(shards, world_size=1, rank=0, **keys) -> SharSampler:
+    keys = {"max_duration": 20, "max_cut_duration": 20, "num_buckets": 3, "seed": 1} | keys
+    cfg = SamplerConfig.from_mapping(keys)
+    return SharSampler(shards, ["recording"], cfg, rank=rank, world_size=world_size)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_ranks_train_every_cut_once_in_as_many_steps(shar_dir, tiny_corpus, world_size):
+    shards = open_shards([str(shar_dir)], ["recording"])
+    everything = sorted(c.id for c in load_cuts(tiny_corpus.cuts(TRAIN)))
+    assert len(shards) == -(-len(everything) // SHARD_SIZE) and len(shards) % 2 == 1
+    for epoch in (0, 1):
+        seen, counts = [], []
+        for rank in range(world_size):
+            sampler = _sampler(shards, world_size, rank)
+            sampler.set_epoch(epoch)
+            batches = list(sampler)
+            counts.append(len(batches))
+            assert len(batches) == len(sampler) == max(sampler.batch_counts(epoch))
+            seen += [cut.id for batch in batches for cut in batch]
+        assert len(set(counts)) == 1  # the same number of steps on every rank
+        assert sorted(seen) == everything  # each cut once, none lost
+
+
+def test_cut_manifests_read_beside_shards(shar_dir, tiny_corpus):
+    shards = open_shards([str(shar_dir)], ["recording"])
+    dev = str(tiny_corpus.cuts("dev-clean"))
+    both = shards + manifest_shards([dev])
+    seen = []
+    for rank in range(2):
+        seen += [c.id for b in _sampler(both, 2, rank) for c in b]
+    expected = [c.id for c in load_cuts(tiny_corpus.cuts(TRAIN))] + [c.id for c in load_cuts(dev)]
+    assert sorted(seen) == sorted(expected)
+
+
+def test_batches_carry_the_shards_audio(shar_dir, tiny_corpus, tokenizer):
+    shards = open_shards([str(shar_dir)], ["recording"])
+    dataset = AsrDataset(tokenizer)
+    originals = {c.id: c for c in load_cuts(tiny_corpus.cuts(TRAIN))}
+    batch = next(iter(_sampler(shards)))
+    for cut in batch:
+        assert (cut.load_audio() == originals[cut.id].load_audio()).all()  # FLAC: lossless
+    loaded = dataset[batch]
+    assert len(loaded) == len(batch) and not loaded.skipped
+
+
+def test_resume_continues_with_the_same_batches(shar_dir):
+    shards = open_shards([str(shar_dir)], ["recording"])
+    whole = _sampler(shards, 2, 1)
+    whole.set_epoch(3)
+    expected = [[c.id for c in b] for b in whole]
+    first = _sampler(shards, 2, 1)
+    first.set_epoch(3)
+    taken = []
+    for batch in first:
+        taken.append([c.id for c in batch])
+        if len(taken) == 2:
+            state = first.state_dict()
+            break
+    resumed = _sampler(shards, 2, 1)
+    resumed.load_state_dict(state)
+    rest = [[c.id for c in b] for b in resumed]
+    assert state == {"epoch": 3, "steps_done": 2, "world_size": 2}
+    assert taken + rest == expected
+    with pytest.raises(ValueError, match="data-parallel"):
+        _sampler(shards, 1, 0).load_state_dict(state)
+
+
+def _damaged_copy(shar_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "shar"
+    shutil.copytree(shar_dir, copy)
+    return copy
+
+
+def test_faults_are_skipped_named_and_counted(shar_dir, tokenizer, tmp_path, caplog):
+    copy = _damaged_copy(shar_dir, tmp_path)
+    tars = sorted(copy.glob("recording.*.tar"))
+    # a truncated shard, a missing one, and one whose first member is not audio
+    data = tars[0].read_bytes()
+    tars[0].write_bytes(data[: len(data) // 2])
+    tars[1].unlink()
+    members = []
+    with tarfile.open(tars[2]) as tar:
+        for member in tar.getmembers():
+            members.append((member, tar.extractfile(member).read()))
+    with tarfile.open(tars[2], "w") as tar:
+        for i, (member, payload) in enumerate(members):
+            if i == 0:
+                payload = b"not audio" * 10
+                member.size = len(payload)
+            tar.addfile(member, io.BytesIO(payload))
+    cut_lists = {p.name: [c.id for c in CutSet.from_jsonl(p)] for p in copy.glob("cuts.*")}
+    shards = open_shards([str(copy)], ["recording"])
+    dataset = AsrDataset(tokenizer)
+    with caplog.at_level(logging.WARNING):
+        batches = [dataset[b] for b in _sampler(shards)]
+    skipped = [cut for b in batches for cut in b.skipped.get(UNREADABLE, [])]
+    trained = [cut for b in batches for cut in b.cut_ids]
+    shard_1 = cut_lists[tars[1].name.replace("recording", "cuts").replace(".tar", ".jsonl.gz")]
+    assert set(shard_1) <= set(skipped)  # the missing tar: all its cuts
+    assert cut_lists["cuts.000002.jsonl.gz"][0] in skipped  # the member that is not audio
+    assert 1 <= len(set(skipped) & set(cut_lists["cuts.000000.jsonl.gz"])) <= SHARD_SIZE
+    assert sorted(skipped + trained) == sorted(c for ids in cut_lists.values() for c in ids)
+    named = [r.getMessage() for r in caplog.records]
+    for tar, why in zip(tars, ("ReadError", "No such file", "Format not recognised"), strict=False):
+        assert any(tar.name in m and why in m for m in named), (tar.name, why)
