@@ -13,12 +13,13 @@ repeated (each cut is trained on once per epoch across the ranks), at the price 
 few shards being read world_size times.
 
 Each rank's cuts go through the same bucketing sampler as cut manifests
-(`asr.data.buckets.build_sampler`: 2D buckets, TPS filter, batch sizes), one per rank,
-the bucket of each step drawn from a generator seeded alike on every rank. The ranks'
-streams differ, so their batch counts do too, and under DDP a rank that stops early
-leaves the others waiting: before each epoch every rank works out every rank's batch
-count from the shards' cut lists alone (no audio is read) and the ranks with fewer
-batches end the epoch with empty ones (a zero loss, the step still taken together).
+(`asr.data.buckets.build_sampler`: 2D buckets, TPS filter, batch sizes), one per rank.
+The ranks' streams differ, so their batches do too, and under DDP a rank that stops early
+leaves the others waiting: before each epoch every rank works out every rank's batches
+from the shards' cut lists alone (no audio is read) and from them one schedule
+(`synchronized_schedule`): the same number of steps on every rank (empty batches where a
+rank has run out), each step drawing from one bucket on every rank where each rank's next
+`SYNC_WINDOW` batches hold one (a rank reads that far ahead and keeps those batches).
 
 Faults: a shard whose tar is missing or truncated, or whose data does not match its cut
 list, is named in a warning; its cuts that could not be read go on marked
@@ -53,6 +54,8 @@ from asr.data.tokenizer import Tokenizer
 from asr.errors import first_line
 
 log = logging.getLogger(__name__)
+
+SYNC_WINDOW = 8  # batches a rank may read ahead to draw from the same bucket as the others
 
 Shard = dict[str, str]  # field -> the shard's file, path or URL ("cuts" always present)
 MANIFEST = "manifest"  # a Shard of one cut manifest instead: {MANIFEST: path}
@@ -165,7 +168,7 @@ class ShardStream:
             log.warning("%s; its cut list is unreadable too (%s): its cuts are lost", detail,
                         first_line(err))  # fmt: skip
             return
-        log.warning("%s; its %d cuts from the %dth on are skipped", detail, len(rest), read + 1)
+        log.warning("%s; %d of its %d cuts are skipped", detail, len(rest), read + len(rest))
         for cut in rest:
             yield mark_unreadable(cut, detail)
 
@@ -180,10 +183,43 @@ def with_estimated_bins(shards: list[Shard], cfg: SamplerConfig) -> SamplerConfi
     return replace(cfg, bucket_duration_bins=tuple(edges))
 
 
+def synchronized_schedule(buckets: Sequence[Sequence[int]], window: int) -> list[list[int | None]]:
+    """The steps of an epoch: per step, the index of each rank's batch in its own order
+    (None: an empty batch), from each rank's batch buckets in the order its sampler makes
+    them. A step takes, on every rank, its earliest unused batch of one bucket, where
+    every rank that has batches left holds one of that bucket among its `window` earliest
+    unused ones (the candidates: each rank's earliest unused batch's bucket, in rank
+    order); where none does, every rank takes its earliest unused batch. Every batch is
+    used once; every rank takes the same number of steps (empty batches once it has
+    none left); a rank never reads further ahead than `window` unused batches."""
+    pending = [list(range(len(b))) for b in buckets]  # each rank's unused batches, in order
+    steps: list[list[int | None]] = []
+    while any(pending):
+        live = [q for q, p in enumerate(pending) if p]
+        chosen = None
+        for q in live:
+            bucket = buckets[q][pending[q][0]]
+            if all(any(buckets[r][i] == bucket for i in pending[r][:window]) for r in live):
+                chosen = bucket
+                break
+        step: list[int | None] = [None] * len(buckets)
+        for r in live:
+            if chosen is None:
+                step[r] = pending[r].pop(0)
+            else:
+                at = next(k for k, i in enumerate(pending[r][:window]) if buckets[r][i] == chosen)
+                step[r] = pending[r].pop(at)
+        steps.append(step)
+    return steps
+
+
 class SharSampler:
-    """This rank's mini-batches from Shar shards, as many per epoch as every other rank's
-    (empty ones at the end where it has fewer), with `set_epoch`, `state_dict` and
-    `load_state_dict` as `asr.data.rank_sync.RankSynchronizedSampler` has them."""
+    """This rank's mini-batches from Shar shards in an order all ranks agree on: the same
+    number per epoch on every rank (empty ones where a rank has run out), drawn at each
+    step from one bucket on every rank where each rank's next `window` batches allow it
+    (`synchronized_schedule`, computed by every rank from the shards' cut lists alone).
+    `set_epoch`, `state_dict` and `load_state_dict` as
+    `asr.data.rank_sync.RankSynchronizedSampler` has them."""
 
     def __init__(
         self,
@@ -194,19 +230,20 @@ class SharSampler:
         rank: int = 0,
         world_size: int = 1,
         tokenizer: Tokenizer | None = None,
+        window: int = SYNC_WINDOW,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         if cfg.bucket_duration_bins is None:
             cfg = with_estimated_bins(shards, cfg)
         self.shards, self.fields, self.cfg, self.tokenizer = shards, fields, cfg, tokenizer
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.window = rank, world_size, window
         self.stream = ShardStream(shards, fields, rank=rank, world_size=world_size, seed=cfg.seed)
         self.inner = build_sampler(CutSet(self.stream), cfg, tokenizer=tokenizer)
         self.cut_filter = self.inner.cut_filter
         self.steps_done = 0
         self._skip = 0
-        self._lengths: dict[int, list[int]] = {}  # epoch -> every rank's batch count
+        self._schedules: dict[int, list[list[int | None]]] = {}  # epoch -> its steps
 
     @property
     def epoch(self) -> int:
@@ -220,12 +257,12 @@ class SharSampler:
         self.stream.epoch = epoch
         self.inner.set_epoch(epoch)
 
-    def batch_counts(self, epoch: int | None = None) -> list[int]:
-        """Every rank's batch count in `epoch` (default: the current one), from the shards'
-        cut lists alone."""
+    def schedule(self, epoch: int | None = None) -> list[list[int | None]]:
+        """`synchronized_schedule` of `epoch` (default: the current one): every rank's
+        batches worked out from the shards' cut lists (no audio is read)."""
         epoch = self.epoch if epoch is None else epoch
-        if epoch not in self._lengths:
-            counts = []
+        if epoch not in self._schedules:
+            buckets = []
             for rank in range(self.world_size):
                 stream = ShardStream(
                     self.shards, (), rank=rank, world_size=self.world_size, seed=self.cfg.seed
@@ -233,25 +270,44 @@ class SharSampler:
                 stream.epoch = epoch
                 sampler = build_sampler(CutSet(stream), self.cfg, tokenizer=self.tokenizer)
                 sampler.set_epoch(epoch)
-                counts.append(sum(1 for _ in sampler))
-            self._lengths = {epoch: counts}
-        return self._lengths[epoch]
+                buckets.append([sampler.bucket_of(batch) for batch in sampler])
+            self._schedules = {epoch: synchronized_schedule(buckets, self.window)}
+        return self._schedules[epoch]
+
+    def batch_counts(self, epoch: int | None = None) -> list[int]:
+        """Every rank's (non-empty) batch count in `epoch`."""
+        steps = self.schedule(epoch)
+        return [sum(step[q] is not None for step in steps) for q in range(self.world_size)]
 
     def __iter__(self) -> Iterator[CutSet]:
         skip, self._skip = self._skip, 0
-        steps = max(self.batch_counts())
-        self.inner.load_state_dict({"epoch": self.epoch, "steps_done": skip, "world_size": 1})
+        mine = [step[self.rank] for step in self.schedule()]
+        self.inner.set_epoch(self.epoch)
+        made = iter(self.inner)  # this rank's batches in their own order, read in sequence
+        held: dict[int, CutSet] = {}  # read, not yet used (at most `window`)
+        unused = {i for i in mine[skip:] if i is not None}
+        next_index = 0
         self.steps_done = skip
-        for batch in self.inner:
+        for index in mine[skip:]:
             self.steps_done += 1
-            yield batch
-        self.steps_done = max(self.steps_done, self.inner.steps_done)
-        while self.steps_done < steps:  # this rank has fewer batches than another
-            self.steps_done += 1
-            yield CutSet.from_cuts([])
+            if index is None:
+                yield CutSet.from_cuts([])
+                continue
+            while index not in held and next_index <= index:
+                batch = next(made, None)
+                if batch is None:
+                    break
+                if next_index in unused:  # batches of skipped steps are dropped
+                    held[next_index] = batch
+                next_index += 1
+            if index not in held:  # the shards gave fewer batches than their cut lists
+                log.warning("batch %d of rank %d is missing from its shards", index, self.rank)
+                yield CutSet.from_cuts([])
+                continue
+            yield held.pop(index)
 
     def __len__(self) -> int:
-        return max(self.batch_counts())
+        return len(self.schedule())
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "steps_done": self.steps_done, "world_size": self.world_size}

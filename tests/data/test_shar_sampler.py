@@ -14,7 +14,13 @@ from asr.data.buckets import SamplerConfig
 from asr.data.corpus import load_cuts
 from asr.data.dataset import UNREADABLE, AsrDataset
 from asr.data.shar import export_shar
-from asr.data.shar_sampler import SharSampler, manifest_shards, open_shards, plan_epoch
+from asr.data.shar_sampler import (
+    SharSampler,
+    manifest_shards,
+    open_shards,
+    plan_epoch,
+    synchronized_schedule,
+)
 from tests.conftest import TRAIN, TinyCorpus
 
 SHARD_SIZE = 7  # 30 cuts: 5 shards, an odd number (some shared by the ranks)
@@ -154,3 +160,28 @@ def test_faults_are_skipped_named_and_counted(shar_dir, tokenizer, tmp_path, cap
     named = [r.getMessage() for r in caplog.records]
     for tar, why in zip(tars, ("ReadError", "No such file", "Format not recognised"), strict=False):
         assert any(tar.name in m and why in m for m in named), (tar.name, why)
+
+
+def test_the_schedule_draws_one_bucket_per_step_where_the_window_allows():
+    buckets = [[0, 1, 0, 1, 2], [1, 0, 1, 0], [0, 0, 1, 1]]
+    steps = synchronized_schedule(buckets, window=2)
+    for q, own in enumerate(buckets):
+        used = [step[q] for step in steps if step[q] is not None]
+        assert sorted(used) == list(range(len(own)))  # every batch once
+        for t, index in enumerate(used):
+            assert index < t + 2  # never more than `window` unused batches read ahead
+    synced = [
+        len({buckets[q][i] for q, i in enumerate(step) if i is not None}) == 1 for step in steps
+    ]
+    assert synced[:4] == [True] * 4 and len(steps) == 5  # then rank 0's last batch, alone
+    assert steps[-1] == [4, None, None]
+    unsynced = synchronized_schedule(buckets, window=1)  # no look-ahead: each in its order
+    assert [step[0] for step in unsynced] == [0, 1, 2, 3, 4]
+
+
+def test_ranks_draw_from_the_same_bucket_at_most_steps(shar_dir):
+    shards = open_shards([str(shar_dir)], ["recording"])
+    samplers = [_sampler(shards, 2, rank) for rank in range(2)]
+    steps = [[s.bucket_of(b) if len(b) else None for b in s] for s in samplers]
+    both = [(a, b) for a, b in zip(*steps, strict=True) if a is not None and b is not None]
+    assert sum(a == b for a, b in both) >= 0.75 * len(both)

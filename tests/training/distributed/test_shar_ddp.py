@@ -101,6 +101,16 @@ def test_each_cut_is_trained_once_per_epoch_across_both_ranks(runs, tiny_corpus)
         assert set(used) == everything and set(used.values()) == {1}, used.most_common(2)
 
 
+def test_both_ranks_draw_from_the_same_bucket_at_most_steps(runs) -> None:
+    ranks = runs["http"]["records"]
+    pairs = [
+        (a["bucket"], b["bucket"])
+        for a, b in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True)
+        if a["bucket"] is not None and b["bucket"] is not None
+    ]
+    assert sum(a == b for a, b in pairs) >= 0.75 * len(pairs), pairs
+
+
 def test_http_and_local_shards_train_the_same_weights(runs) -> None:
     http, local = runs["http"]["records"], runs["local"]["records"]
     assert [s["cut_ids"] for s in http[0]["steps"]] == [s["cut_ids"] for s in local[0]["steps"]]
