@@ -24,11 +24,9 @@ with the corpus or the time. `--synthetic-hours N` writes a corpus of N hours of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,7 +39,7 @@ from asr.data.corpus import cut_text, load_cuts
 from asr.data.datamodule import TrainLoader
 from asr.data.dataset import AsrDataset
 from asr.data.features import FeatureConfig
-from asr.data.shar import export_shar
+from asr.data.shar import export_shar, local_http_server
 from asr.data.shar_sampler import SharSampler, open_shards
 from asr.data.tokenizer import Tokenizer
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
@@ -81,24 +79,6 @@ def synthetic_corpus(hours: float, texts: list[str], out: Path) -> Path:
         i += 1
     CutSet.from_cuts(cuts).to_file(manifest)
     return manifest
-
-
-def serve(directory: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(directory)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    return server, f"http://127.0.0.1:{port}"
 
 
 def one_epoch(sampler, tokenizer: Tokenizer, features: FeatureConfig, workers: int) -> dict:
@@ -160,8 +140,8 @@ def main() -> None:
     cfg = SamplerConfig.from_mapping(
         {"max_duration": args.max_duration, "num_buckets": 8, "buffer_size": args.buffer_size}
     )
-    server, url = serve(shar_dir) if "shar_http" in sources else (None, "")
-    try:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(local_http_server(shar_dir)) if "shar_http" in sources else ""
         for source in sources:
             for workers in (int(w) for w in args.workers.split(",")):
                 if source == "files":
@@ -174,9 +154,6 @@ def main() -> None:
                 line = {"corpus": manifest.name, "source": source, "workers": workers}
                 line |= {"buffer_size": args.buffer_size, **result}
                 print(json.dumps(line), flush=True)
-    finally:
-        if server is not None:
-            server.terminate()
 
 
 if __name__ == "__main__":

@@ -25,10 +25,12 @@ import json
 import logging
 import operator
 import re
+import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -275,6 +277,26 @@ def _write(writer: SharWriter, cut: Cut, data: dict[str, np.ndarray], codec: str
         writer.writers["features"].write(cut.id, data["features"], manifest=features)
         cut = fastcopy(cut, features=features)
     writer.writers["cuts"].write(fastcopy(cut, start=0))
+
+
+@contextmanager
+def local_http_server(directory: str | Path) -> Iterator[str]:
+    """Within: `directory` served by `python -m http.server` on 127.0.0.1, at a port the
+    system picks; yields its URL. The object-storage path without leaving the machine (the
+    loading benchmark, the tests of reading shards by URL)."""
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
+         "--directory", str(directory)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...) ..."
+        if " port " not in line:
+            raise RuntimeError(f"python -m http.server did not start: {line.strip()!r}")
+        yield f"http://127.0.0.1:{int(line.split(' port ')[1].split()[0])}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def shar_fields(source: str) -> dict[str, list[str]]:

@@ -8,7 +8,6 @@ import gzip
 import io
 import json
 import logging
-import os
 import subprocess
 import sys
 import tarfile
@@ -21,7 +20,7 @@ import soundfile as sf
 from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
 from asr.data.features import precompute_features
-from asr.data.shar import INDEX, export_shar, shar_fields
+from asr.data.shar import INDEX, export_shar, local_http_server, shar_fields
 
 SAMPLE_RATE = 16000
 NUM_CUTS = 25  # one of them corrupt: 24 written, 12 shards of 2
@@ -226,21 +225,9 @@ def test_the_command_writes_shards_and_names_a_missing_manifest(
 
 @pytest.fixture
 def served(exported: Path) -> Iterator[str]:
-    """The URL of `exported`'s parent, served by `python -m http.server` on 127.0.0.1 at a
-    port the system picks."""
-    server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
-         "--directory", str(exported.parent)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...) ..."
-        port = int(line.split(" port ")[1].split()[0])
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    """The URL of `exported`'s parent, served on 127.0.0.1."""
+    with local_http_server(exported.parent) as url:
+        yield url
 
 
 def test_shards_are_read_over_http_from_the_index(

@@ -5,10 +5,6 @@ with -9 mid-epoch and started again with the same command trains no cut twice.""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,18 +14,12 @@ import torch
 from processes import kill_when_checkpointed, records, run, worker
 
 from asr.data.corpus import load_cuts
-from asr.data.shar import export_shar
+from asr.data.shar import export_shar, local_http_server
 from tests.conftest import TRAIN
 
 pytestmark = pytest.mark.slow
 SHARD_SIZE = 7  # the tiny corpus's train part in an odd number of shards: one is shared
 EPOCHS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +32,8 @@ def shards(tiny_corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(shards: Path) -> Iterator[str]:
     """The shard folder served by `python -m http.server` on 127.0.0.1: its URL."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(shards)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    server.terminate()
-    server.wait(10)
+    with local_http_server(shards) as url:
+        yield url
 
 
 def shar_overrides(train_overrides, exp_dir: Path, source: str) -> list[str]:
