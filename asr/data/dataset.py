@@ -44,14 +44,15 @@ log = logging.getLogger(__name__)
 # Why the dataset drops a cut: the keys of `Batch.skipped`, in a fixed order (the training
 # module sums the counts over data-parallel ranks as one vector).
 UNREADABLE = "unreadable audio"
-# cut.custom key set by a source that could not read a cut's data (a damaged Shar shard):
-# its value says why; the cut is skipped as unreadable.
-UNREADABLE_MARK = "unreadable_source"
-SOURCE_SHARD = "shar_shard"  # cut.custom key: the Shar shard files a cut's data came from
 EMPTY_TRANSCRIPT = "empty transcript"
 UNKNOWN_CHARACTER = "character outside the tokenizer"
 TOO_MANY_TOKENS = "more tokens than encoder frames"
 SKIP_REASONS = (UNREADABLE, EMPTY_TRANSCRIPT, UNKNOWN_CHARACTER, TOO_MANY_TOKENS)
+
+# cut.custom key set by a source that could not read a cut's data (a damaged Shar shard):
+# its value says why; the cut is skipped as unreadable.
+UNREADABLE_MARK = "unreadable_source"
+SOURCE_SHARD = "shar_shard"  # cut.custom key: the Shar shard files a cut's data came from
 
 # Errors that are about one cut's file: a missing, truncated or corrupt audio file
 # (lhotse wraps every decoder's failure in AudioLoadingError), audio shorter than its
