@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lhotse import CutSet, RecordingSet, SupervisionSet, load_manifest_lazy
+from lhotse import CutSet, Recording, RecordingSet, SupervisionSet, load_manifest_lazy
 from lhotse.cut import Cut
 from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
 from lhotse.recipes.librispeech import LIBRISPEECH, parse_alignments, parse_utterance
@@ -35,10 +35,12 @@ from lhotse.supervision import AlignmentItem
 from rich.progress import track
 
 from asr.cli import command
+from asr.errors import first_line
 
 log = logging.getLogger(__name__)
 
 DEMO_PARTS = ("train-clean-100", "dev-clean", "test-clean")
+UNLABELLED = "train-unlabelled"  # the demo's audio without transcripts (asr.demo.plan)
 PREFIX = "librispeech"
 
 
@@ -212,7 +214,8 @@ def prepare_manifests(
     """Write recordings, supervisions and cuts manifests for each part found in `corpus_dir`.
 
     `corpus_dir` is the `LibriSpeech` directory holding part directories. `parts` defaults
-    to every standard LibriSpeech part present. Parts whose cuts manifest already exists are
+    to every standard LibriSpeech part present, and the demo's train-unlabelled when present
+    (`prepare_unlabelled`). Parts whose cuts manifest already exists are
     left alone (delete it to redo) unless a transcript or alignment file of the part is
     newer (a rebuilt corpus). Returns one report per part.
     """
@@ -222,6 +225,8 @@ def prepare_manifests(
             f"corpus directory not found: {corpus_dir} (make it with asr-make-demo-corpus "
             "or download LibriSpeech with --download)"
         )
+    unlabelled = parts is None or UNLABELLED in parts
+    parts = [p for p in parts if p != UNLABELLED] if parts is not None else None
     if parts is None:
         parts = [p for p in LIBRISPEECH if (corpus_dir / p).is_dir()]
         if not parts:
@@ -263,7 +268,42 @@ def prepare_manifests(
         report.utterances = len(cuts)
         report.hours = sum(c.duration for c in cuts) / 3600
         reports[part] = report
+    if unlabelled and (corpus_dir / UNLABELLED).is_dir():
+        reports[UNLABELLED] = prepare_unlabelled(corpus_dir / UNLABELLED, output_dir)
     return reports
+
+
+def prepare_unlabelled(part_dir: str | Path, output_dir: str | Path) -> PreparationReport:
+    """The cuts manifest of a part of audio alone (the demo's train-unlabelled: no
+    transcripts, for self-supervised pre-training): one cut per audio file, without
+    supervisions, the cut named after its file. An unreadable file is skipped and named."""
+    part_dir, output_dir = Path(part_dir), Path(output_dir)
+    report = PreparationReport(part_dir.name)
+    out = cuts_path(output_dir, part_dir.name)
+    files = sorted(part_dir.rglob("*.flac"))
+    if out.is_file() and all(f.stat().st_mtime <= out.stat().st_mtime for f in files):
+        cuts = load_manifest_lazy(out)
+        report.utterances = sum(1 for _ in cuts)
+        report.hours = sum(c.duration for c in cuts) / 3600
+        return report
+    recordings = []
+    for path in files:
+        try:
+            recordings.append(Recording.from_file(path))
+        except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, named
+            report.skipped.append(f"{path}: {first_line(err)}")
+            log.warning("skipped %s", report.skipped[-1])
+    if not recordings:
+        raise ValueError(f"no readable audio file in {part_dir}")
+    cuts = CutSet.from_manifests(recordings=RecordingSet.from_recordings(recordings))
+    cuts = CutSet([cut.with_id(cut.recording_id) for cut in cuts])
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.jsonl.gz")
+    cuts.to_file(tmp)
+    tmp.replace(out)
+    report.utterances = len(cuts)
+    report.hours = sum(c.duration for c in cuts) / 3600
+    return report
 
 
 @command

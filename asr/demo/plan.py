@@ -24,7 +24,10 @@ from asr.demo.espeak import SILENCE_PAD
 PARTS = ("train-clean-100", "dev-clean", "test-clean")
 # The rest of LibriSpeech's part names (`librispeech_parts`): a stand-in with its layout.
 EXTRA_PARTS = ("train-clean-360", "train-other-500", "dev-other", "test-other")
-ALL_PARTS = PARTS + EXTRA_PARTS  # in this order: a part's position seeds its audio and ids
+# Audio without transcripts for self-supervised pre-training (`unlabelled_hours`): new
+# sentences read by new voice settings, in the same layout (LibriSpeech has no such part).
+UNLABELLED_PART = "train-unlabelled"
+ALL_PARTS = PARTS + EXTRA_PARTS + (UNLABELLED_PART,)  # a part's position seeds its audio, ids
 MIN_WORDS, MAX_WORDS = 3, 20
 _TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
 
@@ -56,6 +59,20 @@ TRAIN_SPEAKERS = (
     Speaker(1010, "en-gb-x-gbcwmd+f5", 175, 50, 50),
 )
 TEST_ONLY_SPEAKER = Speaker(1011, "en-us+m6", 170, 55, 55)
+# The unlabelled part's speakers: the training accents with other variants, rates and
+# pitches (none of them reads a labelled utterance).
+UNLABELLED_SPEAKERS = (
+    Speaker(2001, "en-us+m3", 160, 40, 55),
+    Speaker(2002, "en-us+f1", 180, 65, 50),
+    Speaker(2003, "en+m7", 150, 45, 40),
+    Speaker(2004, "en+f5", 170, 60, 65),
+    Speaker(2005, "en-gb-scotland+f2", 165, 55, 50),
+    Speaker(2006, "en-029+m4", 175, 45, 60),
+    Speaker(2007, "en-gb-x-rp+f3", 160, 60, 45),
+    Speaker(2008, "en-us-nyc+m8", 185, 40, 50),
+    Speaker(2009, "en-gb-x-gbclan+f4", 155, 55, 55),
+    Speaker(2010, "en-gb-x-gbcwmd+m1", 170, 50, 65),
+)
 
 
 @dataclass(frozen=True)
@@ -145,10 +162,13 @@ def plan_corpus(
     test_minutes: float,
     seed: int,
     librispeech_parts: bool = False,
+    unlabelled_hours: float = 0.0,
 ) -> dict[str, list[Utterance]]:
     """All three parts (with `librispeech_parts`, all seven: train-clean-360 and
     train-other-500 of `train_hours` / 2 each, dev-other and test-other as large as dev and
-    test). Dev and test use training words only and no training sentence."""
+    test). Dev and test use training words only and no training sentence. With
+    `unlabelled_hours`, also `UNLABELLED_PART`: that much audio of sentences found in no
+    other part, by `UNLABELLED_SPEAKERS`; the other parts are the same with or without it."""
     train = plan_part(PARTS[0], train_hours * 3600, seed=seed, speakers=TRAIN_SPEAKERS)
     known = {word for utt in train for word in utt.text.split()}
     taken = {utt.text for utt in train}
@@ -161,9 +181,30 @@ def plan_corpus(
         PARTS[2], test_minutes * 60, seed=seed, speakers=test_speakers, known=known, exclude=taken
     )
     plan = dict(zip(PARTS, (train, dev, test), strict=True))
-    if not librispeech_parts:
-        return plan
     taken |= {utt.text for utt in test}
+    if librispeech_parts:
+        plan |= _extra_parts(train_hours, dev_minutes, test_minutes, seed, known, taken)
+        taken |= {utt.text for part in EXTRA_PARTS for utt in plan[part]}
+    if unlabelled_hours > 0:
+        plan[UNLABELLED_PART] = plan_part(
+            UNLABELLED_PART, unlabelled_hours * 3600, seed=seed, speakers=UNLABELLED_SPEAKERS,
+            exclude=taken,
+        )  # fmt: skip
+    return plan
+
+
+def _extra_parts(
+    train_hours: float,
+    dev_minutes: float,
+    test_minutes: float,
+    seed: int,
+    known: set[str],
+    taken: set[str],
+) -> dict[str, list[Utterance]]:
+    """`EXTRA_PARTS` (see `plan_corpus`), their sentences new to `taken`."""
+    taken = set(taken)
+    test_speakers = (TEST_ONLY_SPEAKER, *TRAIN_SPEAKERS)
+    plan: dict[str, list[Utterance]] = {}
     sizes = dict(
         zip(
             EXTRA_PARTS,

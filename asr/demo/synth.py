@@ -41,6 +41,8 @@ from asr.demo.plan import (
     PARTS,
     TEST_ONLY_SPEAKER,
     TRAIN_SPEAKERS,
+    UNLABELLED_PART,
+    UNLABELLED_SPEAKERS,
     Speaker,
     Utterance,
     plan_corpus,
@@ -219,12 +221,15 @@ def make_demo_corpus(
     num_jobs: int | None = None,
     noise_dbfs: float = -65.0,
     librispeech_parts: bool = False,
+    unlabelled_hours: float = 0.0,
 ) -> dict:
     """Write OUT/LibriSpeech/{train-clean-100,dev-clean,test-clean} and return a summary:
     utterances and hours per part, voices, vocabulary size, mean utterance seconds. With
     `librispeech_parts`, also train-clean-360, train-other-500, dev-other and test-other
     (the same voices and noise: LibriSpeech's names and layout, not its acoustics), for
-    testing the LibriSpeech recipe.
+    testing the LibriSpeech recipe. With `unlabelled_hours`, also train-unlabelled: that
+    much audio without transcripts (new sentences, new voice settings) for self-supervised
+    pre-training; its manifest comes from `asr.data.corpus.prepare_unlabelled`.
 
     Skips the work if OUT already holds a complete corpus made with the same parameters
     (the summary then has "reused": True). Same seed, same texts and samples, whatever
@@ -238,17 +243,24 @@ def make_demo_corpus(
     params = {"version": _VERSION, **sizes, "seed": seed, "noise_dbfs": noise_dbfs}
     if librispeech_parts:  # only then: the demo's own corpora keep their marker
         params["librispeech_parts"] = True
+    if unlabelled_hours < 0:
+        raise ValueError(f"unlabelled_hours must be >= 0, got {unlabelled_hours}")
+    if unlabelled_hours > 0:  # likewise
+        params["unlabelled_hours"] = unlabelled_hours
     summary = _prepare_output(root, params)
     if summary is not None:
         Console(stderr=True).print(
             f"{root}: complete demo corpus with these parameters exists; skipping"
         )
         return {**summary, "reused": True}
-    check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER))
-    plan = plan_corpus(**sizes, seed=seed, librispeech_parts=librispeech_parts)
+    check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER, *UNLABELLED_SPEAKERS))
+    plan = plan_corpus(
+        **sizes, seed=seed, librispeech_parts=librispeech_parts, unlabelled_hours=unlabelled_hours
+    )
     durations, words = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
-    for utterances in plan.values():
-        _write_transcripts(root, utterances, durations, words)
+    for part, utterances in plan.items():
+        if part != UNLABELLED_PART:  # audio alone: nobody may read what it says
+            _write_transcripts(root, utterances, durations, words)
     speakers = {utt.speaker for utterances in plan.values() for utt in utterances}
     hours = {part: sum(durations[utt.id] for utt in utts) / 3600 for part, utts in plan.items()}
     summary = {
@@ -279,6 +291,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="all seven LibriSpeech part names (a stand-in for testing its recipe)",
     )
+    parser.add_argument(
+        "--unlabelled-hours", type=float, default=0.0,
+        help="also train-unlabelled: this much audio without transcripts (new sentences and "
+        "voice settings) for self-supervised pre-training",
+    )  # fmt: skip
     args = vars(parser.parse_args(argv))
     summary = make_demo_corpus(args.pop("out"), **args)
     for part, figures in summary["parts"].items():

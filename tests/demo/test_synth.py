@@ -284,3 +284,41 @@ def test_word_times_follow_the_audio(corpus: Path) -> None:
             assert abs(starts[0] - onset) < 0.12, (utt_id, starts[0], onset)
             checked += 1
     assert checked >= 5
+
+
+def test_the_unlabelled_part_plan_leaves_the_labelled_parts_as_they_were() -> None:
+    from asr.data.corpus import UNLABELLED
+    from asr.demo.plan import UNLABELLED_PART, UNLABELLED_SPEAKERS
+
+    assert UNLABELLED == UNLABELLED_PART  # the manifest side and the synthesizer agree
+    plain = plan_corpus(**TINY)
+    both = plan_corpus(**TINY, unlabelled_hours=0.02)
+    assert {part: both[part] for part in PARTS} == plain
+    unlabelled = both[UNLABELLED_PART]
+    labelled = {utt.text for part in PARTS for utt in both[part]}
+    assert not labelled & {utt.text for utt in unlabelled}  # new sentences
+    assert {utt.speaker for utt in unlabelled} <= set(UNLABELLED_SPEAKERS)
+    assert not {s.id for s in UNLABELLED_SPEAKERS} & {s.id for s in TRAIN_SPEAKERS}
+    seconds = sum(estimate_seconds(utt.text, utt.rate) for utt in unlabelled)
+    assert 0.02 * 3600 <= seconds < 0.02 * 3600 + 10
+    check_voices(UNLABELLED_SPEAKERS)  # every new voice setting exists in espeak-ng
+
+
+def test_an_unlabelled_part_is_audio_alone(tmp_path: Path) -> None:
+    from lhotse import load_manifest
+
+    from asr.data.corpus import UNLABELLED, cuts_path, prepare_manifests
+
+    summary = make_demo_corpus(tmp_path, **TINY, unlabelled_hours=0.004, num_jobs=2)
+    root = tmp_path / "LibriSpeech"
+    flacs = sorted((root / UNLABELLED).rglob("*.flac"))
+    assert flacs and summary["parts"][UNLABELLED]["utterances"] == len(flacs)
+    assert not list((root / UNLABELLED).rglob("*.txt"))  # no transcript, no alignment
+    reports = prepare_manifests(root, tmp_path / "manifests")
+    assert set(reports) == {*PARTS, UNLABELLED}
+    cuts = load_manifest(cuts_path(tmp_path / "manifests", UNLABELLED))
+    assert sorted(c.id for c in cuts) == [f.stem for f in flacs]
+    assert all(not c.supervisions for c in cuts)
+    total = sum(c.duration for c in cuts) / 3600
+    assert total == pytest.approx(summary["parts"][UNLABELLED]["hours"], abs=1e-4)  # 4 decimals
+    assert cuts[0].load_audio().shape[1] == round(cuts[0].duration * SAMPLE_RATE)
