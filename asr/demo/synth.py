@@ -229,7 +229,9 @@ def make_demo_corpus(
     (the same voices and noise: LibriSpeech's names and layout, not its acoustics), for
     testing the LibriSpeech recipe. With `unlabelled_hours`, also train-unlabelled: that
     much audio without transcripts (new sentences, new voice settings) for self-supervised
-    pre-training; its manifest comes from `asr.data.corpus.prepare_unlabelled`.
+    pre-training; its manifest comes from `asr.data.corpus.prepare_unlabelled`. It has its
+    own marker in its folder: it is added to (or resized beside) an existing corpus without
+    touching the labelled parts, and kept when a later call does not ask for it.
 
     Skips the work if OUT already holds a complete corpus made with the same parameters
     (the summary then has "reused": True). Same seed, same texts and samples, whatever
@@ -245,35 +247,89 @@ def make_demo_corpus(
         params["librispeech_parts"] = True
     if unlabelled_hours < 0:
         raise ValueError(f"unlabelled_hours must be >= 0, got {unlabelled_hours}")
-    if unlabelled_hours > 0:  # likewise
-        params["unlabelled_hours"] = unlabelled_hours
     summary = _prepare_output(root, params)
+    reused = summary is not None
     if summary is not None:
         Console(stderr=True).print(
             f"{root}: complete demo corpus with these parameters exists; skipping"
         )
-        return {**summary, "reused": True}
-    check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER, *UNLABELLED_SPEAKERS))
-    plan = plan_corpus(
-        **sizes, seed=seed, librispeech_parts=librispeech_parts, unlabelled_hours=unlabelled_hours
-    )
-    durations, words = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
-    for part, utterances in plan.items():
-        if part != UNLABELLED_PART:  # audio alone: nobody may read what it says
+    else:
+        check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER))
+        plan = plan_corpus(**sizes, seed=seed, librispeech_parts=librispeech_parts)
+        durations, words = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
+        for utterances in plan.values():
             _write_transcripts(root, utterances, durations, words)
+        summary = _summary(plan, durations)
+        _write_json(root / MARKER, {"params": params, "summary": summary})
+    if unlabelled_hours > 0:
+        unlabelled = _unlabelled_part(
+            root, params, sizes, librispeech_parts, unlabelled_hours, num_jobs
+        )
+        reused = reused and unlabelled is None
+        summary = _with_unlabelled(root, summary)
+    elif (root / UNLABELLED_PART / MARKER).is_file():  # made earlier: kept, and counted
+        summary = _with_unlabelled(root, summary)
+    return {**summary, "reused": reused}
+
+
+def _summary(plan: dict[str, list[Utterance]], durations: dict[str, float]) -> dict:
     speakers = {utt.speaker for utterances in plan.values() for utt in utterances}
     hours = {part: sum(durations[utt.id] for utt in utts) / 3600 for part, utts in plan.items()}
-    summary = {
+    return {
         "parts": {
             part: {"utterances": len(plan[part]), "hours": round(hours[part], 4)} for part in plan
         },
         "voices": len(speakers),
         "voice_names": sorted(s.voice for s in speakers),
-        "vocabulary": len({word for utt in plan[PARTS[0]] for word in utt.text.split()}),
+        "vocabulary": len({word for utt in plan.get(PARTS[0], []) for word in utt.text.split()}),
         "mean_utterance_seconds": round(sum(durations.values()) / len(durations), 3),
     }
-    _write_json(root / MARKER, {"params": params, "summary": summary})
-    return {**summary, "reused": False}
+
+
+def _unlabelled_part(
+    root: Path,
+    params: dict,
+    sizes: dict,
+    librispeech_parts: bool,
+    hours: float,
+    num_jobs: int,
+) -> dict | None:
+    """Synthesize `UNLABELLED_PART` beside the labelled parts of `params` (which it never
+    touches), unless it exists with these parameters; its own marker in its folder. Returns
+    its summary when it was made, None when it was reused."""
+    folder = root / UNLABELLED_PART
+    own = {"labelled": params, "unlabelled_hours": hours}
+    try:
+        previous = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        previous = {}
+    if previous.get("params") == own and "summary" in previous:
+        Console(stderr=True).print(f"{folder}: exists with these parameters; skipping")
+        return None
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    check_voices(UNLABELLED_SPEAKERS)
+    plan = plan_corpus(
+        **sizes, seed=params["seed"], librispeech_parts=librispeech_parts, unlabelled_hours=hours
+    )
+    part = {UNLABELLED_PART: plan[UNLABELLED_PART]}
+    durations, _ = _synthesize_all(root, part, params["seed"], params["noise_dbfs"], num_jobs)
+    summary = _summary(part, durations)
+    _write_json(folder / MARKER, {"params": own, "summary": summary})
+    return summary
+
+
+def _with_unlabelled(root: Path, summary: dict) -> dict:
+    """`summary` with the unlabelled part's utterances and hours, and its voices."""
+    unlabelled = json.loads((root / UNLABELLED_PART / MARKER).read_text())["summary"]
+    names = sorted({*summary["voice_names"], *unlabelled["voice_names"]})
+    return {
+        **summary,
+        "parts": {**summary["parts"], **unlabelled["parts"]},
+        "voices": len(names),
+        "voice_names": names,
+    }
 
 
 @command

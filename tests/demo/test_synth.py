@@ -322,3 +322,13 @@ def test_an_unlabelled_part_is_audio_alone(tmp_path: Path) -> None:
     total = sum(c.duration for c in cuts) / 3600
     assert total == pytest.approx(summary["parts"][UNLABELLED]["hours"], abs=1e-4)  # 4 decimals
     assert cuts[0].load_audio().shape[1] == round(cuts[0].duration * SAMPLE_RATE)
+    # the labelled parts are left alone: made once, reused with or without the unlabelled one
+    marker = (root / MARKER).stat().st_mtime
+    again = make_demo_corpus(tmp_path, **TINY, unlabelled_hours=0.004, num_jobs=2)
+    assert again["reused"] and again["parts"] == summary["parts"]
+    plain = make_demo_corpus(tmp_path, **TINY, num_jobs=2)
+    assert plain["reused"] and UNLABELLED in plain["parts"] and flacs[0].exists()
+    bigger = make_demo_corpus(tmp_path, **TINY, unlabelled_hours=0.006, num_jobs=2)
+    assert not bigger["reused"] and (root / MARKER).stat().st_mtime == marker
+    assert bigger["parts"][UNLABELLED]["utterances"] > summary["parts"][UNLABELLED]["utterances"]
+    assert bigger["parts"]["train-clean-100"] == summary["parts"]["train-clean-100"]
