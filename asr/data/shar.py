@@ -154,7 +154,9 @@ def export_shar(
     export = SharExport(
         output_dir, names, shard_size, written, skipped, tuple(skipped_ids), duration
     )
-    (output_dir / INDEX).write_text(json.dumps(export.index(), indent=1) + "\n")
+    tmp = output_dir / f"{INDEX}.tmp"  # whole or absent: the index marks a finished export
+    tmp.write_text(json.dumps(export.index(), indent=1) + "\n")
+    tmp.replace(output_dir / INDEX)
     return export
 
 
