@@ -20,6 +20,7 @@ Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 labe
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -121,12 +122,9 @@ class LabelLoopingGreedy:
         buffers = self._buffers_for(enc, graphs)
         self._reset(buffers, enc, encoder_lens)
         fused = graphs if self.fused_loop is None else self.fused_loop
-        if fused:
-            step = (
-                self.fused
-                if graphs and self.fused is not None
-                else GraphedStep(lambda: self._fused_step(buffers), enc.device, use_graph=False)
-            )
+        if fused:  # the graph's loop: replayed on CUDA, its body run eagerly elsewhere
+            replayed = graphs and self.fused is not None
+            step = self.fused if replayed else functools.partial(self._fused_step, buffers)
             while bool(buffers.active.any()):
                 for _ in range(REPLAYS_PER_CHECK):
                     step()

@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from asr.gpu_check.environment import device_facts, package_versions, project_commit
-from asr.gpu_check.lattice import loss_and_grads
+from asr.gpu_check.lattice import loss_and_grads, seeded_joiner
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import section_limit
 from asr.losses.samplewise import predicted_peak_bytes
@@ -100,13 +100,7 @@ REHEARSAL_CASE = LossCase(6, 16, 4, 33, 256, 256, 256, warmup=1, probe=2, budget
 
 def build_joiner(case: LossCase, device: str) -> Joiner:
     """The case's joiner with seeded random weights, on `device`."""
-    torch.manual_seed(0)
-    joiner = Joiner(
-        encoder_dim=case.encoder_dim,
-        predictor_dim=case.predictor_dim,
-        joint_dim=case.joint_dim,
-        vocab_size=case.vocab,
-    )
+    joiner = seeded_joiner(case.encoder_dim, case.predictor_dim, case.joint_dim, case.vocab)
     return joiner.to(device)
 
 
