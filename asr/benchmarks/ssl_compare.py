@@ -1,20 +1,25 @@
 """The comparison `recipes/demo/ssl.sh` ends with: few-label fine-tuning from scratch and
 from each pre-trained encoder, one JSON table.
 
-    python -m asr.benchmarks.ssl_compare exp/demo_ssl --runs scratch_lr0.0015 best_rq ... \\
+    python -m asr.benchmarks.ssl_compare exp/demo_ssl \\
+        --runs scratch_lr0.0015-seed42 best_rq_lr0.0015-seed42 ... \\
         --steps 1000 --seed 42 --ctc-steps 28 -o exp/demo_ssl/compare.json
 
-Read from the recipe's folders: the subset's summary (`subset/summary.json`); for each
-fine-tuning run `finetune_<run>/`, its best dev WER (the lowest `val/wer` in its CSV
-metrics: the checkpoint `best.ckpt` holds), its test WER (`decode-test-clean/wer.json` of
-that checkpoint) and its training throughput; for each pre-training `pretrain_<objective>/`,
-its wall seconds, throughput, lowest dev loss and the share of codes used over the run.
+A run is named `<start>_lr<learning rate>-seed<seed>`, its start `scratch` or the
+pre-training objective whose encoder it began from. Read from the recipe's folders: the
+subset's summary (`subset/summary.json`); for each fine-tuning run `finetune_<run>/`, its
+best dev WER (the lowest `val/wer` in its CSV metrics: the checkpoint `best.ckpt` holds),
+its test WER (`decode-test-clean/wer.json` of that checkpoint) and its training throughput;
+for each pre-training `pretrain_<objective>/`, its wall seconds, throughput, lowest dev
+loss, its curves (training loss, masked accuracy and code use over the steps, dev loss per
+validation) and the share of codes used over the run.
 
 Throughput is audio seconds per second of training steps (`debug.step_times_dir`): the
 audio of each optimizer step over the time since the previous one, with the gaps longer
-than 3x the median (validations, epoch ends) left out. The from-scratch baseline is the
-scratch run with the lowest best dev WER; each pre-trained run's `relative_cut` is
-1 - its test WER / the baseline's.
+than 3x the median (validations, epoch ends) left out. Each start's learning rate is
+chosen by dev WER: its run with the lowest best dev WER is `chosen`; the from-scratch one is
+the baseline, and each pre-trained start's chosen run has `relative_cut` = 1 - its test
+WER / the baseline's (test WERs are never used to choose).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any
 
 from asr.training.metrics_csv import metric_rows
 
-SCRATCH = "scratch_lr"
+SCRATCH = "scratch"
+CURVE_POINTS = 10  # the pre-training curves: means over this many equal spans of the steps
 GAP_FACTOR = 3.0  # a step interval this many times the median is not training time
 
 
@@ -66,9 +72,11 @@ def finetune_record(exp: Path, name: str) -> dict[str, Any]:
     dev = values(rows, "val/wer")
     wer_file = run_dir / "decode-test-clean" / "wer.json"
     test = json.loads(wer_file.read_text()) if wer_file.is_file() else None
+    start, _, rest = name.rpartition("_lr")
     return {
         "run": name,
-        "init": "scratch" if name.startswith(SCRATCH) else name.split("-seed")[0],
+        "init": start,
+        "lr": float(rest.split("-seed")[0]),
         "best_dev_wer": round(min(dev), 3) if dev else None,
         "test_wer": test["wer"] if test else None,
         "optimizer_steps": int(max(values(rows, "step"), default=-1)) + 1,
@@ -76,18 +84,45 @@ def finetune_record(exp: Path, name: str) -> dict[str, Any]:
     }
 
 
+def curve(rows: list[dict[str, str]], names: list[str]) -> list[dict[str, float]]:
+    """The logged training values of `names`, as means over `CURVE_POINTS` equal spans of
+    the logged steps, each with the span's last step."""
+    logged = [row for row in rows if row.get(names[0]) and row.get("step")]
+    points = []
+    for i in range(min(CURVE_POINTS, len(logged))):
+        span = logged[i * len(logged) // CURVE_POINTS : (i + 1) * len(logged) // CURVE_POINTS]
+        if not span:
+            continue
+        point = {"step": int(float(span[-1]["step"]))}
+        for name in names:
+            seen = [float(row[name]) for row in span if row.get(name)]
+            point[name] = round(statistics.fmean(seen), 4) if seen else None
+        points.append(point)
+    return points
+
+
 def pretrain_record(exp: Path, objective: str) -> dict[str, Any]:
-    """What one pre-training run gave: wall time, throughput, dev loss, code use."""
+    """What one pre-training run gave: wall time, throughput, dev loss, curves, code use."""
     run_dir = exp / f"pretrain_{objective}"
     rows = metric_rows(run_dir)
     wall = run_dir / "wall_seconds"
     use = values(rows, "train/code_use")
     window = values(rows, "train/code_use_window")
+    shown = ["train/loss", "train/mlm_accuracy", "train/code_use"]
+    if any(row.get("train/contrastive_accuracy") for row in rows):
+        shown.append("train/contrastive_accuracy")
+    dev = [
+        {"step": int(float(row["step"])), "val/loss": round(float(row["val/loss"]), 4),
+         "val/mlm_accuracy": round(float(row["val/mlm_accuracy"]), 4)}
+        for row in rows if row.get("val/loss") and row.get("val/mlm_accuracy")
+    ]  # fmt: skip
     return {
         "objective": objective,
         "wall_seconds": float(wall.read_text()) if wall.is_file() else None,
+        "optimizer_steps": int(max(values(rows, "step"), default=-1)) + 1,
         "training": throughput(run_dir / "step_times"),
         "best_dev_loss": round(min(values(rows, "val/loss")), 4) if rows else None,
+        "curves": {"training": curve(rows, shown), "dev": dev},
         "code_use": {
             "first": use[0] if use else None,
             "last": use[-1] if use else None,
@@ -98,24 +133,29 @@ def pretrain_record(exp: Path, objective: str) -> dict[str, Any]:
 
 
 def compare(exp: Path, runs: list[str], protocol: dict[str, Any]) -> dict[str, Any]:
-    """The whole table: protocol, subset, pre-trainings, fine-tunings, the baseline and each
-    pre-trained run's relative WER cut."""
+    """The whole table: protocol, subset, pre-trainings, fine-tunings, each start's run
+    chosen by dev WER, the baseline and each pre-trained start's relative WER cut."""
     finetunes = [finetune_record(exp, name) for name in runs]
-    scratch = [r for r in finetunes if r["init"] == "scratch" and r["best_dev_wer"] is not None]
-    baseline = min(scratch, key=lambda r: r["best_dev_wer"]) if scratch else None
-    for record in finetunes:
-        if record["init"] != "scratch" and baseline and record["test_wer"] is not None:
-            cut = 1.0 - record["test_wer"] / baseline["test_wer"] if baseline["test_wer"] else None
-            record["relative_cut"] = None if cut is None else round(cut, 4)
+    starts = list(dict.fromkeys(r["init"] for r in finetunes))
+    chosen = {}
+    for start in starts:
+        done = [r for r in finetunes if r["init"] == start and r["best_dev_wer"] is not None]
+        if done:
+            chosen[start] = min(done, key=lambda r: r["best_dev_wer"])
+    baseline = chosen.get(SCRATCH)
+    for start, record in chosen.items():
+        record["chosen"] = True
+        tested = baseline and baseline["test_wer"] and record["test_wer"] is not None
+        if start != SCRATCH and tested:
+            record["relative_cut"] = round(1.0 - record["test_wer"] / baseline["test_wer"], 4)
     summary = exp / "subset" / "summary.json"
     return {
         "protocol": protocol,
         "subset": json.loads(summary.read_text()) if summary.is_file() else None,
-        "pretraining": [
-            pretrain_record(exp, r["init"]) for r in finetunes if r["init"] != "scratch"
-        ],
+        "pretraining": [pretrain_record(exp, start) for start in starts if start != SCRATCH],
         "finetuning": finetunes,
         "baseline": baseline["run"] if baseline else None,
+        "chosen": {start: record["run"] for start, record in chosen.items()},
     }
 
 

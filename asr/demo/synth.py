@@ -86,7 +86,9 @@ def _synthesize_chunk(
         try:
             audio, offset = postprocess(speech.samples, speech.sample_rate, rng, noise_dbfs)
             seconds = len(audio) / SAMPLE_RATE
-            words = word_times(utt.text, speech, offset, seconds)
+            # the unlabelled part has no transcripts, so no word times to get right
+            unlabelled = utt.part == UNLABELLED_PART
+            words = [] if unlabelled else word_times(utt.text, speech, offset, seconds)
         except ValueError as err:
             raise RuntimeError(f"{utt.id} ({utt.speaker.voice}, {utt.text!r}): {err}") from err
         sf.write(path, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
@@ -272,6 +274,28 @@ def make_demo_corpus(
     return {**summary, "reused": reused}
 
 
+def add_unlabelled_part(out_dir: str | Path, hours: float, num_jobs: int | None = None) -> dict:
+    """Add (or resize) the unlabelled part of `make_demo_corpus` beside the complete demo
+    corpus already in OUT, with that corpus's parameters, whatever they were; returns the
+    corpus's summary. Raises FileNotFoundError naming OUT when it holds no complete corpus."""
+    if hours <= 0:
+        raise ValueError(f"unlabelled_hours must be > 0 to add the part, got {hours}")
+    root = Path(out_dir) / "LibriSpeech"
+    try:
+        made = json.loads((root / MARKER).read_text())
+        params, summary = made["params"], made["summary"]
+    except (OSError, ValueError, KeyError) as err:
+        raise FileNotFoundError(
+            f"{root}: no complete demo corpus to add the unlabelled part to ({err}); "
+            "make one first (asr-make-demo-corpus OUT)"
+        ) from err
+    sizes = {key: params[key] for key in ("train_hours", "dev_minutes", "test_minutes")}
+    librispeech_parts = bool(params.get("librispeech_parts"))
+    num_jobs = num_jobs or os.cpu_count() or 1
+    made_now = _unlabelled_part(root, params, sizes, librispeech_parts, hours, num_jobs)
+    return {**_with_unlabelled(root, summary), "reused": made_now is None}
+
+
 def _summary(plan: dict[str, list[Utterance]], durations: dict[str, float]) -> dict:
     speakers = {utt.speaker for utterances in plan.values() for utt in utterances}
     hours = {part: sum(durations[utt.id] for utt in utts) / 3600 for part, utts in plan.items()}
@@ -352,8 +376,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also train-unlabelled: this much audio without transcripts (new sentences and "
         "voice settings) for self-supervised pre-training",
     )  # fmt: skip
+    parser.add_argument(
+        "--add-to-existing", action="store_true",
+        help="with --unlabelled-hours: add the part beside the corpus already in OUT, with "
+        "that corpus's parameters (the size and seed options are then ignored)",
+    )  # fmt: skip
     args = vars(parser.parse_args(argv))
-    summary = make_demo_corpus(args.pop("out"), **args)
+    if args.pop("add_to_existing"):
+        summary = add_unlabelled_part(args["out"], args["unlabelled_hours"], args["num_jobs"])
+    else:
+        summary = make_demo_corpus(args.pop("out"), **args)
     for part, figures in summary["parts"].items():
         print(f"{part:16s} {figures['utterances']:6d} utterances {figures['hours']:8.3f} h")
     print(f"voices ({summary['voices']}): {', '.join(summary['voice_names'])}")

@@ -78,6 +78,8 @@ class AsrLitModule(L.LightningModule):
             gradient clipping live elsewhere); from `setup_distributed`.
         freeze_encoder_steps: the encoder's learning rate is 0 for this many optimizer
             steps (fine-tuning; `asr.training.encoder_init`).
+        encoder_lr_scale: the encoder's learning rate is the schedule's times this
+            (fine-tuning a pre-trained encoder slower than the new head).
     """
 
     def __init__(
@@ -92,9 +94,11 @@ class AsrLitModule(L.LightningModule):
         search: SearchOptions | None = None,
         strategy_features: StrategyFeatures = DENSE,
         freeze_encoder_steps: int = 0,
+        encoder_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.freeze_encoder_steps = freeze_encoder_steps  # asr.training.encoder_init
+        self.encoder_lr_scale = encoder_lr_scale
         self._encoder_groups: list[int] = []
         self.strategy_features = strategy_features
         self.model = model
@@ -300,7 +304,8 @@ class AsrLitModule(L.LightningModule):
             self.optim_cfg,
             fused=self._loss_scaler() is None,
             moments_in_hook=self.strategy_features.moments_in_hook,
-            own_groups=self.model.encoder if self.freeze_encoder_steps else None,
+            own_groups=self.model.encoder if self._encoder_apart() else None,
+            own_lr_scale=self.encoder_lr_scale,
         )
         if self.freeze_encoder_steps:
             self._encoder_groups = encoder_group_ids(optimizer, self.model.encoder)
@@ -311,6 +316,10 @@ class AsrLitModule(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    def _encoder_apart(self) -> bool:
+        """Whether the encoder's parameters need optimizer groups of their own."""
+        return bool(self.freeze_encoder_steps) or self.encoder_lr_scale != 1.0
 
     def _loss_scaler(self) -> Any:
         """fp16's gradient scaler when training under one, else None."""

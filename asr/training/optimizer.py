@@ -71,6 +71,7 @@ def build_optimizer(
     fused: bool = True,
     moments_in_hook: bool = False,
     own_groups: torch.nn.Module | None = None,
+    own_lr_scale: float = 1.0,
 ) -> torch.optim.Optimizer:
     """AdamW or SGD over `model`'s trainable parameters from the `optim` keys. Weight
     decay applies to parameters with two or more dimensions; biases and norms are not
@@ -80,20 +81,28 @@ def build_optimizer(
     and weight decay, because a communication hook applies the optimizer's moments (DGC:
     SGD's momentum correction, or AdamW's directions); for AdamW that SGD's weight decay
     is AdamW's decoupled one, since the gradient it receives is already Adam's direction.
-    `own_groups`: a part of `model` (the encoder, to hold it still while fine-tuning) whose
-    parameters get parameter groups of their own, before the others'."""
+    `own_groups`: a part of `model` (the encoder, to hold it still or train it slower while
+    fine-tuning) whose parameters get parameter groups of their own, before the others';
+    `own_lr_scale` multiplies their learning rate (the schedule scales it as the others')."""
     config = optim_config(cfg)
     trained = [p for p in model.parameters() if p.requires_grad]
     held = {id(p) for p in own_groups.parameters()} if own_groups is not None else set()
     parts = [[p for p in trained if id(p) in held], [p for p in trained if id(p) not in held]]
+    if own_lr_scale != 1.0 and own_groups is None:
+        raise ValueError("own_lr_scale needs own_groups: the part whose learning rate it scales")
+    if own_lr_scale < 0:
+        raise ConfigError(f"encoder_lr_scale must be >= 0, got {own_lr_scale}")
+    scaled = list(zip(parts, (own_lr_scale, 1.0), strict=True)) if held else [(parts[1], 1.0)]
     groups = []
-    for params in parts if held else parts[1:]:
+    for params, scale in scaled:
+        lr = float(config.lr) * scale
         groups += [
             {
                 "params": [p for p in params if p.ndim >= 2],
                 "weight_decay": float(config.weight_decay),
+                "lr": lr,
             },
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr},
         ]
     if config.kind == "sgd" or moments_in_hook:
         momentum = 0.0 if moments_in_hook else config.sgd_momentum

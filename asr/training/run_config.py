@@ -72,6 +72,8 @@ class RunConfig:
     - `init_encoder_from`: start the encoder from this pre-training checkpoint, other
       checkpoint or encoder export (`asr-export --encoder-only`); null: random (docs/ssl.md).
     - `freeze_encoder_steps`: keep the encoder unchanged for this many optimizer steps.
+    - `encoder_lr_scale`: the encoder's learning rate is the schedule's times this
+      (fine-tuning: below 1 trains a pre-trained encoder slower than the new head).
     - `run_test`: test the best checkpoint on `data.test_cuts` after fitting.
     - `validation_beam_size`: the search of validation and the final test: 1 greedy, more
       beam search.
@@ -88,6 +90,7 @@ class RunConfig:
     resume: str | bool | None = "auto"
     init_encoder_from: str | None = None
     freeze_encoder_steps: int = 0
+    encoder_lr_scale: float = 1.0
     run_test: bool = True
     validation_beam_size: int = 1
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

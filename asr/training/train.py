@@ -146,6 +146,7 @@ def build(cfg: DictConfig) -> Built:
         search=None if tokenizer is None else default_options(model, run.validation_beam_size),
         strategy_features=parallel.strategy_features,
         freeze_encoder_steps=run.freeze_encoder_steps,
+        encoder_lr_scale=run.encoder_lr_scale,
     )
     resolved = resolved_keys(precision, objective, accelerator, parallel)
     return Built(trainer, module, datamodule, resolved)

@@ -15,6 +15,7 @@ from asr.models.conformer import ConformerConfig
 from asr.models.ssl import SslConfig, build_ssl_model
 from asr.training.encoder_init import encoder_group_ids, hold_encoder, load_encoder
 from asr.training.optimizer import OptimConfig, build_optimizer
+from asr.training.schedules import SchedulerConfig, build_scheduler
 
 ENCODER = ConformerConfig(input_dim=16, d_model=32, num_layers=2, num_heads=2, conv_kernel_size=5)
 
@@ -96,3 +97,28 @@ def test_held_encoder_groups_leave_the_encoder_bitwise_unchanged(tmp_path) -> No
     assert changed  # after the held steps the encoder trains
     # without own groups: the same two groups as ever
     assert len(build_optimizer(model, OptimConfig(lr=1e-2)).param_groups) == 2
+
+
+def test_encoder_lr_scale_trains_the_encoder_at_that_share_of_the_scheduled_rate() -> None:
+    torch.manual_seed(0)
+    model = _transducer()
+    config = OptimConfig(lr=0.1, kind="sgd", momentum=0.0, weight_decay=0.0)
+    optimizer = build_optimizer(model, config, own_groups=model.encoder, own_lr_scale=0.25)
+    scheduler = build_scheduler(
+        optimizer, SchedulerConfig(kind="warmup_cosine", warmup_steps=4), total_steps=10
+    )
+    encoder_groups = encoder_group_ids(optimizer, model.encoder)
+    for _ in range(3):  # through the warm-up: the schedule scales both rates alike
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        optimizer.zero_grad()
+        sum((p * torch.randn_like(p)).sum() for p in model.parameters()).backward()
+        rates = [group["lr"] for group in optimizer.param_groups]
+        optimizer.step()
+        scheduler.step()
+        head = max(rates)
+        assert head > 0 and all(rates[i] == pytest.approx(0.25 * head) for i in encoder_groups)
+        for name, p in model.named_parameters():  # SGD: the step is rate x gradient
+            rate = 0.25 * head if name.startswith("encoder.") else head
+            torch.testing.assert_close(before[name] - p.detach(), rate * p.grad)
+    with pytest.raises(ConfigError, match="encoder_lr_scale"):
+        build_optimizer(model, config, own_groups=model.encoder, own_lr_scale=-1.0)
