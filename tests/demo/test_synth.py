@@ -19,7 +19,7 @@ from asr.demo.plan import (
     estimate_seconds,
     plan_corpus,
 )
-from asr.demo.synth import MARKER, check_voices, main, make_demo_corpus
+from asr.demo.synth import MARKER, add_unlabelled_part, check_voices, main, make_demo_corpus
 from asr.frames import SAMPLE_RATE
 
 TINY = {"train_hours": 0.012, "dev_minutes": 0.25, "test_minutes": 0.3, "seed": 3}
@@ -332,3 +332,28 @@ def test_an_unlabelled_part_is_audio_alone(tmp_path: Path) -> None:
     assert not bigger["reused"] and (root / MARKER).stat().st_mtime == marker
     assert bigger["parts"][UNLABELLED]["utterances"] > summary["parts"][UNLABELLED]["utterances"]
     assert bigger["parts"]["train-clean-100"] == summary["parts"]["train-clean-100"]
+
+
+def test_add_to_existing_adds_the_unlabelled_part_with_the_corpus_own_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from asr.data.corpus import UNLABELLED
+
+    empty = tmp_path / "empty"
+    with pytest.raises(FileNotFoundError, match=f"{empty}.*no complete demo corpus"):
+        add_unlabelled_part(empty, 0.004)
+    with pytest.raises(SystemExit):  # the command: one line naming the folder
+        main([str(empty), "--unlabelled-hours", "0.004", "--add-to-existing"])
+    assert f"{empty}/LibriSpeech: no complete demo corpus" in capsys.readouterr().err
+    made = make_demo_corpus(tmp_path, **TINY, num_jobs=2)  # not the command's default sizes
+    root = tmp_path / "LibriSpeech"
+    marker = (root / MARKER).stat().st_mtime
+    main([str(tmp_path), "--unlabelled-hours", "0.004", "--add-to-existing", "--num-jobs", "2"])
+    assert f"{UNLABELLED}" in capsys.readouterr().out
+    assert (root / MARKER).stat().st_mtime == marker  # the labelled parts untouched
+    flacs = list((root / UNLABELLED).rglob("*.flac"))
+    assert flacs and not list((root / UNLABELLED).rglob("*.txt"))
+    # the same part as make_demo_corpus makes for that corpus: reused, not made again
+    again = make_demo_corpus(tmp_path, **TINY, unlabelled_hours=0.004, num_jobs=2)
+    assert again["reused"] and again["parts"]["train-clean-100"] == made["parts"]["train-clean-100"]
+    assert again["parts"][UNLABELLED]["utterances"] == len(flacs)
