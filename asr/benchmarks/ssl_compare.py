@@ -12,7 +12,10 @@ best dev WER (the lowest `val/wer` in its CSV metrics: the checkpoint `best.ckpt
 its test WER (`decode-test-clean/wer.json` of that checkpoint) and its training throughput;
 for each pre-training `pretrain_<objective>/`, its wall seconds, throughput, lowest dev
 loss, its curves (training loss, masked accuracy and code use over the steps, dev loss per
-validation) and the share of codes used over the run.
+validation) and the share of codes used over the run; for BEST-RQ with `--dev-cuts`, the
+entropy of the code ids its frozen quantizer gives the dev features: the masked-prediction
+loss of an encoder that learned the codes' frequencies and nothing else, to set its dev loss
+against.
 
 Throughput is audio seconds per second of training steps (`debug.step_times_dir`): the
 audio of each optimizer step over the time since the previous one, with the gaps longer
@@ -26,10 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from asr.training.metrics_csv import metric_rows
 
@@ -101,7 +108,37 @@ def curve(rows: list[dict[str, str]], names: list[str]) -> list[dict[str, float]
     return points
 
 
-def pretrain_record(exp: Path, objective: str) -> dict[str, Any]:
+def code_prior_entropy(checkpoint: Path, dev_cuts: Path) -> dict[str, Any]:
+    """BEST-RQ: the entropy in nats of the code ids the checkpoint's frozen quantizer gives
+    the features of `dev_cuts` (every frame, normalized as the run's features were), and
+    how many distinct codes occur."""
+    from lhotse import load_manifest
+
+    from asr.data.features import normalize_features
+    from asr.models.quantizers import RandomProjectionQuantizer
+
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    weights = saved["state_dict"]
+    config = saved["asr_bundle"]["model"]["best_rq"]
+    normalize = saved["asr_bundle"]["features"]["normalize"]
+    input_dim = saved["asr_bundle"]["model"]["encoder"]["input_dim"]
+    factor = weights["model.quantizer.projection"].shape[1] // input_dim  # frames stacked
+    quantizer = RandomProjectionQuantizer(
+        input_dim, factor, code_dim=config["code_dim"],
+        num_codes=config["num_codes"], num_codebooks=config["num_codebooks"],
+    )  # fmt: skip
+    quantizer.load_state_dict({k.removeprefix("model.quantizer."): v for k, v in weights.items()
+                               if k.startswith("model.quantizer.")})  # fmt: skip
+    counts: Counter[int] = Counter()
+    for cut in load_manifest(dev_cuts):
+        features = normalize_features(cut.load_features(), normalize)
+        counts.update(quantizer(torch.from_numpy(features)[None]).flatten().tolist())
+    total = sum(counts.values())
+    entropy = -sum(n / total * math.log(n / total) for n in counts.values())
+    return {"nats": round(entropy, 4), "codes_seen": len(counts), "frames": total}
+
+
+def pretrain_record(exp: Path, objective: str, dev_cuts: Path | None = None) -> dict[str, Any]:
     """What one pre-training run gave: wall time, throughput, dev loss, curves, code use."""
     run_dir = exp / f"pretrain_{objective}"
     rows = metric_rows(run_dir)
@@ -116,9 +153,14 @@ def pretrain_record(exp: Path, objective: str) -> dict[str, Any]:
          "val/mlm_accuracy": round(float(row["val/mlm_accuracy"]), 4)}
         for row in rows if row.get("val/loss") and row.get("val/mlm_accuracy")
     ]  # fmt: skip
+    best = run_dir / "checkpoints" / "best.ckpt"
+    prior = None
+    if objective == "best_rq" and dev_cuts is not None and best.is_file():
+        prior = code_prior_entropy(best, dev_cuts)
     return {
         "objective": objective,
         "wall_seconds": float(wall.read_text()) if wall.is_file() else None,
+        "code_prior_entropy": prior,
         "optimizer_steps": int(max(values(rows, "step"), default=-1)) + 1,
         "training": throughput(run_dir / "step_times"),
         "best_dev_loss": round(min(values(rows, "val/loss")), 4) if rows else None,
@@ -132,7 +174,9 @@ def pretrain_record(exp: Path, objective: str) -> dict[str, Any]:
     }
 
 
-def compare(exp: Path, runs: list[str], protocol: dict[str, Any]) -> dict[str, Any]:
+def compare(
+    exp: Path, runs: list[str], protocol: dict[str, Any], dev_cuts: Path | None = None
+) -> dict[str, Any]:
     """The whole table: protocol, subset, pre-trainings, fine-tunings, each start's run
     chosen by dev WER, the baseline and each pre-trained start's relative WER cut."""
     finetunes = [finetune_record(exp, name) for name in runs]
@@ -152,7 +196,9 @@ def compare(exp: Path, runs: list[str], protocol: dict[str, Any]) -> dict[str, A
     return {
         "protocol": protocol,
         "subset": json.loads(summary.read_text()) if summary.is_file() else None,
-        "pretraining": [pretrain_record(exp, start) for start in starts if start != SCRATCH],
+        "pretraining": [
+            pretrain_record(exp, start, dev_cuts) for start in starts if start != SCRATCH
+        ],
         "finetuning": finetunes,
         "baseline": baseline["run"] if baseline else None,
         "chosen": {start: record["run"] for start, record in chosen.items()},
@@ -167,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, required=True, help="fine-tuning steps")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--ctc-steps", type=int, required=True, help="CTC-only warm-up steps")
+    parser.add_argument(
+        "--dev-cuts", type=Path, help="dev features for BEST-RQ's code prior entropy"
+    )
     parser.add_argument("-o", "--output", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     protocol = {
@@ -174,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "ctc_only_steps": args.ctc_steps, "warmup_steps": args.steps // 10,
         "checkpoint": "best.ckpt (lowest dev WER)",
     }  # fmt: skip
-    table = compare(args.exp, args.runs, protocol)
+    table = compare(args.exp, args.runs, protocol, args.dev_cuts)
     text = json.dumps(table, indent=2)
     print(text)
     if args.output:

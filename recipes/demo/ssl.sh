@@ -151,5 +151,5 @@ fi
 if run 7; then say 7
   python -m asr.benchmarks.ssl_compare "$exp" --subset "$subset" --steps "$steps" \
     --seed "$seed" --ctc-steps "$ctc_steps" --runs "${finetune_runs[@]}" \
-    -o "$exp/compare-seed$seed.json"
+    --dev-cuts "$manifests/librispeech_cuts_dev-clean-feats.jsonl.gz" -o "$exp/compare-seed$seed.json"
 fi
