@@ -112,8 +112,12 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
     assert done.returncode == 2 and "unknown argument '--shar'" in done.stderr
     done = _recipe(root, "demo/ssl.sh", "--dry-run", "--stage", "finetune", SEED="7")
     assert done.returncode == 0, done.stderr
-    assert "  ssl stage 4: finetune\n  ssl stage 5: decode\n  ssl stage 6: compare\n" in done.stdout
-    assert "fine-tuning runs: scratch_lr0.0015-seed7 scratch_lr0.003-seed7" in done.stdout
+    assert "  ssl stage 5: finetune\n  ssl stage 6: decode\n  ssl stage 7: compare\n" in done.stdout
+    runs = "fine-tuning runs: scratch_lr0.0015-seed7 scratch_lr0.003-seed7 best_rq_lr0.0015-seed7"
+    assert runs in done.stdout and "w2v_bert_lr0.003-seed7\n" in done.stdout
+    assert "pre-training cuts: data/demo/manifests/librispeech_cuts_train-clean-100-feats" in (
+        done.stdout
+    )
     assert not (root / "data").exists() and not (root / "exp").exists()
 
 

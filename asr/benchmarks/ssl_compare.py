@@ -161,8 +161,7 @@ def pretrain_record(exp: Path, objective: str, dev_cuts: Path | None = None) -> 
         "objective": objective,
         "wall_seconds": float(wall.read_text()) if wall.is_file() else None,
         "code_prior_entropy": prior,
-        "optimizer_steps": int(max(values(rows, "step"), default=-1)) + 1,
-        "training": throughput(run_dir / "step_times"),
+        "training": throughput(run_dir / "step_times"),  # its "steps": the optimizer's
         "best_dev_loss": round(min(values(rows, "val/loss")), 4) if rows else None,
         "curves": {"training": curve(rows, shown), "dev": dev},
         "code_use": {
