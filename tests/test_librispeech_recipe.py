@@ -64,7 +64,7 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
         "OMP_NUM_THREADS": "1",
         "WANDB_MODE": "disabled",
     }
-    # SHAR=1: stage 4 also writes each training part (its speed copies too) as Shar shards
+    # SHAR=1: stage 5 also writes each training part (its speed copies too) as Shar shards
     printed = _recipe(
         env | {"SHAR": "1"}, "--stage", "manifests", "--", *TINY_MODEL, "trainer.max_epochs=2"
     )
@@ -126,9 +126,9 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
     assert list(index["fields"]) == ["cuts", "recording", "features"]  # audio and features
     assert (manifests / "librispeech_cuts_dev-other-feats.jsonl.gz").is_file()
     assert (data / "bins-train-clean-100,train-clean-360,train-other-500.yaml").is_file()
-    # the streaming preset: its feature statistics (stage 4), then trained from stored
+    # the streaming preset: its feature statistics (stage 5), then trained from stored
     # librosa features (its batch sizes those of the run above) and exported for sherpa-onnx's
-    # online recognizer (stage 9)
+    # online recognizer (stage 10)
     streaming = tmp_path / "exp_streaming"
     streaming.mkdir()
     (streaming / "batch_sizes.yaml").write_text((exp / "batch_sizes.yaml").read_text())

@@ -98,10 +98,27 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
     done = _recipe(root, "librispeech/run.sh", *args, PARTS="mini")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:4] == [
-        "  stage 11: pretrain", "  stage 12: finetune", r"train overrides: a=b\ c"
+        "  stage 12: pretrain", "  stage 13: finetune", r"train overrides: a=b\ c"
     ]  # fmt: skip
-    assert "training on train-clean-5" in done.stdout
-    # --shar (or SHAR=1): stage 4 writes Shar shards too; a recipe without it refuses it
+    assert "training on train-clean-5" in done.stdout and "musan" not in done.stdout
+    # the optional MUSAN stage: listed, skipped unless MUSAN=1, which would download MUSAN
+    done = _recipe(root, "librispeech/run.sh", "--dry-run", "--stop-stage", "perturb")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:5] == [
+        "  stage 0: download", "  stage 1: manifests", "  stage 2: musan", "  stage 3: perturb"
+    ]  # fmt: skip
+    assert "musan: skipped (MUSAN=1 downloads MUSAN, 11 GB, for training with noise)" in (
+        done.stdout
+    )
+    done = _recipe(root, "librispeech/run.sh", "--dry-run", "--stage", "musan", MUSAN="1")
+    assert done.returncode == 0, done.stderr
+    assert "musan: downloads MUSAN (11 GB) into data/librispeech/musan unless it is there, " in (
+        done.stdout
+    )
+    assert "writes data/librispeech/manifests/musan_cuts.jsonl.gz\n" in done.stdout
+    done = _recipe(root, "librispeech/run.sh", "--dry-run", MUSAN="yes")
+    assert done.returncode == 2 and "MUSAN must be 0 or 1, not 'yes'" in done.stderr
+    # --shar (or SHAR=1): stage 5 writes Shar shards too; a recipe without it refuses it
     for args, env in ((["--shar"], {}), ([], {"SHAR": "1"})):
         done = _recipe(root, "librispeech/run.sh", "--dry-run", *args, PARTS="mini", **env)
         assert done.returncode == 0, done.stderr
@@ -163,7 +180,7 @@ def test_demo_trains_with_the_shipped_batches_unless_searched(tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "stages"),
-    [("demo/run.sh", range(4, 11)), ("librispeech/run.sh", range(8, 11))],
+    [("demo/run.sh", range(4, 11)), ("librispeech/run.sh", range(9, 12))],
 )
 def test_each_later_stage_starts_alone_and_fails_only_on_what_is_missing(
     tmp_path: Path, script: str, stages: range

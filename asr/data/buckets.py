@@ -22,6 +22,7 @@ from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
 from asr.config_keys import checked_keys
+from asr.data.augment import AugmentedCuts, CutAugmenter
 from asr.data.bins import Bin, CutLengths, bin_index, duration_index, read_bins
 from asr.data.corpus import cut_text
 from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
@@ -301,12 +302,15 @@ def build_sampler(
     rank: int = 0,
     world_size: int = 1,
     tokenizer: Tokenizer | None = None,
+    augmenter: CutAugmenter | None = None,
 ) -> RankSynchronizedSampler:
     """A bucketing sampler yielding CutSet mini-batches, with `state_dict()`/`load_state_dict()`.
 
     `cuts` should be opened lazily (`asr.data.corpus.load_cuts`). `rank`/`world_size` split
     the data across data-parallel processes. `tokenizer` is needed for 2D bins and TPS
-    limits. Dropped cuts are counted in `sampler.cut_filter.counts()`.
+    limits. Dropped cuts are counted in `sampler.cut_filter.counts()`. `augmenter` changes
+    each cut for the epoch before it is bucketed, so that buckets, budgets and filters
+    see a sped-up cut's own duration (`asr.data.augment`).
     """
     if not isinstance(cfg, SamplerConfig):
         cfg = SamplerConfig.from_mapping(cfg)
@@ -328,6 +332,9 @@ def build_sampler(
         raise ValueError("per-bucket data.sampler.max_tps needs bucket_duration_bins")
     if cfg.uses_tokens() and tokenizer is not None:  # else the cuts carry num_tokens already
         cuts = count_tokens(cuts, tokenizer)
+    augmented = AugmentedCuts(cuts, augmenter) if augmenter is not None else None
+    if augmented is not None:
+        cuts = CutSet(augmented)
     constraint = None
     if bins is not None and (fixed or two_d):
         time = None
@@ -357,6 +364,8 @@ def build_sampler(
         world_size=1,
         rank=0,
     )
+    if augmented is not None:
+        augmented.sampler = stream  # its epoch, set before each iteration, keys the draws
     cut_filter = CutFilter(
         cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
     )

@@ -17,6 +17,7 @@ import lightning as L
 import torch
 
 from asr.config_keys import ConfigError, dataclass_from_keys
+from asr.data.augment import AugmentConfig, CutAugmenter
 from asr.data.batch import Batch
 from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import open_cuts
@@ -101,6 +102,8 @@ class AsrDataModule(L.LightningDataModule):
     - `features`: filterbank settings (`asr.data.features.FeatureConfig`).
     - `spec_augment`: SpecAugment of training batches (`asr.data.dataset.SpecAugmentConfig`;
       null: none).
+    - `augment`: speed, volume, reverberation and noise applied to training audio on the
+      fly (`asr.data.augment.AugmentConfig`; null: none; needs `features.source=on_the_fly`).
     - `sampler`: the training batches (`asr.data.buckets.SamplerConfig`).
     - `valid_max_duration`: seconds of audio per validation and test batch.
     - `num_workers`: data loader processes (0: load in the training process).
@@ -118,6 +121,7 @@ class AsrDataModule(L.LightningDataModule):
         tokenizer: str | None = None,
         features: Mapping[str, Any] | None = None,
         spec_augment: Mapping[str, Any] | None = None,
+        augment: Mapping[str, Any] | None = None,
         sampler: Mapping[str, Any] | None = None,
         valid_max_duration: float = 600.0,
         num_workers: int = 8,
@@ -137,7 +141,20 @@ class AsrDataModule(L.LightningDataModule):
             if spec_augment
             else None
         )
+        self.augment = dataclass_from_keys(AugmentConfig, augment, "data.augment")
+        if self.augment.is_active() and self.features.source != "on_the_fly":
+            raise ConfigError(
+                f"data.augment changes the audio, but data.features.source="
+                f"{self.features.source} reads stored features: set "
+                "data.features.source=on_the_fly (and the manifests of the audio)"
+            )
         self.sampler_cfg = SamplerConfig.from_mapping(sampler or {})
+        # its noise and impulse responses are loaded and checked now, at start-up
+        self.augmenter: CutAugmenter | None = (
+            CutAugmenter.from_config(self.augment, self.sampler_cfg.seed)
+            if self.augment.is_active()
+            else None
+        )
         if tokenizer is None and self.sampler_cfg.uses_tokens():
             raise ConfigError(
                 "data.tokenizer is null (audio alone, for pre-training), but data.sampler "
@@ -173,17 +190,19 @@ class AsrDataModule(L.LightningDataModule):
             raise ConfigError(
                 "data.train_cuts and data.train_shar are both empty: no training data"
             )
+        augmenter = self.augmenter
         if self.train_shar:
             field = "features" if self.features.source == "precomputed" else "recording"
             shards = open_shards(self.train_shar, [field]) + manifest_shards(self.train_cuts)
             return SharSampler(
                 shards, [field], self.sampler_cfg, rank=rank, world_size=world,
-                tokenizer=self.tokenizer,
+                tokenizer=self.tokenizer, augmenter=augmenter,
             )  # fmt: skip
         cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
         return build_sampler(
-            cuts, self.sampler_cfg, rank=rank, world_size=world, tokenizer=self.tokenizer
-        )
+            cuts, self.sampler_cfg, rank=rank, world_size=world, tokenizer=self.tokenizer,
+            augmenter=augmenter,
+        )  # fmt: skip
 
     def train_dataloader(self) -> TrainLoader:
         rank, world = self._rank_and_world()

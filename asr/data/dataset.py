@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from lhotse import CutSet
 from lhotse.audio.utils import AudioLoadingError, DurationMismatchError
-from lhotse.cut import Cut
+from lhotse.cut import Cut, MixedCut
 from lhotse.dataset.signal_transforms import SpecAugment
 
 from asr.data.batch import Batch
@@ -211,7 +211,10 @@ class AsrDataset(torch.utils.data.Dataset):
 
 
 def audio_paths(cut: Cut) -> list[str]:
-    """The files `cut`'s audio is read from (none for audio held in memory or a URL)."""
+    """The files `cut`'s audio is read from (none for audio held in memory or a URL); for
+    a cut mixed with noise (`asr.data.augment`), its tracks' files."""
+    if isinstance(cut, MixedCut):
+        return [path for track in cut.tracks for path in audio_paths(track.cut)]
     recording = getattr(cut, "recording", None)
     sources = recording.sources if recording is not None else []
     return [source.source for source in sources if source.type == "file"]

@@ -44,6 +44,7 @@ from lhotse import CutSet, fastcopy
 from lhotse.cut import Cut
 from lhotse.shar import LazySharIterator
 
+from asr.data.augment import CutAugmenter
 from asr.data.bins import equal_total_edges
 from asr.data.buckets import SamplerConfig, build_sampler
 from asr.data.corpus import load_cuts
@@ -231,15 +232,19 @@ class SharSampler:
         world_size: int = 1,
         tokenizer: Tokenizer | None = None,
         window: int = SYNC_WINDOW,
+        augmenter: CutAugmenter | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         if cfg.bucket_duration_bins is None:
             cfg = with_estimated_bins(shards, cfg)
         self.shards, self.fields, self.cfg, self.tokenizer = shards, fields, cfg, tokenizer
+        self.augmenter = augmenter  # sped-up cuts change the schedule: it augments too
         self.rank, self.world_size, self.window = rank, world_size, window
         self.stream = ShardStream(shards, fields, rank=rank, world_size=world_size, seed=cfg.seed)
-        self.inner = build_sampler(CutSet(self.stream), cfg, tokenizer=tokenizer)
+        self.inner = build_sampler(
+            CutSet(self.stream), cfg, tokenizer=tokenizer, augmenter=augmenter
+        )
         self.cut_filter = self.inner.cut_filter
         self.steps_done = 0
         self._skip = 0
@@ -268,7 +273,9 @@ class SharSampler:
                     self.shards, (), rank=rank, world_size=self.world_size, seed=self.cfg.seed
                 )
                 stream.epoch = epoch
-                sampler = build_sampler(CutSet(stream), self.cfg, tokenizer=self.tokenizer)
+                sampler = build_sampler(
+                    CutSet(stream), self.cfg, tokenizer=self.tokenizer, augmenter=self.augmenter
+                )
                 sampler.set_epoch(epoch)
                 buckets.append([sampler.bucket_of(batch) for batch in sampler])
             self._schedules = {epoch: synchronized_schedule(buckets, self.window)}

@@ -22,7 +22,7 @@ total duration each, `asr.data.bins.equal_total_edges`), each under the same mem
   would cross `max_duration`, so a long cut arriving late takes the padded batch past it
   (up to about twice in a 16-35 s bucket): such steps may run out of memory; they are
   counted, as a run would meet them (a run would stop; the bench goes on).
-- `buckets_2d`, this project's default (`recipes/librispeech/run.sh` stages 5-6): each
+- `buckets_2d`, this project's default (`recipes/librispeech/run.sh` stages 6-7): each
   duration bucket split into token sub-buckets, the per-bucket tokens-per-second (TPS)
   filter, and the search's batch size for every bucket.
 

@@ -32,6 +32,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from asr.data.augment import AugmentConfig, NoiseConfig, ReverbConfig, SpeedConfig, VolumeConfig
 from asr.data.buckets import SamplerConfig
 from asr.data.datamodule import AsrDataModule
 from asr.data.dataset import SpecAugmentConfig
@@ -67,6 +68,7 @@ FILES = (
   - _self_                      # first, so that experiment presets can override the keys below
   - model: conformer_transducer
   - data: librispeech
+  - data/augment: null          # demo or librispeech: speed, noise, reverberation on the fly
   - batches: null               # shipped buckets and batch sizes (data.sampler keys), e.g. demo
   - trainer: default
   - optim: adamw_noam
@@ -175,6 +177,48 @@ hydra:
     ConfigFile("logger/wandb_csv.yaml", "Weights & Biases and a CSV file.", (Part(LoggerConfig),)),
     ConfigFile(
         "logger/csv.yaml", "A CSV file only (no W&B).", (Part(LoggerConfig, {"wandb": None}),)
+    ),
+    ConfigFile(
+        "data/augment/librispeech.yaml",
+        "On-the-fly augmentation of LibriSpeech's training audio (asr/data/augment.py;\n"
+        "docs/data.md): icefall's recipe, speed 0.9/1.0/1.1 and MUSAN noise at 10-20 dB on\n"
+        "half the cuts (MUSAN=1 recipes/librispeech/run.sh writes its manifest), plus\n"
+        "reverberation in generated rooms on a fifth. Needs data.features.source=on_the_fly.\n"
+        "Select with: asr-train ... data/augment=librispeech",
+        (
+            Part(
+                AugmentConfig,
+                {
+                    "speed": SpeedConfig(),
+                    "reverb": ReverbConfig(p=0.2),
+                    "noise": NoiseConfig(cuts=("${data_dir}/manifests/musan_cuts.jsonl.gz",)),
+                },
+            ),
+        ),
+        package="data.augment",
+    ),
+    ConfigFile(
+        "data/augment/demo.yaml",
+        "On-the-fly augmentation of the demo's training audio (experiment=demo_augment;\n"
+        "recipes/demo/augment.sh): speed, volume, reverberation in generated rooms, and the\n"
+        "training types of the demo's noise corpus (asr-make-demo-noise). Its held-out types\n"
+        "build the noisy test sets. Select with: asr-train ... data/augment=demo",
+        (
+            Part(
+                AugmentConfig,
+                {
+                    "speed": SpeedConfig(),
+                    "volume": VolumeConfig(),
+                    "reverb": ReverbConfig(p=0.3),
+                    "noise": NoiseConfig(
+                        cuts=("${data_dir}/manifests/noise_cuts_train.jsonl.gz",),
+                        snr=(0.0, 20.0),
+                        p=0.6,
+                    ),
+                },
+            ),
+        ),
+        package="data.augment",
     ),
     ConfigFile(
         "distributed/compression/dgc.yaml",

@@ -6,24 +6,27 @@
 #   recipes/librispeech/run.sh --stage train -- trainer.devices=4
 #   recipes/librispeech/run.sh --dry-run --stage train   # the stages it would run; runs nothing
 #   SHAR=1 recipes/librispeech/run.sh --stage features --stop-stage features  # Shar shards
+#   MUSAN=1 recipes/librispeech/run.sh --stage musan --stop-stage musan  # noise for data/augment
 #
 # --dry-run lists the stages it would run and the overrides after "--", then exits: nothing is
 # run, downloaded or written. The project's .venv (make install) is used when asr-train is not
 # on PATH (recipes/stages.sh).
 #
-# Stages: 0 download, 1 manifests, 2 perturb, 3 tokenizer, 4 features (and, with SHAR=1, Shar
-# shards of the training parts), 5 bins, 6 batch-sizes, 7 train, 8 decode, 9 export, 10 results
-# (a table, training curves, buckets). Each stage skips work already done; arguments after
-# "--" go to asr-train and asr-oomptimizer (Hydra overrides). Self-supervised pre-training,
+# Stages: 0 download, 1 manifests, 2 musan (with MUSAN=1: MUSAN's noise manifest), 3 perturb,
+# 4 tokenizer, 5 features (and, with SHAR=1, Shar shards of the training parts), 6 bins,
+# 7 batch-sizes, 8 train, 9 decode, 10 export, 11 results (a table, training curves, buckets).
+# Each stage skips work already done; arguments after "--" go to asr-train and
+# asr-oomptimizer (Hydra overrides). Self-supervised pre-training,
 # optional (docs/ssl.md; not run by default):
 #   recipes/librispeech/run.sh --stage pretrain --stop-stage finetune
-# 11 pretrain: experiment=librispeech_ssl_$SSL_OBJECTIVE on all the training audio
+# 12 pretrain: experiment=librispeech_ssl_$SSL_OBJECTIVE on all the training audio
 #   (transcripts unused): duration bins, its own batch-size search, training, and its
 #   encoder exported (exp/librispeech_ssl_<objective>/encoder.pt); PRETRAIN_ARGS: Hydra
 #   overrides of this stage alone (space-separated);
-# 12 finetune: the transducer on train-clean-100 alone, its encoder from stage 11
-#   (init_encoder_from), into EXP-ft-<objective>, then greedy decoding of the test sets. Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB) and
-# the whole recipe ~120 GB of disk (more with FEATURES=precomputed).
+# 13 finetune: the transducer on train-clean-100 alone, its encoder from stage 12
+#   (init_encoder_from), into EXP-ft-<objective>, then greedy decoding of the test sets.
+# Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB), as does stage 2
+# with MUSAN=1 (11 GB), and the whole recipe ~120 GB of disk (more with FEATURES=precomputed).
 #
 # Environment (defaults in brackets):
 #   DATA [data/librispeech], EXP [exp/librispeech_transducer]
@@ -31,12 +34,17 @@
 #     decoded on dev-clean-2: a quick check on real speech)
 #   SPEED_PERTURB [1]: train on each part plus 0.9x and 1.1x speed copies (3x the audio)
 #   FEATURES [on_the_fly]: fbank computed by the data loader workers (GPU machines have the
-#     CPU to spare), or precomputed (stored once by stage 4, ~3x the disk with SPEED_PERTURB)
-#   SHAR [0]: 1 (or --shar): stage 4 also writes each training part, as training reads it
+#     CPU to spare), or precomputed (stored once by stage 5, ~3x the disk with SPEED_PERTURB)
+#   SHAR [0]: 1 (or --shar): stage 5 also writes each training part, as training reads it
 #     (with its speed copies: 3x the audio), as lhotse Shar shards of 1000 cuts
 #     (asr-export-shar: audio as FLAC, and the stored features with FEATURES=precomputed)
 #     into $DATA/shar/<part>/, named as the manifest (e.g. train-clean-100-sp; docs/data.md)
-#   BATCH_MEMORY: the memory a training step may use for stage 6's batch-size search; default
+#   MUSAN [0]: 1: stage 2 downloads MUSAN (11 GB from openslr.org, ~12 GB unpacked) into
+#     $DATA/musan unless it is there, and writes $DATA/manifests/musan_cuts.jsonl.gz (its
+#     music, speech and noise files of 5 s or more, asr-prepare-musan) for training with
+#     noise: SPEED_PERTURB=0 recipes/librispeech/run.sh -- data/augment=librispeech (the
+#     preset perturbs the speed itself, on the fly)
+#   BATCH_MEMORY: the memory a training step may use for stage 7's batch-size search; default
 #     85 % of the first GPU's memory (a safety margin: memory fragments over a long run, and
 #     the search's worst case is not every batch's); DEVICE [cuda] where it searches
 #   BATCH_TOLERANCE [0.05]: the search stops when the smallest batch known not to fit is
@@ -44,16 +52,16 @@
 #   EPOCH [the last], AVG [5]: the average of epochs EPOCH-AVG+1..EPOCH is decoded and exported
 #   BEAM [4]: the beam of the decoding stage (greedy is always decoded too)
 #   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer;
-#     librispeech_streaming: stage 4 also writes its feature statistics, stage 9 its
+#     librispeech_streaming: stage 5 also writes its feature statistics, stage 10 its
 #     streaming ONNX export (docs/streaming.md)]
-#   SSL_OBJECTIVE [best_rq]: best_rq or w2v_bert (stages 11-12), SSL_EXP
+#   SSL_OBJECTIVE [best_rq]: best_rq or w2v_bert (stages 12-13), SSL_EXP
 #     [exp/librispeech_ssl_<objective>]; FINETUNE_PARTS [train-clean-100]: the labelled parts
-#     stage 12 trains on (stage 6's batch sizes); pre-training reads the training cuts the
+#     stage 13 trains on (stage 7's batch sizes); pre-training reads the training cuts the
 #     transducer reads (with SPEED_PERTURB=1, the speed copies too)
 set -euo pipefail
 
 stage=0
-stop_stage=10
+stop_stage=11
 data=${DATA:-data/librispeech}
 experiment=${EXPERIMENT:-librispeech_transducer}
 exp=${EXP:-exp/$experiment}
@@ -71,12 +79,14 @@ ssl_objective=${SSL_OBJECTIVE:-best_rq}
 read -ra pretrain_args <<< "${PRETRAIN_ARGS:-}"
 read -ra finetune_parts <<< "${FINETUNE_PARTS:-train-clean-100}"
 shar=${SHAR:-0}
+musan=${MUSAN:-0}
 
-names=(download manifests perturb tokenizer features bins batch-sizes train decode export results
-  pretrain finetune)
+names=(download manifests musan perturb tokenizer features bins batch-sizes train decode export
+  results pretrain finetune)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
 [[ $shar == 0 || $shar == 1 ]] || { echo "SHAR must be 0 or 1, not '$shar'" >&2; exit 2; }
+[[ $musan == 0 || $musan == 1 ]] || { echo "MUSAN must be 0 or 1, not '$musan'" >&2; exit 2; }
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 join() { local IFS=,; echo "$*"; }
@@ -90,7 +100,7 @@ case $parts in
 esac
 # The experiment's config with the overrides, resolved where a stage needs a key of it
 # (`setting KEY`): its front end names stored features, a streaming preset's statistics
-# (stage 4) and its ONNX export (stage 9).
+# (stage 5) and its ONNX export (stage 10).
 config=
 read_config() {
   [[ -n $config ]] || config=$(resolved_config experiment="$experiment" data_dir="$data" "${train_args[@]}")
@@ -111,7 +121,15 @@ data_args=(
   "data.test_cuts=[$(cuts "${test_parts[0]}")]" "data.features.source=$features"
 )
 shar_note=; [[ $shar == 1 ]] && shar_note=", Shar shards: $data/shar"
-end_dry_run "parts: $parts (training on ${train_parts[*]}), data: $data, exp: $exp$shar_note"
+musan_cuts=$manifests/musan_cuts.jsonl.gz
+musan_note=()
+if run 2 && [[ $musan == 1 ]]; then
+  musan_note=("musan: downloads MUSAN (11 GB) into $data/musan unless it is there, writes $musan_cuts")
+elif run 2; then
+  musan_note=("musan: skipped (MUSAN=1 downloads MUSAN, 11 GB, for training with noise)")
+fi
+end_dry_run "${musan_note[@]}" \
+  "parts: $parts (training on ${train_parts[*]}), data: $data, exp: $exp$shar_note"
 
 if run 0; then say 0
   asr-prepare-manifests --download-only --corpus-dir "$data/LibriSpeech" --parts "$download"
@@ -120,7 +138,16 @@ if run 1; then say 1
   asr-prepare-manifests --corpus-dir "$data/LibriSpeech" --output-dir "$manifests" \
     --parts "${train_parts[@]}" "${dev_parts[@]}" "${test_parts[@]}"
 fi
+# MUSAN=1: MUSAN's music, speech and noise as a cut manifest, the noise data/augment=librispeech
+# mixes into the training audio on the fly (asr-prepare-musan)
 if run 2; then say 2
+  if [[ $musan != 1 ]]; then
+    echo "MUSAN=$musan: skipped (MUSAN=1 downloads MUSAN, 11 GB, and writes $musan_cuts for data/augment=librispeech)"
+  elif [[ -f $musan_cuts ]]; then echo "$musan_cuts exists"; else
+    asr-prepare-musan --corpus-dir "$data/musan" --download -o "$musan_cuts"
+  fi
+fi
+if run 3; then say 3
   if [[ $speed_perturb != 1 ]]; then echo "SPEED_PERTURB=$speed_perturb: skipped"; fi
   for p in "${train_parts[@]}"; do
     [[ $speed_perturb == 1 ]] || break
@@ -129,13 +156,13 @@ if run 2; then say 2
     fi
   done
 fi
-if run 3; then say 3
+if run 4; then say 4
   if [[ -f $tokenizer ]]; then echo "$tokenizer exists"; else
     originals=(); for p in "${train_parts[@]}"; do originals+=("$(cuts "$p")"); done
     asr-train-tokenizer --vocab-size "$vocab_size" --output "$tokenizer" --cuts "${originals[@]}"
   fi
 fi
-if run 4; then say 4
+if run 5; then say 5
   if [[ $features != precomputed ]]; then echo "FEATURES=$features: computed while training"; fi
   for p in "${train_parts[@]}" "${dev_parts[@]}"; do
     [[ $features == precomputed ]] || break
@@ -167,14 +194,14 @@ fi
 sp_suffix=""; [[ $speed_perturb == 1 ]] && sp_suffix=-sp
 bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix.yaml
 batch_sizes=$exp/batch_sizes.yaml
-if run 5; then say 5
+if run 6; then say 6
   if [[ -f $bins ]]; then echo "$bins exists"; else
     # duration bins x 2 token bins of equal totals, per-bucket tokens-per-second limits
     asr-estimate-bins "${train_cuts[@]}" --tokenizer "$tokenizer" \
       --num-buckets "$num_buckets" --num-token-buckets 2 -o "$bins"
   fi
 fi
-if run 6; then say 6
+if run 7; then say 7
   if [[ -f $batch_sizes ]]; then echo "$batch_sizes exists"; else
     if [[ -z $batch_memory ]]; then
       batch_memory=$(python -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{int(0.85 * p.total_memory)}B')" 2>/dev/null) || {
@@ -185,7 +212,7 @@ if run 6; then say 6
       -o "$batch_sizes"
   fi
 fi
-if run 7; then say 7
+if run 8; then say 8
   asr-train "${data_args[@]}" exp_dir="$exp" data.sampler.bins_file="$batch_sizes" "${train_args[@]}"
 fi
 # the model decoded and exported: the average of epochs EPOCH-AVG+1..EPOCH (as many as exist)
@@ -206,7 +233,7 @@ pick_model() {
   local n=$(( avg < epoch + 1 ? avg : epoch + 1 ))
   pick=(--epoch "$epoch" --avg "$n")
 }
-if run 8; then say 8
+if run 9; then say 9
   pick_model
   for p in "${test_parts[@]}"; do
     for b in 1 "$beam"; do
@@ -215,7 +242,7 @@ if run 8; then say 8
     done
   done
 fi
-if run 9; then say 9
+if run 10; then say 10
   pick_model
   asr-export "$exp/checkpoints" "${pick[@]}" -o "$exp/model.bundle.pt"
   # a streaming preset: its ONNX export for sherpa-onnx's online recognizer (docs/streaming.md)
@@ -224,7 +251,7 @@ if run 9; then say 9
     asr-export "$exp/checkpoints" "${pick[@]}" --format onnx -o "$exp/onnx"
   fi
 fi
-if run 10; then say 10
+if run 11; then say 11
   pick_model
   python - "$exp" "${pick[*]}" "$beam" "${test_parts[@]}" <<'EOF'
 import json
@@ -249,7 +276,7 @@ EOF
   asr-plot bins "$batch_sizes" --cuts "${train_cuts[@]}" -o "$exp/bins.png"
 fi
 ssl_exp=${SSL_EXP:-exp/librispeech_ssl_$ssl_objective}
-if run 11; then say 11
+if run 12; then say 12
   ssl_bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix-audio.yaml
   if [[ -f $ssl_bins ]]; then echo "$ssl_bins exists"; else
     asr-estimate-bins "${train_cuts[@]}" --num-buckets "$num_buckets" -o "$ssl_bins"  # by duration
@@ -271,7 +298,7 @@ if run 11; then say 11
   asr-export "$ssl_exp/checkpoints" --best --encoder-only -o "$ssl_exp/encoder.pt"
 fi
 ft_exp=$exp-ft-$ssl_objective
-if run 12; then say 12
+if run 13; then say 13
   ft_cuts=(); for p in "${finetune_parts[@]}"; do ft_cuts+=("$(cuts "$(train_name "$p")")"); done
   asr-train "${data_args[@]}" exp_dir="$ft_exp" "data.train_cuts=[$(join "${ft_cuts[@]}")]" \
     data.sampler.bins_file="$batch_sizes" init_encoder_from="$ssl_exp/encoder.pt" \
