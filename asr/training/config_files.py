@@ -209,11 +209,10 @@ hydra:
                 {
                     "speed": SpeedConfig(),
                     "volume": VolumeConfig(),
-                    "reverb": ReverbConfig(p=0.3),
+                    "reverb": ReverbConfig(p=0.2),
                     "noise": NoiseConfig(
                         cuts=("${data_dir}/manifests/noise_cuts_train.jsonl.gz",),
                         snr=(0.0, 20.0),
-                        p=0.6,
                     ),
                 },
             ),

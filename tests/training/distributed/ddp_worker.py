@@ -4,9 +4,9 @@ recording what each rank trained on; optionally inject a NaN loss. Used by test_
     python ddp_worker.py --record DIR [--nan-at RANK:STEP] [--validate] OVERRIDE...
 
 Writes DIR/rank{R}.json per rank: the weights' and the encoder's digests when training
-starts, every training step (step, epoch, cut ids, skipped cut ids, bucket, digests of the
-weights and of the encoder after it), the final digest, the non-finite step
-count, and with --validate the validation metrics of the final weights. With
+starts, every training step (step, epoch, cut ids, skipped cut ids, bucket, a digest of the
+batch's features, digests of the weights and of the encoder after it), the final digest,
+the non-finite step count, and with --validate the validation metrics of the final weights. With
 --validate-only CKPT it only validates that checkpoint, once per --eval-max-durations
 (seconds per validation batch), and writes the metrics of each.
 """
@@ -84,6 +84,7 @@ class Recorder(L.Callback):
                 "cut_ids": batch.cut_ids,
                 "skipped": batch.skipped,
                 "bucket": None if first is None else sampler.bucket_of(CutSet.from_cuts([first])),
+                "features": hashlib.sha256(batch.features.numpy().tobytes()).hexdigest(),
                 "digest": weights_digest(module.model),
                 "encoder_digest": weights_digest(module.model.encoder),
             }
