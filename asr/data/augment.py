@@ -20,7 +20,8 @@ Noise comes from cut manifests (MUSAN through the LibriSpeech recipe, the demo's
 noise corpus, any corpus): a noise cut longer than the utterance is cut at a random
 offset, a shorter one is followed by further noise cuts until the utterance is covered,
 all at one SNR drawn per utterance. Reverberation convolves with a recorded impulse
-response (`reverb.rirs` manifests) or with one lhotse generates for a random room.
+response (`reverb.rirs` manifests) or with that of one of `reverb.rooms` rooms lhotse's
+generator makes up (each made once per process).
 
 `asr-mix-noise` applies the same noise and reverberation once to a test set and writes
 the result as audio files, for measuring a model on noisy or reverberant speech:
@@ -33,6 +34,7 @@ the result as audio files, for measuring a model on noisy or reverberant speech:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import logging
 import math
@@ -137,15 +139,20 @@ class ReverbConfig:
     """Reverberation (keys of `data.augment.reverb`).
 
     - `rirs`: recording or cut manifests of recorded room impulse responses, one drawn per
-      cut; empty: an impulse response lhotse generates for a random room, per cut.
+      cut; empty: impulse responses lhotse's generator makes for random rooms.
+    - `rooms`: without `rirs`, how many generated rooms a cut's is drawn from (each made
+      once per process, then reused: generating one costs about 60 ms).
     - `p`: the probability that a cut is reverberated.
     """
 
     rirs: tuple[str, ...] = ()
+    rooms: int = 1000
     p: float = 0.5
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rirs", tuple(str(path) for path in self.rirs))
+        if not isinstance(self.rooms, int) or self.rooms < 1:
+            raise ConfigError(f"data.augment.reverb.rooms={self.rooms!r}: expected a count >= 1")
         object.__setattr__(self, "p", _probability("data.augment.reverb.p", self.p))
 
 
@@ -198,13 +205,13 @@ class AugmentConfig:
 class Draw:
     """What augmentation does to one cut in one epoch (None: that transform is skipped).
 
-    `reverb` is an impulse response's index in the pool or, for a generated one, its
-    (room seed, source seed); `noise` the noise cuts as (index, offset in the noise cut,
+    `reverb` is an impulse response's index in the pool, or a generated room's number;
+    `noise` the noise cuts as (index, offset in the noise cut,
     seconds), laid end to end from the utterance's start."""
 
     speed: float | None = None
     volume: float | None = None
-    reverb: int | tuple[int, int] | None = None
+    reverb: int | None = None
     snr: float | None = None
     noise: tuple[tuple[int, float, float], ...] = ()
 
@@ -217,9 +224,9 @@ def cut_rng(seed: int, epoch: int, cut_id: str, stream: int) -> np.random.Genera
 
 
 def load_noise(paths: Sequence[str]) -> list[Cut]:
-    """The noise cuts of `paths` in memory (supervisions dropped, resampled to 16 kHz),
-    checked at start-up: a manifest that is missing, empty, not a cut manifest, or whose
-    first cut's audio cannot be read raises one line naming it."""
+    """The noise cuts of `paths` in memory (supervisions and custom fields dropped,
+    resampled to 16 kHz), checked at start-up: a manifest that is missing, empty, not a cut
+    manifest, or whose first cut's audio cannot be read raises one line naming it."""
     noise: list[Cut] = []
     for path in paths:
         cuts = _load_cut_manifest(path, "data.augment.noise.cuts")
@@ -233,7 +240,8 @@ def load_noise(paths: Sequence[str]) -> list[Cut]:
                     f"data.augment.noise.cuts: {path}: cut {cut.id} has {cut.num_channels} "
                     "channels; give mono noise"
                 )
-            cut = cut.drop_supervisions()
+            # a mix's custom fields merge its tracks': keep the speech's (num_tokens) alone
+            cut = fastcopy(cut.drop_supervisions(), custom=None)
             if cut.sampling_rate != SAMPLE_RATE:
                 cut = cut.resample(SAMPLE_RATE)
             noise.append(cut)
@@ -363,7 +371,8 @@ class CutAugmenter:
         if cfg.reverb is not None:
             rng = cut_rng(self.seed, epoch, cut.id, REVERB)
             if rng.random() < cfg.reverb.p:
-                cut, draw["reverb"] = reverberate(cut, self.rirs, rng)
+                rooms = (self.seed, cfg.reverb.rooms)
+                cut, draw["reverb"] = reverberate(cut, self.rirs, rng, rooms)
         if cfg.noise is not None:
             rng = cut_rng(self.seed, epoch, cut.id, NOISE)
             if rng.random() < cfg.noise.p:
@@ -373,17 +382,42 @@ class CutAugmenter:
 
 
 def reverberate(
-    cut: Cut, rirs: Sequence[Recording], rng: np.random.Generator
-) -> tuple[Cut, int | tuple[int, int]]:
-    """`cut` convolved with an impulse response drawn from `rirs`, or with one generated
-    for a random room when `rirs` is empty (its energy kept); also what was drawn."""
+    cut: Cut, rirs: Sequence[Recording], rng: np.random.Generator, rooms: tuple[int, int]
+) -> tuple[Cut, int]:
+    """`cut` convolved with an impulse response drawn from `rirs`, or, when `rirs` is
+    empty, with that of a generated room drawn from `rooms` = (seed, count): the seed's
+    rooms 0 .. count - 1 (its energy kept); also what was drawn."""
     if rirs:
         index = int(rng.integers(len(rirs)))
         return cut.reverb_rir(rirs[index], affix_id=False), index
-    room, source = (int(s) for s in rng.integers(2**31, size=2))
+    seed, count = rooms
+    room = int(rng.integers(count))
+    room_seed, source_seed = (
+        int(s) for s in np.random.default_rng([seed, REVERB, room]).integers(2**31, size=2)
+    )
     recording = cut.recording
-    transforms = [*(recording.transforms or []), GeneratedRoomReverb(room, source)]
-    return fastcopy(cut, recording=fastcopy(recording, transforms=transforms)), (room, source)
+    reverb = GeneratedRoomReverb(room_seed, source_seed)
+    transforms = [*(recording.transforms or []), reverb]
+    return fastcopy(cut, recording=fastcopy(recording, transforms=transforms)), room
+
+
+@functools.lru_cache(maxsize=4096)
+def generated_rir(room_seed: int, source_seed: int, sampling_rate: int) -> np.ndarray:
+    """The (1, samples) impulse response of lhotse's `FastRandomRIRGenerator` for these
+    seeds, the same at every call (see `GeneratedRoomReverb`); kept once made."""
+    generator = FastRandomRIRGenerator(
+        sr=sampling_rate, room_seed=room_seed, source_seed=source_seed
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # it scatter-adds reflections in an order threads change
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(source_seed)
+            rir = generator(nsource=1)
+    finally:
+        torch.set_num_threads(threads)
+    rir.setflags(write=False)
+    return rir
 
 
 @dataclass
@@ -393,23 +427,13 @@ class GeneratedRoomReverb(AudioTransform):
     response) is not reproducible: its generator keeps drawing from its seeded state call
     after call, draws part of each room from torch's global generator, and adds up
     reflections in an order that depends on torch's threads. Here the generator starts
-    afresh, with torch's generator seeded, on one thread."""
+    afresh, with torch's generator seeded, on one thread (`generated_rir`)."""
 
     room_seed: int
     source_seed: int
 
     def __call__(self, samples: np.ndarray, sampling_rate: int) -> np.ndarray:
-        generator = FastRandomRIRGenerator(
-            sr=sampling_rate, room_seed=self.room_seed, source_seed=self.source_seed
-        )
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # it scatter-adds reflections in an order threads change
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.source_seed)
-                rir = generator(nsource=1)
-        finally:
-            torch.set_num_threads(threads)
+        rir = generated_rir(self.room_seed, self.source_seed, sampling_rate)
         reverb = ReverbWithImpulseResponse(rir_generator=lambda nsource: rir)
         return reverb(samples, sampling_rate)
 

@@ -22,8 +22,9 @@
 # model and test set, each model's training time per step).
 #
 # Environment: DATA [data/demo], EXP [exp/demo_augment_compare], MODELS [none augment],
-# SNRS [20 10 5], TEST_SEED [0] (the noise and rooms of the test sets). Extra arguments after
-# "--" go to every asr-train of stage 3 (Hydra overrides). Each stage skips what is done.
+# SNRS [20 10 5], TEST_SEED [0] (the noise and rooms of the test sets), NOISE_CLIPS [24]
+# (clips per noise type). Extra arguments after "--" go to every asr-train of stage 3 (Hydra
+# overrides). Each stage skips what is done.
 set -euo pipefail
 
 stage=0
@@ -33,6 +34,7 @@ exp=${EXP:-exp/demo_augment_compare}
 models=${MODELS-none augment}
 snrs=${SNRS-20 10 5}
 test_seed=${TEST_SEED:-0}
+noise_clips=${NOISE_CLIPS:-24}
 
 names=(prepare noise testsets train decode compare)
 stage_label="augment stage"
@@ -55,7 +57,7 @@ if run 0; then say 0
   DATA=$data "$here/run.sh" --stop-stage features
 fi
 if run 1; then say 1
-  asr-make-demo-noise "$data"
+  asr-make-demo-noise "$data" --clips-per-type "$noise_clips"
 fi
 if run 2; then say 2
   mix() {  # name, asr-mix-noise arguments

@@ -23,6 +23,7 @@ from asr.data.augment import (
     ReverbConfig,
     SpeedConfig,
     VolumeConfig,
+    generated_rir,
     main,
     noisy_copy,
 )
@@ -138,6 +139,24 @@ def test_reverberation_lengthens_the_energy_decay(tmp_path) -> None:
     recorded = _augmenter(tmp_path, reverb=ReverbConfig(rirs=(str(rirs),), p=1.0))
     decay = _decay_seconds(recorded(cut, 0).load_audio()[0])
     assert decay == pytest.approx(rt30, abs=0.08)
+
+
+def test_generated_rooms_come_from_a_pool_made_once(speech) -> None:
+    """Rooms are drawn from `rooms` of them: the same number, the same impulse response
+    (made once per process), another run seed, other rooms."""
+    augmenter = CutAugmenter(AugmentConfig(reverb=ReverbConfig(rooms=2, p=1.0)), seed=4)
+    rooms = {}
+    generated_rir.cache_clear()
+    for cut in speech:
+        changed, draw = augmenter.apply(cut, 0)
+        (reverb,) = changed.recording.transforms
+        rooms.setdefault(draw.reverb, set()).add((reverb.room_seed, reverb.source_seed))
+        changed.load_audio()
+    assert set(rooms) == {0, 1} and all(len(seeds) == 1 for seeds in rooms.values())
+    assert generated_rir.cache_info().currsize == 2
+    other = CutAugmenter(AugmentConfig(reverb=ReverbConfig(rooms=2, p=1.0)), seed=5)
+    (reverb,) = other(next(iter(speech)), 0).recording.transforms
+    assert (reverb.room_seed, reverb.source_seed) not in set.union(*rooms.values())
 
 
 def test_speed_factors_change_durations_as_stated(speech) -> None:
@@ -289,6 +308,7 @@ def test_bad_noise_and_impulse_response_manifests_fail_at_start_up(tmp_path, spe
         (lambda: SpeedConfig(factors=1.1), "data.augment.speed.factors"),
         (lambda: VolumeConfig(scale=(0.0, 2.0)), "data.augment.volume.scale"),
         (lambda: ReverbConfig(p=-0.1), "data.augment.reverb.p"),
+        (lambda: ReverbConfig(rooms=0), "data.augment.reverb.rooms"),
     ],
 )
 def test_nonsensical_settings_are_refused_naming_the_key(make, key) -> None:
