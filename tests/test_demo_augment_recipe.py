@@ -51,7 +51,8 @@ def test_every_stage_after_prepare_runs_and_compares(
     for stage in ("noise", "testsets", "train", "decode", "compare"):
         assert f": {stage} (" in done.stdout
     manifests = data / "manifests"
-    clean = {c.id: c for c in load_manifest_lazy(manifests / "librispeech_cuts_test-clean.jsonl.gz")}
+    clean_path = manifests / "librispeech_cuts_test-clean.jsonl.gz"
+    clean = {c.id: c for c in load_manifest_lazy(clean_path)}
     for testset in TESTSETS[1:]:
         noisy = list(load_manifest_lazy(manifests / f"librispeech_cuts_{testset}.jsonl.gz"))
         assert [c.id for c in noisy] == list(clean)
