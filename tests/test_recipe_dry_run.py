@@ -63,7 +63,7 @@ def test_demo_dry_run_lists_the_stages_and_writes_nothing(tmp_path: Path) -> Non
 
 def test_without_an_environment_the_recipes_say_where_to_make_one(tmp_path: Path) -> None:
     root = _checkout(tmp_path, venv=False)
-    for script in ("demo/run.sh", "demo/ssl.sh", "librispeech/run.sh"):
+    for script in ("demo/run.sh", "demo/ssl.sh", "demo/augment.sh", "librispeech/run.sh"):
         done = _recipe(root, script, "--dry-run")
         assert done.returncode == 2, done.stderr
         assert done.stderr == (
@@ -135,6 +135,14 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
     assert "pre-training cuts: data/demo/manifests/librispeech_cuts_train-clean-100-feats" in (
         done.stdout
     )
+    done = _recipe(root, "demo/augment.sh", "--dry-run", "--stage", "testsets", SNRS="10")
+    assert done.returncode == 0, done.stderr
+    assert "  augment stage 2: testsets\n  augment stage 3: train\n" in done.stdout
+    assert "models: none augment\ntest sets: test-clean test-clean-snr10 test-clean-reverb " in (
+        done.stdout
+    )
+    done = _recipe(root, "demo/augment.sh", "--dry-run", MODELS="none noisy")
+    assert done.returncode == 2 and "MODELS: unknown model 'noisy' (none, augment)" in done.stderr
     assert not (root / "data").exists() and not (root / "exp").exists()
 
 

@@ -212,7 +212,7 @@ hydra:
                     "reverb": ReverbConfig(p=0.2),
                     "noise": NoiseConfig(
                         cuts=("${data_dir}/manifests/noise_cuts_train.jsonl.gz",),
-                        snr=(0.0, 20.0),
+                        snr=(5.0, 20.0),
                     ),
                 },
             ),
