@@ -15,8 +15,9 @@ batch and audio seconds per second.
 Training (`"part": "training"`): `asr-train` of `experiment=demo` and of
 `experiment=demo_augment` for `--train-steps` optimizer steps each, one after the other, as
 the presets run (stored features read in the training process; audio augmented and
-featurized by one loader process beside it), timed per step by `debug.step_times_dir`
-(the median of the steps after the first five).
+featurized by one loader process beside it), every step with the full loss (no CTC-only
+warm-up), timed per step by `debug.step_times_dir`: the median and the mean (waits for the
+loader included) of the steps after the first five.
 """
 
 from __future__ import annotations
@@ -88,9 +89,11 @@ def training(experiment: str, data_dir: str, steps: int, work: Path) -> dict:
         str(Path(sys.executable).with_name("asr-train")),
         f"experiment={experiment}", f"data_dir={data_dir}", f"exp_dir={work / 'exp' / experiment}",
         f"trainer.max_steps={steps}", "run_test=false", "logger=csv", "trainer.accelerator=cpu",
-        "trainer.enable_progress_bar=false", f"debug.step_times_dir={times}",
+        f"debug.step_times_dir={times}", "model.loss.transducer_start_step=0",
     ]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     lines = (times / "rank0.jsonl").read_text().splitlines()
     stamps = [json.loads(line)["time"] for line in lines]
     intervals = [b - a for a, b in zip(stamps[5:], stamps[6:], strict=False)]
@@ -99,6 +102,7 @@ def training(experiment: str, data_dir: str, steps: int, work: Path) -> dict:
         "experiment": experiment,
         "steps": len(intervals),
         "seconds_per_step": round(statistics.median(intervals), 4),
+        "mean_seconds_per_step": round(statistics.fmean(intervals), 4),
         "threads": os.environ.get("OMP_NUM_THREADS", "default"),
     }
 
