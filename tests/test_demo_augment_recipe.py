@@ -1,6 +1,7 @@
 """recipes/demo/augment.sh end to end on a copy of the tiny corpus, but for its `prepare`
 stage (run.sh's, tested by `make demo`): the noise corpus, the noisy and reverberant test
-sets, a tiny model trained without and with augmentation through run.sh's train stage,
+sets, a tiny model trained without (for the demo's epochs and for the augmented preset's)
+and with augmentation through run.sh's train stage,
 both decoded on every test set, and the comparison table."""
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ def test_every_stage_after_prepare_runs_and_compares(
         assert noisy[0].supervisions[0].text == clean[noisy[0].id].supervisions[0].text
     augmented = (exp / "augment" / "hydra" / ".hydra" / "config.yaml").read_text()
     assert "noise_cuts_train.jsonl.gz" in augmented and "source: on_the_fly" in augmented
+    longer = (exp / "none_12ep" / "hydra" / ".hydra" / "overrides.yaml").read_text()
+    assert "trainer.max_epochs=12" in longer  # then the test's own 2 epochs, given after it
     table = json.loads((exp / "compare.json").read_text())
     assert table["testsets"] == TESTSETS
     models = {m["model"]: m for m in table["models"]}
-    assert set(models) == {"none", "augment"}
+    assert set(models) == {"none", "none_12ep", "augment"}
     for record in models.values():
         assert set(record["wer"]) == set(TESTSETS)
         assert record["wall_seconds"] > 0 and record["training"]["seconds_per_step"] > 0

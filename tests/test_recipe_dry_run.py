@@ -138,11 +138,11 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
     done = _recipe(root, "demo/augment.sh", "--dry-run", "--stage", "testsets", SNRS="10")
     assert done.returncode == 0, done.stderr
     assert "  augment stage 2: testsets\n  augment stage 3: train\n" in done.stdout
-    assert "models: none augment\ntest sets: test-clean test-clean-snr10 test-clean-reverb " in (
+    assert "models: none none_12ep augment\ntest sets: test-clean test-clean-snr10 test-clean-" in (
         done.stdout
     )
     done = _recipe(root, "demo/augment.sh", "--dry-run", MODELS="none noisy")
-    assert done.returncode == 2 and "MODELS: unknown model 'noisy' (none, augment)" in done.stderr
+    assert done.returncode == 2 and "MODELS: unknown model 'noisy' (none, none_12ep," in done.stderr
     assert not (root / "data").exists() and not (root / "exp").exists()
 
 

@@ -16,12 +16,13 @@
 # 1 noise (asr-make-demo-noise: the noise corpus, its training types white, pink, tones and
 # babble, its held-out types brown, clicks and chatter), 2 testsets (asr-mix-noise: test-clean
 # with held-out noise at each of SNRS dB, reverberated in generated rooms, and reverberated
-# with noise at 10 dB), 3 train (each of MODELS: none = experiment=demo, augment =
-# experiment=demo_augment, through run.sh's train stage into EXP/<model>), 4 decode (greedy,
+# with noise at 10 dB), 3 train (each of MODELS: none = experiment=demo as shipped, 7 epochs;
+# none_12ep = the same trained as long as augment; augment = experiment=demo_augment, 12
+# epochs; through run.sh's train stage into EXP/<model>), 4 decode (greedy,
 # the EMA of each model's last.ckpt, on every test set), 5 compare (EXP/compare.json: WER per
 # model and test set, each model's training time per step).
 #
-# Environment: DATA [data/demo], EXP [exp/demo_augment_compare], MODELS [none augment],
+# Environment: DATA [data/demo], EXP [exp/demo_augment_compare], MODELS [none none_12ep augment],
 # SNRS [20 10 5], TEST_SEED [0] (the noise and rooms of the test sets), NOISE_CLIPS [24]
 # (clips per noise type). Extra arguments after "--" go to every asr-train of stage 3 (Hydra
 # overrides). Each stage skips what is done.
@@ -31,7 +32,7 @@ stage=0
 stop_stage=5
 data=${DATA:-data/demo}
 exp=${EXP:-exp/demo_augment_compare}
-models=${MODELS-none augment}
+models=${MODELS-none none_12ep augment}
 snrs=${SNRS-20 10 5}
 test_seed=${TEST_SEED:-0}
 noise_clips=${NOISE_CLIPS:-24}
@@ -47,9 +48,11 @@ heldout=$manifests/noise_cuts_test.jsonl.gz
 testsets=(test-clean)
 for snr in $snrs; do testsets+=("test-clean-snr$snr"); done
 testsets+=(test-clean-reverb test-clean-reverb-snr10)
-declare -A experiments=([none]=demo [augment]=demo_augment)
+declare -A experiments=([none]=demo [none_12ep]=demo [augment]=demo_augment)
+declare -A model_args=([none_12ep]=trainer.max_epochs=12)
 for model in $models; do
-  [[ -n ${experiments[$model]:-} ]] || { echo "MODELS: unknown model '$model' (none, augment)" >&2; exit 2; }
+  [[ -n ${experiments[$model]:-} ]] || {
+    echo "MODELS: unknown model '$model' (none, none_12ep, augment)" >&2; exit 2; }
 done
 end_dry_run "data: $data, exp: $exp" "models: $models" "test sets: ${testsets[*]}"
 
@@ -74,7 +77,7 @@ if run 3; then say 3
     if [[ -f $exp/$model/wall_seconds ]]; then echo "$exp/$model exists"; continue; fi
     began=$SECONDS
     EXPERIMENT=${experiments[$model]} EXP=$exp/$model DATA=$data \
-      "$here/run.sh" --stage train --stop-stage train -- \
+      "$here/run.sh" --stage train --stop-stage train -- ${model_args[$model]:-} \
       debug.step_times_dir="$exp/$model/step_times" "${train_args[@]}"
     echo $((SECONDS - began)) > "$exp/$model/wall_seconds"
   done
