@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from asr.training.train import CONFIG_DIR, data_module
 
 TRANSFORMS = ("speed", "volume", "reverb", "noise")
+VARIANTS = ("stored_features", "audio", *TRANSFORMS, "all")
 
 
 def compose(overrides: list[str]) -> dict:
@@ -112,7 +113,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default="data/demo")
     parser.add_argument("--batches", type=int, default=30, help="loading: batches per variant")
     parser.add_argument("--train-steps", type=int, default=45, help="0: no training part")
-    parser.add_argument("--variants", default=",".join(variants("x")), help="comma-separated")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     args = parser.parse_args()
     for name, overrides in variants(args.data_dir).items():
         if name in args.variants.split(",") and args.batches > 0:

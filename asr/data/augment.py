@@ -350,6 +350,13 @@ class CutAugmenter:
             log.info("augmentation: %d noise cuts, %d impulse responses", len(noise), len(rirs))
         return cls(config, seed, noise, rirs)
 
+    def durations_only(self) -> CutAugmenter | None:
+        """The transforms that change a cut's duration (speed), drawn as here; None if
+        there is none. What a sampler needs to plan batches without the audio's changes."""
+        if self.config.speed is None:
+            return None
+        return CutAugmenter(AugmentConfig(speed=self.config.speed), self.seed)
+
     def __call__(self, cut: Cut, epoch: int) -> Cut:
         """`cut` augmented for `epoch` (its id unchanged)."""
         return self.apply(cut, epoch)[0]

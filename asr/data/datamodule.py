@@ -190,18 +190,17 @@ class AsrDataModule(L.LightningDataModule):
             raise ConfigError(
                 "data.train_cuts and data.train_shar are both empty: no training data"
             )
-        augmenter = self.augmenter
         if self.train_shar:
             field = "features" if self.features.source == "precomputed" else "recording"
             shards = open_shards(self.train_shar, [field]) + manifest_shards(self.train_cuts)
             return SharSampler(
                 shards, [field], self.sampler_cfg, rank=rank, world_size=world,
-                tokenizer=self.tokenizer, augmenter=augmenter,
+                tokenizer=self.tokenizer, augmenter=self.augmenter,
             )  # fmt: skip
         cuts = open_cuts(self.train_cuts, seed=self.sampler_cfg.seed)
         return build_sampler(
             cuts, self.sampler_cfg, rank=rank, world_size=world, tokenizer=self.tokenizer,
-            augmenter=augmenter,
+            augmenter=self.augmenter,
         )  # fmt: skip
 
     def train_dataloader(self) -> TrainLoader:

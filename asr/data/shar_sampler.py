@@ -239,7 +239,8 @@ class SharSampler:
         if cfg.bucket_duration_bins is None:
             cfg = with_estimated_bins(shards, cfg)
         self.shards, self.fields, self.cfg, self.tokenizer = shards, fields, cfg, tokenizer
-        self.augmenter = augmenter  # sped-up cuts change the schedule: it augments too
+        # sped-up cuts change the schedule; noise, rooms and volume do not
+        self.schedule_augmenter = augmenter.durations_only() if augmenter is not None else None
         self.rank, self.world_size, self.window = rank, world_size, window
         self.stream = ShardStream(shards, fields, rank=rank, world_size=world_size, seed=cfg.seed)
         self.inner = build_sampler(
@@ -274,8 +275,9 @@ class SharSampler:
                 )
                 stream.epoch = epoch
                 sampler = build_sampler(
-                    CutSet(stream), self.cfg, tokenizer=self.tokenizer, augmenter=self.augmenter
-                )
+                    CutSet(stream), self.cfg, tokenizer=self.tokenizer,
+                    augmenter=self.schedule_augmenter,
+                )  # fmt: skip
                 sampler.set_epoch(epoch)
                 buckets.append([sampler.bucket_of(batch) for batch in sampler])
             self._schedules = {epoch: synchronized_schedule(buckets, self.window)}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from lhotse import CutSet
 
+from asr.data.augment import AugmentConfig, CutAugmenter, SpeedConfig, VolumeConfig
 from asr.data.buckets import SamplerConfig
 from asr.data.corpus import load_cuts
 from asr.data.dataset import UNREADABLE, AsrDataset
@@ -185,3 +186,29 @@ def test_ranks_draw_from_the_same_bucket_at_most_steps(shar_dir):
     steps = [[s.bucket_of(b) if len(b) else None for b in s] for s in samplers]
     both = [(a, b) for a, b in zip(*steps, strict=True) if a is not None and b is not None]
     assert sum(a == b for a, b in both) >= 0.75 * len(both)
+
+
+def test_augmented_shards_keep_the_schedule_the_ranks_agreed_on(shar_dir, tiny_corpus):
+    """With speed perturbation every rank plans its epoch from the cut lists and the same
+    speed draws (without the audio's other changes), so its batches are the planned ones:
+    as many, every cut once, each at its slowed duration (or dropped and counted: slowed,
+    the longest lie beyond the last bucket, estimated on the shards' own durations)."""
+    config = AugmentConfig(speed=SpeedConfig(factors=(0.9,)), volume=VolumeConfig())
+    augmenter = CutAugmenter(config, seed=1)
+    shards = open_shards([str(shar_dir)], ["recording"])
+    original = {c.id: c.duration for c in load_cuts(tiny_corpus.cuts(TRAIN))}
+    cfg = SamplerConfig.from_mapping({"max_duration": 20, "max_cut_duration": 20, "seed": 1})
+    seen, dropped = [], set()
+    for rank in range(2):
+        sampler = SharSampler(
+            shards, ["recording"], cfg, rank=rank, world_size=2, augmenter=augmenter
+        )
+        sampler.set_epoch(1)
+        batches = list(sampler)
+        assert len(batches) == len(sampler) == max(sampler.batch_counts(1))
+        for cut in (cut for batch in batches for cut in batch):
+            assert cut.duration == pytest.approx(original[cut.id] / 0.9, abs=1e-3)
+            seen.append(cut.id)
+        dropped |= sampler.cut_filter.dropped.get("beyond the last bucket", set())
+    assert len(seen) == len(set(seen)) and sorted({*seen, *dropped}) == sorted(original)
+    assert len(dropped) < len(original) // 4
