@@ -156,8 +156,11 @@ class NemoEncoderGraph(nn.Module):
 
 
 class NemoStreamingEncoderGraph(nn.Module):
-    """sherpa-onnx's online NeMo encoder: one chunk `audio_signal` (N, F, W) of raw
-    log-mel (W = the chunk's feature frames), `length` (N,), and the caches of
+    """sherpa-onnx's online NeMo encoder: one window `audio_signal` (N, F, W) of raw
+    log-mel (W = P + the chunk's feature frames: the subsampling's history of P frames
+    first, `ConformerEncoder.history_frames`, which sherpa-onnx reads as `window_size` >
+    `chunk_shift`; a stream's first P frames are thus history only), `length` (N,), the
+    caches of
     `StreamingState`: `cache_last_channel` (N, layers, left, D), `cache_last_time`
     (N, layers, D, K-1), `cache_last_channel_len` (N,) -> `outputs` (N, J, chunk) projected
     for the joiner, `encoded_lengths`, and the three caches for the next chunk."""
@@ -174,8 +177,19 @@ class NemoStreamingEncoderGraph(nn.Module):
         cache_last_time: Tensor,
         cache_last_channel_len: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        state = StreamingState(cache_last_channel, cache_last_channel_len, cache_last_time)
-        out, lens, state = self.model.encoder.step(audio_signal.transpose(1, 2), length, state)
+        encoder = self.model.encoder
+        x, p = audio_signal.transpose(1, 2), encoder.history_frames
+        n, f = x.size(0), x.size(2)
+        state = StreamingState(
+            cache_last_channel,
+            cache_last_channel_len,
+            cache_last_time,
+            encoder.normalize(x[:, :p]),  # the window's first p frames: the history
+            torch.full_like(cache_last_channel_len, p),
+            x.new_zeros(n, f),
+            torch.zeros_like(cache_last_channel_len),
+        )
+        out, lens, state = encoder.step(x[:, p:], length - p, state)
         out = self.model.joiner.project_encoder(out).transpose(1, 2)
         return out, lens.to(torch.int64), state.attention, state.conv, state.attention_len
 
@@ -299,6 +313,11 @@ def contract_of(model: Transducer | EncoderDecoder) -> str:
             raise ValueError(
                 "a streaming model is exported in sherpa-onnx's online NeMo contract, which "
                 "needs an LSTM predictor (model.predictor.kind=lstm)"
+            )
+        if model.encoder.config.running_mean_frames:
+            raise ValueError(
+                "model.encoder.running_mean_frames keeps a running sum per stream, which "
+                "sherpa-onnx's online NeMo contract has no cache for: it cannot be exported"
             )
         return "nemo_streaming"
     return "icefall" if model.predictor.kind == "stateless" else "nemo"
@@ -499,13 +518,13 @@ def _nemo_graphs(
     bins, joint = features.num_mel_bins, model.joiner.output.in_features
     encoder = model.encoder
     if contract == "nemo_streaming":
-        span = encoder.context.chunk * encoder.subsampling_factor
+        window = encoder.context.chunk * encoder.subsampling_factor + encoder.history_frames
 
         def chunks(n: int) -> dict[str, torch.Tensor]:
             state = encoder.initial_state(n, encoder.context.left)
             return {
-                "audio_signal": torch.randn(n, bins, span, generator=gen) * 2 - 8,
-                "length": torch.full((n,), span, dtype=torch.int64),
+                "audio_signal": torch.randn(n, bins, window, generator=gen) * 2 - 8,
+                "length": torch.full((n,), window, dtype=torch.int64),
                 "cache_last_channel": torch.randn(state.attention.shape, generator=gen),
                 "cache_last_time": torch.randn(state.conv.shape, generator=gen),
                 "cache_last_channel_len": torch.randint(0, encoder.context.left + 1, (n,)),
@@ -741,7 +760,7 @@ def _nemo_metadata(
         span = context.chunk * encoder.subsampling_factor
         layers, d = len(encoder.layers), encoder.output_dim
         nemo |= {
-            "window_size": span,
+            "window_size": span + encoder.history_frames,
             "chunk_shift": span,
             "chunk_frames": context.chunk,
             "left_context": context.left,

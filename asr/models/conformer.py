@@ -16,7 +16,7 @@ decoding computes what the whole utterance computes through the same masks.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -74,21 +74,35 @@ class ConvSubsampling(nn.Module):
         self.memory_format = memory_format
         self.convs.to(memory_format=memory_format)
 
-    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """x (B, T, F), x_lens (B,) -> y (B, T', D), y_lens (B,) with T' = ceil(T / factor)."""
-        lens = x_lens
-        x = x.masked_fill(~lengths_to_mask(lens, x.size(1))[:, :, None], 0.0)
+    def forward(
+        self, x: Tensor, x_lens: Tensor, x_starts: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """x (B, T, F), x_lens (B,) -> y (B, T', D), y_lens (B,) with T' = ceil(T / factor).
+
+        `x_starts` (B,), multiples of the factor: frames before them are padding too, as if
+        each row began there (a stream's first chunk, whose history is empty)."""
+        lens, starts = x_lens, x_starts
+        x = x.masked_fill(~_valid_frames(lens, starts, x.size(1))[:, :, None], 0.0)
         x = x.unsqueeze(1).contiguous(memory_format=self.memory_format)  # (B, 1, T, F)
         for i, conv in enumerate(self.convs):
             x = conv(x)
             lens = conv_out_lengths(lens, 1)
+            starts = None if starts is None else starts // SUBSAMPLING_STRIDE
             if i + 1 < len(self.convs):  # padded frames hold ReLU(bias): zero them for the next
-                valid = lengths_to_mask(lens, x.size(2))[:, None, :, None]
+                valid = _valid_frames(lens, starts, x.size(2))[:, None, :, None]
                 x = torch.where(valid, x, 0.0).relu_()  # one pass each way, no mask copies
             else:
                 x = F.relu(x)
         x = self.linear(x.transpose(1, 2).flatten(2))  # (B, T', C * F') -> (B, T', D)
         return x, lens
+
+
+def _valid_frames(lens: Tensor, starts: Tensor | None, length: int) -> Tensor:
+    """(B, length) True on frames in [starts, lens) (starts None: 0)."""
+    valid = lengths_to_mask(lens, length)
+    if starts is None:
+        return valid
+    return valid & (torch.arange(length, device=lens.device) >= starts[:, None])
 
 
 class FeedForward(nn.Module):
@@ -257,14 +271,34 @@ class StreamingConfig:
       Decoding can use any of them.
     - `left_contexts`: how many frames before its chunk a frame's attention sees, drawn
       per batch with the chunk size; the streaming caches hold this many frames.
+    - `chunk_weights`: how often each chunk size is drawn, relative weights in the order
+      of `chunk_sizes` (null: equally often).
+    - `subsampling_cache`: the subsampling of a chunk sees the last input frames of the
+      chunk before it (NeMo's pre-encode cache; a stream keeps `subsampling_factor` frames),
+      so the whole utterance is subsampled at once in training; false: each chunk is
+      subsampled alone, zero-padded at both edges.
     """
 
     chunk_sizes: tuple[int, ...] = (2, 4, 8, -1)
     left_contexts: tuple[int, ...] = (32, 64)
+    chunk_weights: tuple[float, ...] | None = None
+    subsampling_cache: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_sizes", tuple(int(c) for c in self.chunk_sizes))
         object.__setattr__(self, "left_contexts", tuple(int(c) for c in self.left_contexts))
+        if self.chunk_weights is not None:
+            weights = tuple(float(w) for w in self.chunk_weights)
+            object.__setattr__(self, "chunk_weights", weights)
+            if (
+                len(weights) != len(self.chunk_sizes)
+                or any(w < 0 for w in weights)
+                or not any(weights)
+            ):
+                raise ConfigError(
+                    "model.encoder.streaming.chunk_weights must give one weight >= 0 per chunk "
+                    f"size {list(self.chunk_sizes)} (not all 0), got {list(weights)}"
+                )
         if not self.chunk_sizes or any(c < 1 and c != FULL_CONTEXT for c in self.chunk_sizes):
             raise ConfigError(
                 "model.encoder.streaming.chunk_sizes must list positive frame counts "
@@ -306,6 +340,9 @@ class ConformerConfig:
       and exports carry them (read when training starts; the data then stays
       unnormalized, `data.features.normalize: none`). What a stream can compute, unlike
       per-utterance statistics.
+    - `running_mean_frames`: 0, or also subtract from each frame the running mean of the
+      utterance's frames up to it (after `feature_stats`), as if this many frames of the
+      global mean came first: a causal per-utterance normalization a stream can compute.
     - `streaming`: null (full context) or the chunked, causal encoder (`StreamingConfig`).
     """
 
@@ -321,9 +358,14 @@ class ConformerConfig:
     subsampling_channels: int | None = None
     pad_frames_to: int = 8
     feature_stats: str | None = None
+    running_mean_frames: int = 0
     streaming: StreamingConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.running_mean_frames < 0:
+            raise ValueError(
+                f"model.encoder.running_mean_frames must be >= 0, got {self.running_mean_frames}"
+            )
         if self.pad_frames_to < 1:
             raise ValueError(f"model.encoder.pad_frames_to must be >= 1, got {self.pad_frames_to}")
         if self.d_model % self.num_heads:
@@ -371,23 +413,28 @@ class StreamingState:
     """What a batch of streams carries from one chunk to the next (B first, as sherpa-onnx
     stacks them): per layer the last `left` attention inputs (B, L, left, D), right-aligned,
     of which the last `attention_len` (B,) are valid, and the convolution's last K-1
-    inputs (B, L, D, K-1). Zeros and length 0 at the start of a stream."""
+    inputs (B, L, D, K-1); the subsampling's input history (B, P, F), the last P
+    normalized feature frames (P = the subsampling factor with ``subsampling_cache``, else
+    0), valid where `history_len` (B,) is P; the running sum (B, F) and count (B,) of the
+    globally normalized features (``running_mean_frames``). Zeros at the start of a stream."""
 
     attention: Tensor
     attention_len: Tensor
     conv: Tensor
+    history: Tensor
+    history_len: Tensor
+    feature_sum: Tensor
+    feature_count: Tensor
 
     def select(self, index: Tensor) -> StreamingState:
         """The states of the streams at `index` (B',)."""
-        return StreamingState(self.attention[index], self.attention_len[index], self.conv[index])
+        return StreamingState(*(getattr(self, f.name)[index] for f in fields(self)))
 
     @staticmethod
     def cat(states: list[StreamingState]) -> StreamingState:
         """The states of several batches of streams as one batch."""
         return StreamingState(
-            torch.cat([s.attention for s in states]),
-            torch.cat([s.attention_len for s in states]),
-            torch.cat([s.conv for s in states]),
+            *(torch.cat([getattr(s, f.name) for s in states]) for f in fields(StreamingState))
         )
 
 
@@ -477,7 +524,11 @@ class ConformerEncoder(nn.Module):
         if self.streaming is None or not self.training:
             return self.context
         chunks, lefts = self.streaming.chunk_sizes, self.streaming.left_contexts
-        chunk = chunks[int(torch.randint(len(chunks), ()))]
+        weights = self.streaming.chunk_weights
+        if weights is None:
+            chunk = chunks[int(torch.randint(len(chunks), ()))]
+        else:
+            chunk = chunks[int(torch.multinomial(torch.tensor(weights), 1))]
         left = lefts[int(torch.randint(len(lefts), ()))]
         return StreamingContext(chunk, left if chunk != FULL_CONTEXT else FULL_CONTEXT)
 
@@ -488,7 +539,10 @@ class ConformerEncoder(nn.Module):
         frames = subsampled_length(features.size(1), self.subsampling_factor)
         features = self.normalize(features)
         multiple = self.subsampling_factor * self.pad_frames_to
-        if context.is_full:
+        if context.is_full or self.streaming.subsampling_cache:
+            # With the cache, whole-utterance subsampling is what a stream computes: an
+            # output frame's inputs end at its chunk's last frame (the kernel-3, stride-2
+            # convolutions see 1 frame ahead at each level: factor - 1 frames in all).
             features = F.pad(features, (0, 0, 0, -features.size(1) % multiple))
             x, lens = self.subsampling(features, feature_lens)
         else:
@@ -500,10 +554,34 @@ class ConformerEncoder(nn.Module):
         return SubsampledFrames(x, lens, mask, pos_emb, frames, allowed)
 
     def normalize(self, features: Tensor) -> Tensor:
-        """(x - mean) / std with the global statistics, if the encoder holds them."""
-        if not self.normalizes:
-            return features
-        return (features - self.feature_mean) * self.feature_scale
+        """(x - mean) / std with the global statistics, if the encoder holds them; then,
+        with ``running_mean_frames``, minus each utterance's causal running mean."""
+        if self.normalizes:
+            features = (features - self.feature_mean) * self.feature_scale
+        if self.config.running_mean_frames:
+            count = torch.arange(1, features.size(1) + 1, device=features.device)
+            prior = self.config.running_mean_frames
+            features = features - features.cumsum(1) / (count + prior)[:, None].to(features.dtype)
+        return features
+
+    def normalize_chunk(
+        self, features: Tensor, feature_lens: Tensor, state: StreamingState
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`normalize` of one chunk (B, T, F) of streams whose earlier frames `state`
+        summed -> the normalized chunk and the running sum and count after its valid
+        frames."""
+        if self.normalizes:
+            features = (features - self.feature_mean) * self.feature_scale
+        if not self.config.running_mean_frames:
+            return features, state.feature_sum, state.feature_count
+        valid = lengths_to_mask(feature_lens, features.size(1))[:, :, None]
+        sums = state.feature_sum[:, None].to(features.dtype) + features.cumsum(1)
+        count = state.feature_count[:, None] + torch.arange(
+            1, features.size(1) + 1, device=features.device
+        )
+        mean = sums / (count + self.config.running_mean_frames)[:, :, None].to(features.dtype)
+        feature_sum = state.feature_sum + features.masked_fill(~valid, 0.0).sum(1)
+        return features - mean, feature_sum, state.feature_count + feature_lens
 
     def subsample_chunks(
         self, features: Tensor, feature_lens: Tensor, chunk: int
@@ -532,14 +610,28 @@ class ConformerEncoder(nn.Module):
 
     # Streaming: one chunk at a time.
 
+    @property
+    def history_frames(self) -> int:
+        """Input frames of the chunk before that a stream keeps for the subsampling."""
+        cached = self.streaming is not None and self.streaming.subsampling_cache
+        return self.subsampling_factor if cached else 0
+
     def initial_state(self, batch_size: int, left: int, device=None) -> StreamingState:
         """The state before a stream's first chunk, for a left context of `left` frames."""
         layers, d = len(self.layers), self.output_dim
-        kernel = self.config.conv_kernel_size
+        kernel, f = self.config.conv_kernel_size, self.config.input_dim
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros(batch_size, *shape, device=device, dtype=dtype)
+
         return StreamingState(
-            torch.zeros(batch_size, layers, left, d, device=device),
-            torch.zeros(batch_size, dtype=torch.long, device=device),
-            torch.zeros(batch_size, layers, d, kernel - 1, device=device),
+            zeros(layers, left, d),
+            zeros(dtype=torch.long),
+            zeros(layers, d, kernel - 1),
+            zeros(self.history_frames, f),
+            zeros(dtype=torch.long),
+            zeros(f),
+            zeros(dtype=torch.long),
         )
 
     def step(
@@ -558,8 +650,18 @@ class ConformerEncoder(nn.Module):
         chunk = self.context.chunk if chunk is None else chunk
         left = state.attention.size(2)
         span = chunk * self.subsampling_factor
-        features = F.pad(self.normalize(features), (0, 0, 0, span - features.size(1)))
-        x, lens = self.subsampling(features, feature_lens)
+        features = F.pad(features, (0, 0, 0, span - features.size(1)))
+        features, feature_sum, feature_count = self.normalize_chunk(features, feature_lens, state)
+        p = self.history_frames
+        if p:  # the history's outputs are dropped; a stream's first chunk has none (padding)
+            inputs = torch.cat([state.history.to(features.dtype), features], dim=1)
+            starts = p - state.history_len
+            x, lens = self.subsampling(inputs, feature_lens + p, starts)
+            x, lens = x[:, p // self.subsampling_factor :], lens - p // self.subsampling_factor
+            history = inputs[:, inputs.size(1) - p :]
+        else:
+            x, lens = self.subsampling(features, feature_lens)
+            history = state.history
         valid = lengths_to_mask(lens, chunk)
         cached = torch.arange(left, device=x.device) >= left - state.attention_len[:, None]
         key_mask = torch.cat([cached, valid], dim=1)
@@ -576,6 +678,10 @@ class ConformerEncoder(nn.Module):
             torch.stack(attention, dim=1),
             (state.attention_len + chunk).clamp(max=left),
             torch.stack(conv, dim=1),
+            history,
+            torch.full_like(state.history_len, p),
+            feature_sum,
+            feature_count,
         )
         return x.masked_fill(~valid[:, :, None], 0.0), lens, next_state
 

@@ -1,6 +1,14 @@
-"""Fine-tuning from a pre-trained encoder: `init_encoder_from` and `freeze_encoder_steps`.
+"""Starting weights: `init_from`, `init_encoder_from` and `freeze_encoder_steps`.
 
-`init_encoder_from=PATH` (a run-level key, so bundles never carry it) reads the encoder's
+`init_from=PATH` (a run-level key, as all three) starts the whole model (encoder,
+predictor, joiner, CTC head) from a trained one: a bundle (`asr-export`, with the weights
+it was exported with, the EMA's for `--ema`) or an `asr-train` checkpoint (its trained
+weights). Every tensor must fit; a full-context model's symmetric depthwise convolutions
+are mapped into a streaming model's causal ones (`causal_kernel`), and the new model keeps
+its own feature statistics. This is how a streaming model starts from a trained
+full-context one (docs/streaming.md).
+
+`init_encoder_from=PATH` reads the encoder's
 weights from a pre-training checkpoint (`model.encoder.*` in its state dict), any other
 `asr-train` checkpoint, or an encoder export (`asr-export --encoder-only`: a file with an
 `encoder` state dict), and loads them exactly into the new model's encoder; keys that do
@@ -22,7 +30,7 @@ from torch import Tensor, nn
 
 from asr.config_keys import ConfigError
 from asr.errors import InputFault
-from asr.inference.bundle import ENCODER_KEY
+from asr.inference.bundle import BUNDLE_KEY, ENCODER_KEY
 
 CHECKPOINT_PREFIX = "model.encoder."
 SHOWN_KEYS = 5
@@ -95,3 +103,88 @@ def hold_encoder(optimizer: torch.optim.Optimizer, groups: list[int]) -> None:
     """Set the learning rate of the encoder's groups to 0 for the coming step."""
     for i in groups:
         optimizer.param_groups[i]["lr"] = 0.0
+
+
+FEATURE_STATS_KEYS = ("encoder.feature_mean", "encoder.feature_scale")
+CONV_MAPPINGS = ("fold", "truncate", "mirror", "as_is")
+
+
+def causal_kernel(symmetric: Tensor, mapping: str = "fold") -> Tensor:
+    """A symmetric depthwise kernel (D, 1, K), centred on its frame, as a causal one whose
+    last tap is the current frame. `truncate`: the past and current taps keep their
+    offsets, the future ones are dropped; `fold`: as `truncate`, with the future taps
+    added to the current one (a constant input gives the same output); `mirror`: each
+    future tap added to the past tap as far back; `as_is`: the taps unchanged (the kernel
+    then reads K // 2 frames later than it was trained to)."""
+    k = symmetric.size(-1)
+    half = k // 2
+    if mapping == "as_is":
+        return symmetric.clone()
+    causal = torch.zeros_like(symmetric)
+    causal[..., k - 1 - half :] = symmetric[..., : half + 1]  # offsets -half..0
+    future = symmetric[..., half + 1 :]  # offsets +1..+half
+    if mapping == "fold":
+        causal[..., k - 1] += future.sum(-1)
+    elif mapping == "mirror":
+        causal[..., k - 1 - half : k - 1] += future.flip(-1)
+    elif mapping != "truncate":
+        raise ValueError(f"conv mapping must be one of {CONV_MAPPINGS}, got {mapping!r}")
+    return causal
+
+
+def trained_model(path: str | Path) -> tuple[dict[str, Tensor], bool]:
+    """The model's state dict in a bundle or an asr-train checkpoint, and whether that model
+    was streaming (its convolutions causal)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputFault(f"init_from={path}: no such file")
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # a truncated or foreign file: say which, in one line
+        raise InputFault(f"init_from={path}: not a checkpoint or bundle ({err})") from err
+    state = stored.get("state_dict") if isinstance(stored, Mapping) else None
+    if not isinstance(state, Mapping):
+        raise InputFault(f"init_from={path}: neither an asr bundle nor an asr-train checkpoint")
+    if "format" in stored:  # a bundle: the model's own keys and config
+        weights, config = dict(state), stored.get("model")
+    else:
+        prefix = "model."
+        weights = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        config = (stored.get(BUNDLE_KEY) or {}).get("model")
+    streaming = ((config or {}).get("encoder") or {}).get("streaming") is not None
+    return weights, streaming
+
+
+def load_model_weights(model: nn.Module, path: str | Path, mapping: str = "fold") -> int:
+    """Load the weights of the trained model in `path` into `model`; returns their count.
+    Depthwise kernels of a causal convolution module come from symmetric ones through
+    `causal_kernel`; the feature statistics stay `model`'s. A key that is missing or
+    unexpected, or a shape that differs, is a `ConfigError` naming them."""
+    weights, streaming_source = trained_model(path)
+    own = model.state_dict()
+    keep = set(FEATURE_STATS_KEYS) & set(own)
+    weights = {k: v for k, v in weights.items() if k not in FEATURE_STATS_KEYS}
+    missing = set(own) - set(weights) - keep
+    unexpected = set(weights) - set(own)
+    shapes = {k for k in set(own) & set(weights) if own[k].shape != weights[k].shape}
+    problems = []
+    if missing:
+        problems.append(f"missing {_named(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_named(unexpected)}")
+    if shapes:
+        problems.append(f"other shapes for {_named(shapes)}")
+    if problems:
+        raise ConfigError(
+            f"init_from={path} does not fit the model: {'; '.join(problems)} (it must be the "
+            "same model kind and size)"
+        )
+    if not streaming_source:
+        for name, module in model.named_modules():
+            if getattr(module, "causal", False):
+                key = f"{name}.depthwise.weight"
+                weights[key] = causal_kernel(weights[key], mapping)
+    for key in keep:
+        weights[key] = own[key]
+    model.load_state_dict(weights, strict=True)
+    return len(weights) - len(keep)

@@ -69,6 +69,9 @@ class RunConfig:
     - `exp_dir`: checkpoints, logs and the config used go here (presets set their own).
     - `resume`: `auto` (continue from `exp_dir/checkpoints/last.ckpt` if present), false or
       null (start afresh), or a checkpoint's path.
+    - `init_from`: start the whole model from this trained one (a bundle or `asr-train`
+      checkpoint of the same kind and size); a full-context model's convolutions are made
+      causal for a streaming one (docs/streaming.md); null: random.
     - `init_encoder_from`: start the encoder from this pre-training checkpoint, other
       checkpoint or encoder export (`asr-export --encoder-only`); null: random (docs/ssl.md).
     - `freeze_encoder_steps`: keep the encoder unchanged for this many optimizer steps.
@@ -88,6 +91,7 @@ class RunConfig:
     data_dir: str = "data"
     exp_dir: str = "exp/default"
     resume: str | bool | None = "auto"
+    init_from: str | None = None
     init_encoder_from: str | None = None
     freeze_encoder_steps: int = 0
     encoder_lr_scale: float = 1.0

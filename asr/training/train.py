@@ -40,7 +40,7 @@ from asr.training.checkpointing import (
 from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.distributed.ddp import is_peer_failure, uses_cpu
 from asr.training.distributed.setup import DistributedSetup, TrainingFacts, setup_distributed
-from asr.training.encoder_init import load_encoder
+from asr.training.encoder_init import load_encoder, load_model_weights
 from asr.training.loggers import LoggerConfig, build_loggers
 from asr.training.module import AsrLitModule
 from asr.training.objective import Objective, build_objective, first_full_loss_step
@@ -204,6 +204,11 @@ def build_network(
             *read_feature_stats(stats_path, model.encoder.config.input_dim)
         )
         log.info("encoder: feature statistics from %s", stats_path)
+    if run.init_from and run.init_encoder_from:
+        raise ConfigError("init_from starts the whole model: leave init_encoder_from null")
+    if run.init_from:
+        loaded = load_model_weights(model, run.init_from)
+        log.info("model: %d tensors from %s", loaded, run.init_from)
     if run.init_encoder_from:
         loaded = load_encoder(model.encoder, run.init_encoder_from)
         log.info("encoder: %d tensors from %s", loaded, run.init_encoder_from)

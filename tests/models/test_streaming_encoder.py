@@ -3,6 +3,7 @@ alone and the whole encoder, fp32 and bf16 autocast, three chunk sizes), the che
 catches a part made non-causal, and chunk-by-chunk `step` computes what the whole
 utterance computes through the same masks."""
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -25,6 +26,13 @@ from asr.models.conformer import (
 FACTOR = 8
 CHUNKS = (1, 2, 4)
 STREAMING = StreamingConfig(chunk_sizes=(*CHUNKS, -1), left_contexts=(3, 8))
+# The shipped choices that change what a chunk sees: each chunk subsampled alone, or with
+# the previous chunk's last frames (the subsampling cache); a causal running mean.
+VARIANTS = {
+    "chunked subsampling": {},
+    "subsampling cache": {"subsampling_cache": True},
+    "running mean": {"running_mean_frames": 10},
+}
 Encode = Callable[[Tensor, Tensor], Tensor]  # features (B, T, F), lens -> (B, T', D)
 # Rounding, not leaks: cutting the future changes tensor shapes, so kernels may sum in
 # another order (measured: at most 7e-7 in fp32 and one bf16 step, 3.9e-3, at magnitude 1).
@@ -33,9 +41,13 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
 def _encoder(
-    conv_norm: str = "batch_norm", feature_stats: str | None = "stats"
+    conv_norm: str = "batch_norm",
+    feature_stats: str | None = "stats",
+    subsampling_cache: bool = False,
+    running_mean_frames: int = 0,
 ) -> ConformerEncoder:
     torch.manual_seed(0)
+    streaming = dataclasses.replace(STREAMING, subsampling_cache=subsampling_cache)
     config = ConformerConfig(
         input_dim=16,
         d_model=32,
@@ -47,7 +59,8 @@ def _encoder(
         conv_norm=conv_norm,
         dropout=0.0,
         feature_stats=feature_stats,
-        streaming=STREAMING,
+        running_mean_frames=running_mean_frames,
+        streaming=streaming,
     )
     encoder = ConformerEncoder(config)
     if feature_stats is not None:
@@ -122,11 +135,12 @@ def _parts(encoder: ConformerEncoder, chunk: int) -> dict[str, tuple[Encode, int
     }
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("conv_norm", ["batch_norm", "layer_norm"])
-def test_no_part_sees_the_future(chunk, dtype, conv_norm):
-    encoder = _encoder(conv_norm)
+def test_no_part_sees_the_future(chunk, dtype, conv_norm, variant):
+    encoder = _encoder(conv_norm, **VARIANTS[variant])
     for name, (encode, in_per_out) in _parts(encoder, chunk).items():
         assert _leaked(encode, chunk, in_per_out, dtype) <= TOLERANCE[dtype], name
 
@@ -170,9 +184,10 @@ def _leaky_parts(encoder: ConformerEncoder, chunk: int) -> dict[str, tuple[Encod
     }
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_the_check_catches_each_part_made_non_causal(dtype):
-    encoder = _encoder()
+def test_the_check_catches_each_part_made_non_causal(dtype, variant):
+    encoder = _encoder(**VARIANTS[variant])
     for name, (encode, in_per_out) in _leaky_parts(encoder, 2).items():
         assert _leaked(encode, 2, in_per_out, dtype) > 3 * TOLERANCE[dtype], name
 
@@ -192,12 +207,13 @@ def _stream(
     return torch.cat(outs, dim=1)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("conv_norm", ["batch_norm", "layer_norm"])
 @pytest.mark.parametrize(
     "context", [StreamingContext(1, 3), StreamingContext(2, 8), StreamingContext(4, 3)]
 )
-def test_chunk_by_chunk_equals_the_whole_utterance(context, conv_norm):
-    encoder = _encoder(conv_norm)
+def test_chunk_by_chunk_equals_the_whole_utterance(context, conv_norm, variant):
+    encoder = _encoder(conv_norm, **VARIANTS[variant])
     encoder.use_context(context)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(3, 203, 16, generator=g)
@@ -244,3 +260,14 @@ def test_a_full_context_encoder_is_unchanged_by_the_streaming_keys():
     assert not any("feature" in n for n in names)
     kernel = encoder.config.conv_kernel_size
     assert encoder.layers[0].conv.depthwise.padding == (kernel // 2,)  # symmetric
+
+
+def test_chunk_weights_set_how_often_each_chunk_size_is_drawn():
+    encoder = _encoder().train()
+    encoder.streaming = dataclasses.replace(STREAMING, chunk_weights=(1, 0, 0, 3))
+    torch.manual_seed(4)
+    drawn = [encoder.current_context().chunk for _ in range(400)]
+    assert set(drawn) == {1, -1}
+    assert 0.68 < drawn.count(-1) / len(drawn) < 0.82  # 3 in 4
+    with pytest.raises(ConfigError, match=r"chunk_weights must give one weight >= 0 per chunk"):
+        StreamingConfig(chunk_sizes=(2, -1), chunk_weights=(1,))

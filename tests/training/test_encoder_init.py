@@ -11,9 +11,15 @@ import torch
 from asr.config_keys import ConfigError
 from asr.errors import InputFault
 from asr.models.build import build_model
-from asr.models.conformer import ConformerConfig
+from asr.models.conformer import ConformerConfig, StreamingConfig
 from asr.models.ssl import SslConfig, build_ssl_model
-from asr.training.encoder_init import encoder_group_ids, hold_encoder, load_encoder
+from asr.training.encoder_init import (
+    causal_kernel,
+    encoder_group_ids,
+    hold_encoder,
+    load_encoder,
+    load_model_weights,
+)
 from asr.training.optimizer import OptimConfig, build_optimizer
 from asr.training.schedules import SchedulerConfig, build_scheduler
 
@@ -122,3 +128,61 @@ def test_encoder_lr_scale_trains_the_encoder_at_that_share_of_the_scheduled_rate
             torch.testing.assert_close(before[name] - p.detach(), rate * p.grad)
     with pytest.raises(ConfigError, match="encoder_lr_scale"):
         build_optimizer(model, config, own_groups=model.encoder, own_lr_scale=-1.0)
+
+
+STREAMING_ENCODER = ConformerConfig(
+    **{**vars(ENCODER), "feature_stats": "stats", "streaming": StreamingConfig((2, -1), (4,))}
+)
+
+
+def _bundle(tmp_path: Path, model) -> Path:
+    """`model` saved as a bundle holds it (format, config, weights)."""
+    path = tmp_path / "model.bundle.pt"
+    config = {"encoder": {"streaming": None}}
+    torch.save({"format": "asr-bundle-1", "model": config, "state_dict": model.state_dict()}, path)
+    return path
+
+
+def test_causal_kernels_keep_past_offsets_and_fold_the_future_into_the_present() -> None:
+    symmetric = torch.arange(1.0, 6.0).view(1, 1, 5)  # offsets -2..+2: 1 2 3 4 5
+    assert causal_kernel(symmetric, "truncate").flatten().tolist() == [0, 0, 1, 2, 3]
+    assert causal_kernel(symmetric, "fold").flatten().tolist() == [0, 0, 1, 2, 12]
+    assert causal_kernel(symmetric, "mirror").flatten().tolist() == [0, 0, 6, 6, 3]
+    assert causal_kernel(symmetric, "as_is").flatten().tolist() == [1, 2, 3, 4, 5]
+    constant = torch.ones(1, 1, 9)
+    ours = torch.nn.functional.conv1d(constant, causal_kernel(symmetric, "fold"))
+    theirs = torch.nn.functional.conv1d(constant, symmetric)
+    torch.testing.assert_close(ours, theirs)  # the same response to a steady input
+
+
+def test_a_streaming_model_starts_from_a_full_context_one(tmp_path) -> None:
+    torch.manual_seed(2)
+    trained = _transducer()
+    streaming = _transducer(STREAMING_ENCODER)
+    streaming.encoder.set_feature_stats(torch.full((16,), 3.0), torch.full((16,), 2.0))
+    loaded = load_model_weights(streaming, _bundle(tmp_path, trained))
+    assert loaded == len(trained.state_dict())
+    ours, theirs = streaming.state_dict(), trained.state_dict()
+    for name, value in theirs.items():
+        if name.endswith("depthwise.weight"):
+            torch.testing.assert_close(ours[name], causal_kernel(value))
+        else:
+            assert torch.equal(ours[name], value), name
+    assert torch.equal(ours["encoder.feature_mean"], torch.full((16,), 3.0))  # its own
+    # An asr-train checkpoint of a streaming model: kernels taken as they are.
+    checkpoint = tmp_path / "last.ckpt"
+    state = {f"model.{k}": v for k, v in ours.items()}
+    meta = {"model": {"encoder": {"streaming": {"chunk_sizes": [2, -1]}}}}
+    torch.save({"state_dict": state, "asr_bundle": meta}, checkpoint)
+    again = _transducer(STREAMING_ENCODER)
+    load_model_weights(again, checkpoint)
+    for name, value in again.state_dict().items():
+        assert torch.equal(value, ours[name]) != ("feature" in name), name  # stats: its own
+
+
+def test_init_from_a_model_of_another_size_names_what_differs(tmp_path) -> None:
+    wider = _transducer(ConformerConfig(**{**vars(ENCODER), "d_model": 64}))
+    with pytest.raises(ConfigError, match=r"init_from=.* does not fit the model: other shapes"):
+        load_model_weights(_transducer(), _bundle(tmp_path, wider))
+    with pytest.raises(InputFault, match="init_from=.*no such file"):
+        load_model_weights(_transducer(), tmp_path / "missing.pt")
