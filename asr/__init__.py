@@ -20,6 +20,7 @@ def load_model(
     *,
     streaming: bool = False,
     chunk_ms: float | None = None,
+    left_context_ms: float | None = None,
 ) -> Recognizer | StreamingRecognizer:
     """Load an exported bundle (or a training checkpoint, or the directory of an ONNX export,
     decoded with onnxruntime on the CPU) of any model kind; `.transcribe(audio) -> list[str]`
@@ -30,13 +31,16 @@ def load_model(
 
     `streaming=True` (a streaming transducer, docs/streaming.md): a `StreamingRecognizer`
     whose streams take audio pieces as they arrive (`create_stream`, `decode`), at a
-    trained chunk of `chunk_ms` milliseconds (None: the largest trained)."""
+    trained chunk of `chunk_ms` milliseconds and left context of `left_context_ms` (None:
+    the largest trained)."""
     if streaming:
         from asr.inference.streaming import load_streaming_recognizer
 
-        return load_streaming_recognizer(path, chunk_ms, beam_size=beam_size, device=device)
-    if chunk_ms is not None:
-        raise ValueError("chunk_ms goes with streaming=True")
+        return load_streaming_recognizer(
+            path, chunk_ms, left_context_ms, beam_size=beam_size, device=device
+        )
+    if chunk_ms is not None or left_context_ms is not None:
+        raise ValueError("chunk_ms and left_context_ms go with streaming=True")
     from asr.inference.recognizer import load_recognizer
 
     if Path(path).is_dir():

@@ -18,10 +18,10 @@ Sections (`--only` picks some, comma-separated):
 - `memory`: one stream of `--long-minutes` minutes (the cuts repeated) fed 100 ms pieces;
   the process's resident memory every 5 minutes of audio.
 - `sherpa`: `--onnx` (the streaming export) decoded by sherpa-onnx's OnlineRecognizer fed
-  100 ms pieces, against our recognizer at the exported chunk on the same audio (both
-  followed by a chunk and 0.3 s of silence, which sherpa-onnx needs to decode a
-  recording's last chunk; sherpa-onnx's 10 symbols per frame): the share of utterances
-  with the same text and both WERs.
+  100 ms pieces and followed by the silence a client sends (the export's
+  `tail_padding_seconds`, or `--tail-seconds`), against our recognizer at the exported
+  chunk on the recording alone (sherpa-onnx's 10 symbols per frame): the share of
+  utterances with the same text and with the same last word, and both WERs.
 """
 
 from __future__ import annotations
@@ -43,16 +43,17 @@ from asr.frames import SAMPLE_RATE
 from asr.inference.bundle import load_bundle
 from asr.inference.manifest_decoding import decode_manifest
 from asr.inference.recognizer import load_recognizer
-from asr.inference.streaming import StreamingRecognizer
+from asr.inference.streaming import StreamingRecognizer, largest_chunking
 from asr.metrics import corpus_errors
-from asr.models.conformer import StreamingContext
+from asr.models.conformer import FULL, Chunking
 
 SECTIONS = ("wer", "latency", "rtfx", "memory", "sherpa")
 
 
 class Loaded:
     """The streaming model, tokenizer and features, loaded once; `at(chunk, ...)` gives a
-    recognizer at a trained chunk (None: the largest)."""
+    recognizer at a trained chunk (None: the largest) and the largest left context (or
+    `left`)."""
 
     def __init__(self, path: Path) -> None:
         self.model, self.tokenizer, features = load_bundle(path)
@@ -61,9 +62,9 @@ class Loaded:
     def at(
         self, chunk: int | None = None, left: int | None = None, **options
     ) -> StreamingRecognizer:
-        return StreamingRecognizer(
-            self.model, self.tokenizer, self.features, chunk, left, **options
-        )
+        largest = largest_chunking(self.model)
+        chunking = Chunking(chunk or largest.chunk, left or largest.left)
+        return StreamingRecognizer(self.model, self.tokenizer, self.features, chunking, **options)
 
 
 def emit(section: str, **fields) -> None:
@@ -80,8 +81,7 @@ def wer_section(args, model_path: Path, trained: list[int], frame_ms: float) -> 
     model = recognizer.model
     left = max(model.encoder.streaming.left_contexts)
     for chunk in [*trained, -1]:
-        context = StreamingContext(chunk, left) if chunk > 0 else StreamingContext()
-        model.encoder.use_context(context)
+        recognizer.chunking = Chunking(chunk, left) if chunk > 0 else FULL
         name = f"chunk{chunk}" if chunk > 0 else "full"
         summary = decode_manifest(recognizer, args.cuts, args.work / f"decode-{name}", 200.0, 1)
         emit("wer", model=str(model_path), chunk_ms=chunk * frame_ms if chunk > 0 else None,
@@ -149,7 +149,7 @@ def memory_section(args, loaded: Loaded, audio: list[np.ndarray]) -> None:
                 {"audio_minutes": round(fed / SAMPLE_RATE / 60, 2), "rss_mib": resident_mib()}
             )
             next_mark += 5 * 60 * SAMPLE_RATE
-    stream.input_finished()
+    stream.finish()
     recognizer.decode([stream])
     marks.append({"audio_minutes": round(fed / SAMPLE_RATE / 60, 2), "rss_mib": resident_mib()})
     emit("memory", chunk_ms=recognizer.chunk_seconds * 1000, marks=marks,
@@ -163,27 +163,31 @@ def sherpa_section(args, loaded: Loaded, audio: list[np.ndarray], refs: list[str
     meta = {p.key: p.value for p in onnx.load(args.onnx / "encoder.onnx").metadata_props}
     chunk = int(meta["chunk_frames"])
     ours = loaded.at(chunk, int(meta["left_context"]), max_symbols_per_frame=10)  # sherpa's
-    # sherpa-onnx decodes whole chunks only, and one when a frame past it is ready: silence
-    # of a chunk and 0.3 s more after each recording lets it reach the recording's end
-    pad = np.zeros(int((ours.chunk_seconds + 0.3) * SAMPLE_RATE), np.float32)
-    padded = [np.concatenate([a, pad]) for a in audio]
+    # sherpa-onnx decodes whole windows only, and one when a frame past it is ready: its
+    # client sends the silence the export's metadata names after each recording (ours
+    # decodes the last, shorter chunk itself: it gets the recording alone)
+    tail = float(meta["tail_padding_seconds"]) if args.tail_seconds is None else args.tail_seconds
+    pad = np.zeros(int(tail * SAMPLE_RATE), np.float32)
     d = args.onnx
     sherpa = sherpa_onnx.OnlineRecognizer.from_transducer(
         tokens=str(d / "tokens.txt"), encoder=str(d / "encoder.onnx"),
         decoder=str(d / "decoder.onnx"), joiner=str(d / "joiner.onnx"), num_threads=1,
     )  # fmt: skip
     theirs, mine = [], []
-    for samples in padded:
+    for samples in audio:
+        padded = np.concatenate([samples, pad])
         stream = sherpa.create_stream()
-        for start in range(0, len(samples), 1600):
-            stream.accept_waveform(SAMPLE_RATE, samples[start : start + 1600])
+        for start in range(0, len(padded), 1600):
+            stream.accept_waveform(SAMPLE_RATE, padded[start : start + 1600])
             while sherpa.is_ready(stream):
                 sherpa.decode_stream(stream)
         theirs.append(" ".join(sherpa.get_result(stream).split()))
         mine.append(" ".join(ours.feed([samples])[0].text.split()))
     same = sum(a == b for a, b in zip(theirs, mine, strict=True))
-    emit("sherpa", chunk_ms=ours.chunk_seconds * 1000, utterances=len(audio),
-         same_text=same / len(audio), wer_sherpa=corpus_errors(refs, theirs).wer,
+    last = sum(a.split()[-1:] == b.split()[-1:] for a, b in zip(theirs, mine, strict=True))
+    emit("sherpa", chunk_ms=ours.chunk_seconds * 1000, tail_seconds=tail,
+         utterances=len(audio), same_text=same / len(audio), same_last_word=last / len(audio),
+         wer_sherpa=corpus_errors(refs, theirs).wer,
          wer_ours=corpus_errors(refs, mine).wer)  # fmt: skip
 
 
@@ -193,6 +197,12 @@ def main() -> None:
     parser.add_argument("cuts", type=Path, help="the cuts to decode (test-clean)")
     parser.add_argument("--baseline", type=Path, help="a full-context model to compare WER with")
     parser.add_argument("--onnx", type=Path, help="the streaming model's ONNX export (sherpa)")
+    parser.add_argument(
+        "--tail-seconds",
+        type=float,
+        default=None,
+        help="sherpa: silence after each recording (default: the export's tail_padding_seconds)",
+    )
     parser.add_argument("--only", default=",".join(SECTIONS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--latency-utterances", type=int, default=20)

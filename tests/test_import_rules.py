@@ -35,6 +35,7 @@ INFERENCE_IMPORTS = (
     "asr.data.features",
     "asr.tokens",
     "asr.frames",
+    "asr.normalization",
     "asr.cli",
     "asr.errors",
     "asr.metrics",

@@ -29,6 +29,7 @@ from lhotse.features.base import FeatureExtractor, register_extractor
 from asr.cli import command
 from asr.config_keys import check_choice
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
+from asr.normalization import per_utterance
 
 FRONTENDS = ("kaldi", "librosa", "librosa_povey")
 NORMALIZATIONS = ("per_utterance", "none")
@@ -212,9 +213,13 @@ def compute_features(audio: np.ndarray, config: FeatureConfig, extractor: Fbank)
 
 
 def normalize_features(feats: np.ndarray, mode: str) -> np.ndarray:
+    """(T, F) features as `data.features.normalize` says: `per_utterance`
+    (`asr.normalization.per_utterance`, which an ONNX export's graph applies too) or
+    `none`; float32."""
+    feats = feats.astype(np.float32, copy=False)
     if mode == "per_utterance":
-        feats = (feats - feats.mean(axis=0)) / (feats.std(axis=0) + 1e-5)
-    return feats.astype(np.float32, copy=False)
+        feats = per_utterance(torch.from_numpy(feats)).numpy()
+    return feats
 
 
 def precompute_features(

@@ -43,7 +43,7 @@ from asr.gpu_check.streaming import decode_streams
 from asr.gpu_check.training import PRECISION, random_weights_setup, train_steps
 from asr.inference.streaming import StreamingRecognizer
 from asr.models.build import build_model, count_parameters
-from asr.models.conformer import FULL_CONTEXT
+from asr.models.conformer import FULL_CONTEXT, Chunking
 from asr.models.transducer import Transducer
 from asr.training.oomptimizer import Bucket, compose_config
 from asr.training.probes import ModelSetup
@@ -162,7 +162,7 @@ def decoding(
     recognizers = {
         # the tokenizer is read only for text, which this section never asks for
         chunk: StreamingRecognizer(
-            model, None, features, chunk, left, device=device, autocast=autocast  # type: ignore[arg-type]
+            model, None, features, Chunking(chunk, left), device=device, autocast=autocast  # type: ignore[arg-type]
         )
         for chunk in chunks
     }  # fmt: skip

@@ -43,6 +43,7 @@ from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import section_limit
 from asr.inference.bundle import load_bundle
 from asr.inference.streaming import StreamingRecognizer
+from asr.models.conformer import Chunking
 from asr.training.metrics_csv import metric_rows
 
 STREAMS = 8
@@ -78,7 +79,8 @@ def whole_utterances(recognizer: StreamingRecognizer, audio: list[np.ndarray]) -
     with torch.inference_mode():
         for samples in audio:
             feats = torch.from_numpy(extractor.extract(samples, 16000))[None].to(device)
-            out, lens = model.encode(feats, torch.tensor([feats.size(1)], device=device))
+            lens = torch.tensor([feats.size(1)], device=device)
+            out, lens = model.encode(feats, lens, recognizer.chunking)
             tokens.append(greedy_search_timed(model, out, lens)[0].tokens)
     return tokens
 
@@ -95,12 +97,13 @@ def check_decoding(report: Report, checkpoint: Path, corpus_cuts: list[Path], de
     results: dict[str, Any] = {"streams": len(audio), "audio_s": seconds}
     autocast = torch.bfloat16 if device == "cuda" else None
     for chunk in CHUNKS:
+        chunking = Chunking(chunk, LEFT)
         fast = StreamingRecognizer(
-            model, tokenizer, config, chunk, LEFT, device=device, autocast=autocast
+            model, tokenizer, config, chunking, device=device, autocast=autocast
         )
         decode_streams(fast, audio[:1])  # warm-up: kernels, allocator
         _, took = decode_streams(fast, audio)
-        exact = StreamingRecognizer(model, tokenizer, config, chunk, LEFT, device=device)
+        exact = StreamingRecognizer(model, tokenizer, config, chunking, device=device)
         streamed, _ = decode_streams(exact, audio)
         whole = whole_utterances(exact, audio)
         same = sum(s == w for s, w in zip(streamed, whole, strict=True))

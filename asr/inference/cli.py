@@ -53,7 +53,7 @@ from asr.inference.bundle import (
 from asr.inference.longform import DEFAULT_MAX_PAUSE, DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
 from asr.inference.manifest_decoding import decode_manifest
 from asr.inference.recognizer import Recognizer, load_recognizer
-from asr.inference.streaming import chunked_context, load_streaming_recognizer
+from asr.inference.streaming import chunking_of_ms, load_streaming_recognizer
 from asr.inference.timestamps import OUTPUT_FORMATS, Transcript, render
 
 log = logging.getLogger(__name__)
@@ -166,25 +166,14 @@ def export_main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-int8", action="store_true", help="onnx: skip the int8-quantized copies"
     )
-    parser.add_argument(
-        "--chunk-ms",
-        type=float,
-        default=None,
-        help="onnx of a streaming model: its chunk, one it was trained with (default: its largest)",
-    )
-    parser.add_argument(
-        "--left-context",
-        type=int,
-        default=None,
-        help="onnx of a streaming model: its left context in encoder frames (default: its largest)",
-    )
+    add_chunking_arguments(parser, "--format onnx of a streaming model: exported at ")
     parser.add_argument(
         "-o", "--output", type=Path, default=None, help="default: in the run's exp dir"
     )
     args = parser.parse_args(argv)
     paths = select_checkpoints(args.checkpoint, args.epoch, args.avg, args.best)
-    if args.format != "onnx" and (args.chunk_ms is not None or args.left_context is not None):
-        parser.error("--chunk-ms and --left-context pick a streaming model's ONNX export")
+    if args.format != "onnx" and _chunking_given(args):
+        parser.error("--chunk-ms and --left-context-ms pick a streaming model's ONNX export")
     if args.format == "onnx":
         if args.encoder_only:
             raise ValueError("--encoder-only writes a bundle for fine-tuning, not ONNX")
@@ -208,11 +197,14 @@ def _export_onnx(paths: list[Path], output: Path, args: argparse.Namespace) -> N
     def report(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    def context(model):
-        return chunked_context(model, args.chunk_ms, args.left_context)
-
     export = export_onnx(
-        paths, output, ema=args.ema, int8=not args.no_int8, report=report, context=context
+        paths,
+        output,
+        ema=args.ema,
+        int8=not args.no_int8,
+        report=report,
+        chunk_ms=args.chunk_ms,
+        left_context_ms=args.left_context_ms,
     )
     size = sum(f.stat().st_size for f in export.files) / 1e6
     print(f"wrote {len(export.files)} files to {export.directory} ({size:.1f} MB)")
@@ -262,8 +254,30 @@ def _add_transcribe_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_chunking_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--chunk-ms and --left-context-ms, a streaming model's latency; `what` starts their
+    help."""
+    parser.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=None,
+        help=what + "a chunk of this many milliseconds, one it was trained with (default: its "
+        "largest)",
+    )
+    parser.add_argument(
+        "--left-context-ms",
+        type=float,
+        default=None,
+        help=what + "this many milliseconds of left context, trained (default: its largest)",
+    )
+
+
+def _chunking_given(args: argparse.Namespace) -> bool:
+    return args.chunk_ms is not None or args.left_context_ms is not None
+
+
 def _add_streaming_arguments(parser: argparse.ArgumentParser, decoding: bool) -> None:
-    """--chunk-ms and --left-context (asr-decode: the whole utterance through the chunked
+    """--chunk-ms and --left-context-ms (asr-decode: the whole utterance through the chunked
     masks, which streaming equals), and asr-transcribe's --streaming."""
     if not decoding:
         parser.add_argument(
@@ -278,19 +292,8 @@ def _add_streaming_arguments(parser: argparse.ArgumentParser, decoding: bool) ->
             default=100.0,
             help="--streaming: milliseconds of audio per read (default 100)",
         )
-    parser.add_argument(
-        "--chunk-ms",
-        type=float,
-        default=None,
-        help="a streaming model's chunk, one it was trained with (default: its largest)"
-        + ("; decodes whole utterances through the same masks as streaming" if decoding else ""),
-    )
-    parser.add_argument(
-        "--left-context",
-        type=int,
-        default=None,
-        help="a streaming model's left context in encoder frames (default: its largest)",
-    )
+    what = "a streaming model decoded through the masks of " if decoding else "--streaming: "
+    add_chunking_arguments(parser, what)
 
 
 STDIN = Path("-")
@@ -341,7 +344,7 @@ def _transcribe_streaming(
             print(f"asr-transcribe: error: {err}", file=sys.stderr)
             failed += 1
             continue
-        stream.input_finished()
+        stream.finish()
         recognizer.decode([stream])
         if live:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
@@ -399,7 +402,7 @@ def transcribe_main(argv: list[str] | None = None) -> None:
         recognizer = load_streaming_recognizer(
             model,
             args.chunk_ms,
-            args.left_context,
+            args.left_context_ms,
             args.beam_size,
             args.device,
             max_symbols_per_frame=args.max_symbols_per_frame,
@@ -410,8 +413,8 @@ def transcribe_main(argv: list[str] | None = None) -> None:
                 f"asr-transcribe: {failed} of {len(inputs)} input(s) could not be read"
             )
         return
-    if args.chunk_ms is not None or args.left_context is not None:
-        parser.error("--chunk-ms and --left-context go with --streaming")
+    if _chunking_given(args):
+        parser.error("--chunk-ms and --left-context-ms go with --streaming")
     if args.output_format == "srt" and len(inputs) > 1 and args.output_dir is None:
         parser.error("srt of several files needs --output-dir (one .srt per file)")
     stems = [path.stem for path in inputs]
@@ -487,15 +490,13 @@ def decode_main(argv: list[str] | None = None) -> None:
     if args.max_symbols_per_frame is not None:
         name += f"-sym{args.max_symbols_per_frame}"
     recognizer = _recognizer(args, source)
-    if args.chunk_ms is not None or args.left_context is not None:
+    if _chunking_given(args):
         if args.onnx is not None:
             parser.error("--chunk-ms decodes a bundle or checkpoint, not an ONNX export")
-        context = chunked_context(recognizer.model, args.chunk_ms, args.left_context)
-        recognizer.model.encoder.use_context(context)
-        name += (
-            f"-chunk{args.chunk_ms or context.chunk * recognizer.model.frame_seconds * 1000:g}ms"
-        )
-        name += f"-left{context.left}"
+        recognizer.chunking = chunking_of_ms(recognizer.model, args.chunk_ms, args.left_context_ms)
+        frame_ms = recognizer.model.frame_seconds * 1000
+        name += f"-chunk{recognizer.chunking.chunk * frame_ms:g}ms"
+        name += f"-left{recognizer.chunking.left * frame_ms:g}ms"
     model_dir = args.model if args.model.is_dir() else args.model.parent
     output_dir = args.output_dir or model_dir / name
     summary = decode_manifest(

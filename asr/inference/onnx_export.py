@@ -62,25 +62,16 @@ from asr.inference.onnx_runtime import (
     onnx_file,
     open_session,
 )
+from asr.inference.streaming import chunking_of_ms, tail_padding_seconds
 from asr.models.aed import DecoderState, EncoderDecoder, _heads
 from asr.models.attention import lengths_to_mask
-from asr.models.conformer import StreamingContext, StreamingState
+from asr.models.conformer import Chunking, StreamingState
 from asr.models.transducer import Transducer
+from asr.normalization import per_utterance
 
 log = logging.getLogger(__name__)
 
 LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")  # nn.LSTM's, per layer
-NORM_EPSILON = 1e-5  # asr.data.features.normalize_features's: std + 1e-5
-
-
-def normalize_per_utterance(x: Tensor, x_lens: Tensor) -> Tensor:
-    """x (N, T, F) -> each utterance's valid frames minus their mean, over their standard
-    deviation (+ 1e-5), as `asr.data.features.normalize_features` does with numpy."""
-    valid = lengths_to_mask(x_lens, x.size(1))[:, :, None].to(x.dtype)  # (N, T, 1)
-    count = x_lens.to(x.dtype).clamp(min=1)[:, None, None]
-    mean = (x * valid).sum(dim=1, keepdim=True) / count
-    var = ((x - mean).square() * valid).sum(dim=1, keepdim=True) / count
-    return (x - mean) / (var.sqrt() + NORM_EPSILON)
 
 
 class EncoderGraph(nn.Module):
@@ -92,7 +83,7 @@ class EncoderGraph(nn.Module):
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         if self.normalize:
-            x = normalize_per_utterance(x, x_lens)
+            x = per_utterance(x, x_lens)
         out, out_lens = self.model.encode(x, x_lens)
         if isinstance(self.model, Transducer):
             out = self.model.joiner.project_encoder(out)
@@ -165,9 +156,9 @@ class NemoStreamingEncoderGraph(nn.Module):
     (N, layers, D, K-1), `cache_last_channel_len` (N,) -> `outputs` (N, J, chunk) projected
     for the joiner, `encoded_lengths`, and the three caches for the next chunk."""
 
-    def __init__(self, model: Transducer) -> None:
+    def __init__(self, model: Transducer, chunking: Chunking) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.chunking = model, chunking
 
     def forward(
         self,
@@ -184,12 +175,12 @@ class NemoStreamingEncoderGraph(nn.Module):
             cache_last_channel,
             cache_last_channel_len,
             cache_last_time,
-            encoder.normalize(x[:, :p]),  # the window's first p frames: the history
+            encoder.normalize(x[:, :p])[0],  # the window's first p frames: the history
             torch.full_like(cache_last_channel_len, p),
             x.new_zeros(n, f),
             torch.zeros_like(cache_last_channel_len),
         )
-        out, lens, state = encoder.step(x[:, p:], length - p, state)
+        out, lens, state = encoder.step(x[:, p:], length - p, state, self.chunking)
         out = self.model.joiner.project_encoder(out).transpose(1, 2)
         return out, lens.to(torch.int64), state.attention, state.conv, state.attention_len
 
@@ -329,26 +320,27 @@ def export_onnx(
     ema: bool = False,
     int8: bool = True,
     report: Callable[[str], None] | None = None,
-    context: Callable[[Transducer], StreamingContext] | None = None,
+    chunk_ms: float | None = None,
+    left_context_ms: float | None = None,
 ) -> OnnxExport:
     """Write the ONNX files of the model averaged over `paths` (with `ema`, its EMA weights)
     into `output_dir`, fp32 and (with `int8`) quantized; each graph is checked against
     PyTorch on inputs of another size than the traced ones before anything is written.
     `report` receives one line per graph done (the export takes tens of seconds). A
-    streaming model is exported at the chunk size and left context `context` picks (None:
-    the largest trained)."""
+    streaming model is exported at its trained chunk of `chunk_ms` and left context of
+    `left_context_ms` milliseconds (None: the largest trained)."""
     bundle = bundle_from_checkpoints(paths, ema)
     check_decodable(bundle, paths[-1])
     model, tokenizer, features = model_from_bundle(bundle)
     features_config = FeatureConfig(**features)
     contract = contract_of(model)
+    chunking = None
     if contract == "nemo_streaming":
-        from asr.inference.streaming import trained_context
-
-        chosen = context(model) if context else trained_context(model, None, None)
-        model.encoder.use_context(chosen)
-    graphs = _graphs(model, features_config, contract)
-    metadata = _metadata(model, tokenizer, features_config, contract)
+        chunking = chunking_of_ms(model, chunk_ms, left_context_ms)
+    elif chunk_ms is not None or left_context_ms is not None:
+        raise ValueError("this model was trained with full context: no chunk to export at")
+    graphs = _graphs(model, features_config, contract, chunking)
+    metadata = _metadata(model, tokenizer, features_config, contract, chunking)
     output_dir = Path(output_dir)
     staging = output_dir / f".export-tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -429,10 +421,13 @@ class _Graph:
 
 
 def _graphs(
-    model: Transducer | EncoderDecoder, features: FeatureConfig, contract: str
+    model: Transducer | EncoderDecoder,
+    features: FeatureConfig,
+    contract: str,
+    chunking: Chunking | None,
 ) -> dict[str, _Graph]:
-    """The graphs of `model` in `contract`'s layout, by file stem, with example inputs (and
-    other-sized inputs for the check after export)."""
+    """The graphs of `model` in `contract`'s layout (a streaming one at `chunking`), by
+    file stem, with example inputs (and other-sized inputs for the check after export)."""
     model = copy.deepcopy(model).eval()
     # channels-last strides depend on the batch size: the tracer would fix it
     model.encoder.subsampling.use_memory_format(torch.contiguous_format)
@@ -445,7 +440,7 @@ def _graphs(
         return {"x": torch.randn(n, t, bins, generator=gen), "x_lens": lens}
 
     if contract.startswith("nemo"):
-        return _nemo_graphs(model, features, contract, gen)
+        return _nemo_graphs(model, features, contract, gen, chunking)
     graphs = {
         ENCODER: _Graph(
             EncoderGraph(model, features.normalize == "per_utterance"),
@@ -511,27 +506,33 @@ def _transducer_graphs(model: Transducer, gen: torch.Generator) -> dict[str, _Gr
 
 
 def _nemo_graphs(
-    model: Transducer, features: FeatureConfig, contract: str, gen: torch.Generator
+    model: Transducer,
+    features: FeatureConfig,
+    contract: str,
+    gen: torch.Generator,
+    chunking: Chunking | None,
 ) -> dict[str, _Graph]:
-    """The encoder, decoder and joiner in sherpa-onnx's NeMo transducer contracts."""
+    """The encoder (a streaming one at `chunking`), decoder and joiner in sherpa-onnx's NeMo
+    transducer contracts."""
     dyn = torch.export.Dim.DYNAMIC
     bins, joint = features.num_mel_bins, model.joiner.output.in_features
     encoder = model.encoder
     if contract == "nemo_streaming":
-        window = encoder.context.chunk * encoder.subsampling_factor + encoder.history_frames
+        assert chunking is not None
+        window = chunking.chunk * encoder.subsampling_factor + encoder.history_frames
 
         def chunks(n: int) -> dict[str, torch.Tensor]:
-            state = encoder.initial_state(n, encoder.context.left)
+            state = encoder.initial_state(n, chunking)
             return {
                 "audio_signal": torch.randn(n, bins, window, generator=gen) * 2 - 8,
                 "length": torch.full((n,), window, dtype=torch.int64),
                 "cache_last_channel": torch.randn(state.attention.shape, generator=gen),
                 "cache_last_time": torch.randn(state.conv.shape, generator=gen),
-                "cache_last_channel_len": torch.randint(0, encoder.context.left + 1, (n,)),
+                "cache_last_channel_len": torch.randint(0, chunking.left + 1, (n,)),
             }
 
         encoder_graph = _Graph(
-            NemoStreamingEncoderGraph(model),
+            NemoStreamingEncoderGraph(model, chunking),
             chunks(3),
             {name: {0: dyn} for name in chunks(1)},
             [
@@ -698,6 +699,7 @@ def _metadata(
     tokenizer: Tokenizer,
     features: FeatureConfig,
     contract: str,
+    chunking: Chunking | None,
 ) -> dict[str, dict[str, Any]]:
     """Metadata per graph ("all": every graph): what sherpa-onnx reads (`model_type`,
     `vocab_size`, `context_size`; NeMo's keys) and what `asr.inference.onnx_runtime` needs."""
@@ -714,7 +716,7 @@ def _metadata(
         "subsampling_factor": encoder.subsampling_factor,
     }
     if contract.startswith("nemo"):
-        return _nemo_metadata(model, features, contract, common)
+        return _nemo_metadata(model, features, contract, common, chunking)
     meta: dict[str, dict[str, Any]] = {"all": common, ENCODER: {"model_type": "conformer"}}
     if isinstance(model, EncoderDecoder):
         decoder = model.decoder
@@ -740,10 +742,16 @@ def _metadata(
 
 
 def _nemo_metadata(
-    model: Transducer, features: FeatureConfig, contract: str, common: dict[str, Any]
+    model: Transducer,
+    features: FeatureConfig,
+    contract: str,
+    common: dict[str, Any],
+    chunking: Chunking | None,
 ) -> dict[str, dict[str, Any]]:
     """sherpa-onnx's NeMo keys (its exporter scripts': the vocabulary without the blank,
-    which is last; no feature normalization outside the graph) and ours."""
+    which is last; no feature normalization outside the graph) and ours: a streaming
+    export's chunk and left context in encoder frames, and the silence its clients send
+    after the audio (`tail_padding_seconds`)."""
     lstm, encoder = model.predictor.lstm, model.encoder
     nemo = {
         **common,
@@ -756,16 +764,17 @@ def _nemo_metadata(
         "model_author": "asr",
     }
     if contract == "nemo_streaming":
-        context = encoder.context
-        span = context.chunk * encoder.subsampling_factor
+        assert chunking is not None
+        span = chunking.chunk * encoder.subsampling_factor
         layers, d = len(encoder.layers), encoder.output_dim
         nemo |= {
             "window_size": span + encoder.history_frames,
             "chunk_shift": span,
-            "chunk_frames": context.chunk,
-            "left_context": context.left,
+            "chunk_frames": chunking.chunk,
+            "left_context": chunking.left,
+            "tail_padding_seconds": tail_padding_seconds(model, chunking),
             "cache_last_channel_dim1": layers,
-            "cache_last_channel_dim2": context.left,
+            "cache_last_channel_dim2": chunking.left,
             "cache_last_channel_dim3": d,
             "cache_last_time_dim1": layers,
             "cache_last_time_dim2": d,

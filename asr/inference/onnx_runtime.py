@@ -23,6 +23,7 @@ from asr.frames import FRAME_SHIFT_SECONDS
 from asr.inference.longform import WindowConfig
 from asr.inference.recognizer import Recognizer
 from asr.inference.timestamps import SPACE_PIECE
+from asr.models.conformer import Chunking
 
 # The files of an export and how they are opened: what asr.inference.onnx_export writes.
 ENCODER, DECODER, JOINER, TOKENS = "encoder", "decoder", "joiner", "tokens.txt"
@@ -225,7 +226,11 @@ class _Model:
         """Seconds of audio per encoder output frame."""
         return FRAME_SHIFT_SECONDS * self.subsampling_factor
 
-    def encode(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
+    def encode(
+        self, features: Tensor, feature_lens: Tensor, chunking: Chunking | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if chunking is not None and not chunking.is_full:
+            raise ValueError("an offline ONNX export encodes whole utterances: no chunking")
         return self._encoder(features, feature_lens)
 
 

@@ -37,6 +37,7 @@ from asr.inference.longform import (
 from asr.inference.segments import Segment
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
 from asr.models.build import Model
+from asr.models.conformer import Chunking
 
 __all__ = ["AudioInput", "Recognizer", "load_recognizer", "read_audio"]
 
@@ -46,7 +47,9 @@ MIN_SAMPLES = 400  # one 25 ms feature frame: shorter audio is transcribed as no
 class Recognizer:
     """A model with its tokenizer and feature settings, ready to transcribe. `options`:
     the search (default: greedy; `AedSearchOptions(beam_size=4)` for attention decoders);
-    `windows`: how recordings are cut at pauses and in windows (`WindowConfig`)."""
+    `windows`: how recordings are cut at pauses and in windows (`WindowConfig`);
+    `chunking`: a streaming model's chunk and left context, through whose masks whole
+    utterances are encoded as a stream would encode them (None: full context)."""
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class Recognizer:
         device: str | torch.device = "cpu",
         options: SearchOptions | None = None,
         windows: WindowConfig | None = None,
+        chunking: Chunking | None = None,
     ) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
@@ -65,6 +69,7 @@ class Recognizer:
         self.device = torch.device(device)
         self.options = options or default_options(model)
         self.windows = windows or WindowConfig()
+        self.chunking = chunking
         self._extractor = self.features.extractor()
 
     def features_of(self, audio: np.ndarray) -> torch.Tensor:
@@ -74,7 +79,7 @@ class Recognizer:
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
         padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
-        return self.model.encode(padded, lens)
+        return self.model.encode(padded, lens, self.chunking)
 
     @torch.inference_mode()
     def transcribe_features(self, feats: Sequence[torch.Tensor]) -> list[str]:

@@ -10,13 +10,13 @@ different times included), and continues each one's search; a finished stream's 
 shorter chunk is encoded as it is. Memory stays flat: the frontend frees encoded frames
 and the caches have a fixed size.
 
-    recognizer = asr.load_model("exp/demo_streaming/model.pt", streaming=True, chunk_ms=320)
+    recognizer = asr.load_model("exp/demo_streaming/model.bundle.pt", streaming=True, chunk_ms=320)
     stream = recognizer.create_stream()
     for piece in pieces:                   # e.g. 0.1 s of 16 kHz float samples each
         stream.accept_waveform(piece)
         recognizer.decode([stream])
         print(stream.text)                 # the partial transcript
-    stream.input_finished()
+    stream.finish()
     recognizer.decode([stream])
     print(stream.text)                     # the final one
 """
@@ -42,11 +42,11 @@ from asr.decoding.transducer import (
     greedy_continue,
     greedy_start,
 )
-from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
+from asr.frames import FRAME_SHIFT_SECONDS, FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.inference.audio import AudioInput, open_audio
 from asr.inference.bundle import load_bundle
 from asr.inference.timestamps import Transcript, words_from_tokens
-from asr.models.conformer import StreamingContext, StreamingState, check_trained_context
+from asr.models.conformer import FULL_CONTEXT_MODEL, Chunking, StreamingState
 from asr.models.transducer import Transducer
 
 __all__ = ["Stream", "StreamingRecognizer", "load_streaming_recognizer"]
@@ -56,13 +56,13 @@ Search = GreedyProgress | BeamProgress
 
 class Stream:
     """One live recording: ``accept_waveform`` pieces of 16 kHz mono float samples, then
-    ``input_finished``; ``text`` and ``transcript()`` hold what has been decoded so far."""
+    ``finish``; ``text`` and ``transcript()`` hold what has been decoded so far."""
 
     def __init__(self, recognizer: StreamingRecognizer) -> None:
         self._recognizer = recognizer
         self.features = OnlineFeatures(recognizer.features)
         self.state = recognizer.model.encoder.initial_state(
-            1, recognizer.context.left, recognizer.device
+            1, recognizer.chunking, recognizer.device
         )
         self.search: Search = recognizer.start_search()
         self.samples = 0  # accepted so far
@@ -77,8 +77,11 @@ class Stream:
         self.features.accept(samples, sampling_rate)
         self.samples += len(samples)
 
-    def input_finished(self) -> None:
-        """No more audio: the next ``decode`` encodes what is left, however short."""
+    def finish(self) -> None:
+        """No more audio: the next ``decode`` encodes what is left, however short, so the
+        last words need no padding here. sherpa-onnx's online recognizer decodes only whole
+        windows: its client sends `tail_padding_seconds` of silence after the audio
+        (docs/streaming.md, "End of stream")."""
         if not self.finished:
             self.features.finish()
             self.finished = True
@@ -127,8 +130,8 @@ class Stream:
 
 
 class StreamingRecognizer:
-    """A streaming transducer at one trained chunk size and left context (encoder
-    frames; None: the largest trained), decoding many streams at once; `beam_size` above 1
+    """A streaming transducer at one trained chunk size and left context (`chunking`, in
+    encoder frames; None: the largest trained), decoding many streams at once; `beam_size` above 1
     decodes with beam search, `max_symbols_per_frame` caps the tokens per encoder frame
     (None: 3; sherpa-onnx's online greedy search takes 10). `autocast`: a dtype to run the
     model in (bfloat16 on GPUs)."""
@@ -138,8 +141,7 @@ class StreamingRecognizer:
         model: Transducer,
         tokenizer: Tokenizer,
         features: FeatureConfig,
-        chunk: int | None = None,
-        left_context: int | None = None,
+        chunking: Chunking | None = None,
         beam_size: int = 1,
         device: str | torch.device = "cpu",
         autocast: torch.dtype | None = None,
@@ -149,19 +151,19 @@ class StreamingRecognizer:
             raise ValueError(
                 f"streaming needs a transducer; this model is a {type(model).__name__}"
             )
-        context = trained_context(model, chunk, left_context)
+        chunking = chunking or largest_chunking(model)
+        model.encoder.check_streamable(chunking)
         if features.normalize != "none":
             raise ValueError(
                 f"this model normalizes features {features.normalize.replace('_', ' ')}, "
                 "which a stream cannot compute; stream a model with model.encoder.feature_stats"
             )
         self.model = model.to(device).eval()
-        self.model.encoder.use_context(context)
         self.tokenizer = tokenizer
         self.features = features
-        self.context = context
+        self.chunking = chunking
         self.device = torch.device(device)
-        self.span = context.chunk * model.encoder.subsampling_factor  # feature frames
+        self.span = chunking.chunk * model.encoder.subsampling_factor  # feature frames
         symbols = (
             {}
             if max_symbols_per_frame is None
@@ -208,7 +210,7 @@ class StreamingRecognizer:
         )
         with autocast:
             out, out_lens, state = self.model.encoder.step(
-                features.to(self.device), lens, state, self.context.chunk
+                features.to(self.device), lens, state, self.chunking
             )
             if isinstance(search, GreedyProgress):
                 greedy_continue(self.model, search, out, out_lens, self.greedy)
@@ -227,10 +229,10 @@ class StreamingRecognizer:
                 if start < len(samples):
                     stream.accept_waveform(samples[start : start + piece])
                 else:
-                    stream.input_finished()
+                    stream.finish()
             self.decode(streams)
         for stream in streams:
-            stream.input_finished()
+            stream.finish()
         self.decode(streams)
         return streams
 
@@ -246,69 +248,87 @@ class StreamingRecognizer:
         return [s.transcript() for s in streams]
 
 
-def chunk_of_ms(model: Transducer, chunk_ms: float | None) -> int | None:
-    """The chunk in encoder frames of `chunk_ms` milliseconds (None: None), one the model
-    was trained with, or a one-line error listing the trained ones in milliseconds."""
-    if chunk_ms is None:
-        return None
-    frame_ms = model.frame_seconds * 1000
-    chunk = round(chunk_ms / frame_ms)
-    streaming = getattr(model.encoder, "streaming", None)
-    if streaming is None:
-        check_trained_context(None, StreamingContext())  # the full-context error
-    trained = streaming.streaming_chunk_sizes
-    if abs(chunk * frame_ms - chunk_ms) > 1e-6 or chunk not in trained:
-        raise ValueError(
-            f"--chunk-ms {chunk_ms:g} was not trained; trained chunks: "
-            f"{', '.join(f'{c * frame_ms:g}' for c in trained) or 'none'} ms"
-        )
-    return chunk
-
-
-def trained_context(
-    model: Transducer, chunk: int | None, left_context: int | None
-) -> StreamingContext:
-    """`model`'s streaming context of `chunk` and `left_context` encoder frames (None: the
-    largest trained), or a one-line error: a full-context model, an untrained size."""
+def largest_chunking(model: Transducer) -> Chunking:
+    """The largest chunk size and left context `model` was trained with."""
     streaming = getattr(model.encoder, "streaming", None)
     if streaming is None or not streaming.streaming_chunk_sizes:
-        check_trained_context(None, StreamingContext())  # the full-context error
-    context = StreamingContext(
-        chunk if chunk is not None else max(streaming.streaming_chunk_sizes),
-        left_context if left_context is not None else max(streaming.left_contexts),
+        raise ValueError(FULL_CONTEXT_MODEL)
+    return Chunking(max(streaming.streaming_chunk_sizes), max(streaming.left_contexts))
+
+
+def chunking_of_ms(
+    model: Transducer, chunk_ms: float | None, left_context_ms: float | None
+) -> Chunking:
+    """`model`'s chunking of a `chunk_ms` chunk and `left_context_ms` of left context
+    (None: the largest trained), or a one-line error listing the trained ones in ms."""
+    largest = largest_chunking(model)
+    streaming = model.encoder.streaming
+    frame_ms = model.frame_seconds * 1000
+    chunk = _frames_of_ms(
+        chunk_ms, largest.chunk, streaming.streaming_chunk_sizes, frame_ms, "--chunk-ms", "chunks"
     )
-    check_trained_context(streaming, context)
-    return context
+    left = _frames_of_ms(
+        left_context_ms,
+        largest.left,
+        streaming.left_contexts,
+        frame_ms,
+        "--left-context-ms",
+        "left contexts",
+    )
+    return Chunking(chunk, left)
 
 
-def chunked_context(
-    model: Transducer, chunk_ms: float | None, left_context: int | None
-) -> StreamingContext:
-    """`trained_context` with the chunk in milliseconds."""
-    return trained_context(model, chunk_of_ms(model, chunk_ms), left_context)
+def _frames_of_ms(
+    ms: float | None,
+    default: int,
+    trained: tuple[int, ...],
+    frame_ms: float,
+    option: str,
+    what: str,
+) -> int:
+    """`ms` in encoder frames (None: `default`), one of the `trained` ones, or a one-line
+    error naming `option` and the trained `what` in milliseconds."""
+    if ms is None:
+        return default
+    frames = round(ms / frame_ms)
+    if abs(frames * frame_ms - ms) > 1e-6 or frames not in trained:
+        raise ValueError(
+            f"{option} {ms:g} was not trained; trained {what}: "
+            f"{', '.join(f'{c * frame_ms:g}' for c in trained)} ms"
+        )
+    return frames
+
+
+def tail_padding_seconds(model: Transducer, chunking: Chunking) -> float:
+    """The silence a client of sherpa-onnx's online recognizer sends after the audio so
+    that its last words are decoded: sherpa-onnx encodes a window (the subsampling's
+    history and a chunk) only once a frame after it is ready, and never a partial one, so
+    a stream's last frame may wait for a chunk of frames more. One chunk and two frames
+    (docs/streaming.md, "End of stream", measured there)."""
+    span = chunking.chunk * model.encoder.subsampling_factor
+    return round((span + 2) * FRAME_SHIFT_SECONDS, 3)
 
 
 def load_streaming_recognizer(
     path: str | Path | list[Path],
     chunk_ms: float | None = None,
-    left_context: int | None = None,
+    left_context_ms: float | None = None,
     beam_size: int = 1,
     device: str | torch.device = "cpu",
     ema: bool = False,
     max_symbols_per_frame: int | None = None,
 ) -> StreamingRecognizer:
-    """A `StreamingRecognizer` from a bundle or checkpoint(s); `chunk_ms`: the chunk in
-    milliseconds, one the model was trained with (None: its largest)."""
+    """A `StreamingRecognizer` from a bundle or checkpoint(s); `chunk_ms` and
+    `left_context_ms`: its chunk and left context in milliseconds, ones the model was
+    trained with (None: its largest)."""
     model, tokenizer, features = load_bundle(path, ema)
     if not isinstance(model, Transducer):
         raise ValueError(f"streaming needs a transducer; this model is a {type(model).__name__}")
-    chunk = chunk_of_ms(model, chunk_ms)
     return StreamingRecognizer(
         model,
         tokenizer,
         FeatureConfig(**features),
-        chunk,
-        left_context,
+        chunking_of_ms(model, chunk_ms, left_context_ms),
         beam_size,
         device,
         max_symbols_per_frame=max_symbols_per_frame,

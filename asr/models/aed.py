@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from asr.config_keys import check_choice
 from asr.frames import FRAME_SHIFT_SECONDS
 from asr.models.attention import lengths_to_mask, sinusoids
+from asr.models.conformer import Chunking
 from asr.models.ctc_head import ctc_log_probs
 from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, IGNORE_INDEX
 
@@ -414,9 +415,13 @@ class EncoderDecoder(nn.Module):
         """Seconds of audio per encoder output frame."""
         return FRAME_SHIFT_SECONDS * getattr(self.encoder, "subsampling_factor", 1)
 
-    def encode(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens."""
-        return self.encoder(features, feature_lens)
+    def encode(
+        self, features: Tensor, feature_lens: Tensor, chunking: Chunking | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens;
+        `chunking`: a streaming encoder's chunk and left context (None: full context, or
+        drawn per batch in training; `ConformerEncoder.forward`)."""
+        return self.encoder(features, feature_lens, chunking)
 
     def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
         """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""

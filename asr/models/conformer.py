@@ -33,9 +33,13 @@ from asr.frames import (
     subsampled_lengths,
 )
 from asr.models.attention import RelPositionMultiHeadAttention, lengths_to_mask, relative_positions
+from asr.normalization import causal_running_mean, with_global_stats
 
 CONV_NORMS = ("batch_norm", "layer_norm")
 FULL_CONTEXT = -1  # a chunk size or left context: everything
+FULL_CONTEXT_MODEL = (
+    "this model was trained with full context (model.encoder.streaming is null): it cannot stream"
+)
 
 
 class ConvSubsampling(nn.Module):
@@ -177,7 +181,7 @@ class ConvModule(nn.Module):
             raise ValueError(f"conv_kernel_size must be odd to keep T frames, got {kernel_size}")
         check_choice("conv_norm", conv_norm, CONV_NORMS)
         self.causal = causal
-        self.context = kernel_size - 1 if causal else 0
+        self.state_frames = kernel_size - 1 if causal else 0
         self.norm_in = nn.LayerNorm(d_model)
         self.pointwise_in = nn.Linear(d_model, 2 * d_model)
         self.depthwise = nn.Conv1d(
@@ -199,9 +203,9 @@ class ConvModule(nn.Module):
         tail = None
         if self.causal:
             if state is None:
-                state = x.new_zeros(x.size(0), x.size(1), self.context)
+                state = x.new_zeros(x.size(0), x.size(1), self.state_frames)
             x = torch.cat([state.to(x.dtype), x], dim=2)
-            tail = x[:, :, x.size(2) - self.context :]
+            tail = x[:, :, x.size(2) - self.state_frames :]
         x = self.depthwise(x)
         if self.batch_norm:
             x = masked_batch_norm(x, mask[:, None, :], self.norm).transpose(1, 2)
@@ -385,9 +389,11 @@ class ConformerConfig:
 
 
 @dataclass(frozen=True)
-class StreamingContext:
-    """How far a frame's attention sees: its chunk of `chunk` frames and `left` frames
-    before the chunk; `chunk` -1 is full context (everything)."""
+class Chunking:
+    """How far each frame's attention sees, in encoder frames: its own chunk of `chunk`
+    frames (those up to the chunk's end) and `left` frames before the chunk (-1: all).
+    `chunk` -1 is full context: the whole utterance at once. An argument of the encoder's
+    `forward` and `step`, never state left on it."""
 
     chunk: int = FULL_CONTEXT
     left: int = FULL_CONTEXT
@@ -397,15 +403,41 @@ class StreamingContext:
         return self.chunk == FULL_CONTEXT
 
 
-def chunk_attention_mask(length: int, context: StreamingContext, device=None) -> Tensor | None:
+FULL = Chunking()
+
+
+def chunk_attention_mask(length: int, chunking: Chunking, device=None) -> Tensor | None:
     """(T, T) True where query frame i may attend key frame j: j's chunk is not after i's
-    and j is at most `context.left` frames before i's chunk; None at full context."""
-    if context.is_full:
+    and (unless `chunking.left` is -1) j is at most `chunking.left` frames before i's
+    chunk; None at full context."""
+    if chunking.is_full:
         return None
     frames = torch.arange(length, device=device)
-    chunk_start = frames // context.chunk * context.chunk
-    allowed = frames[None, :] < chunk_start[:, None] + context.chunk
-    return allowed & (frames[None, :] >= chunk_start[:, None] - context.left)
+    chunk_start = frames // chunking.chunk * chunking.chunk
+    allowed = frames[None, :] < chunk_start[:, None] + chunking.chunk
+    if chunking.left == FULL_CONTEXT:
+        return allowed
+    return allowed & (frames[None, :] >= chunk_start[:, None] - chunking.left)
+
+
+def check_trained_chunking(streaming: StreamingConfig | None, chunking: Chunking) -> None:
+    """A one-line error unless an encoder trained with `streaming` (None: full context only)
+    can attend as `chunking` says: full context always, a chunk only at the chunk sizes and
+    left contexts it was trained with (listed). The one place that checks it."""
+    if chunking.is_full:
+        return
+    if streaming is None:
+        raise ValueError(FULL_CONTEXT_MODEL)
+    if chunking.chunk not in streaming.streaming_chunk_sizes:
+        raise ValueError(
+            f"chunk size {chunking.chunk} frames was not trained; trained chunk sizes: "
+            f"{list(streaming.streaming_chunk_sizes)} frames"
+        )
+    if chunking.left not in streaming.left_contexts:
+        raise ValueError(
+            f"left context {chunking.left} frames was not trained; trained left contexts: "
+            f"{list(streaming.left_contexts)} frames"
+        )
 
 
 @dataclass
@@ -426,6 +458,11 @@ class StreamingState:
     feature_sum: Tensor
     feature_count: Tensor
 
+    @property
+    def left(self) -> int:
+        """The left context these caches hold, in encoder frames."""
+        return self.attention.size(2)
+
     def select(self, index: Tensor) -> StreamingState:
         """The states of the streams at `index` (B',)."""
         return StreamingState(*(getattr(self, f.name)[index] for f in fields(self)))
@@ -439,11 +476,11 @@ class StreamingState:
 
 
 @dataclass
-class SubsampledFrames:
-    """The subsampling's output, padded inside to `pad_frames_to` (B, T'', D), with what the
-    layers need: lengths (B,), the valid frames (B, T''), the relative positions and the
-    chunked attention mask (T'', T'') or None; `count` is T' = ceil(T / subsampling_factor),
-    the frames the encoder returns."""
+class LayerInputs:
+    """What the Conformer layers take: the subsampled frames (B, T'', D), padded inside to
+    `pad_frames_to`, their lengths (B,) and valid frames (B, T''), the relative positions,
+    the chunked attention mask (T'', T'') or None; `count` is T' = ceil(T /
+    subsampling_factor), the frames the encoder returns."""
 
     x: Tensor
     lens: Tensor
@@ -458,8 +495,8 @@ class ConformerEncoder(nn.Module):
 
     Output frames beyond ``encoder_lens`` are zero. Padding the batch to
     ``config.pad_frames_to`` never changes the valid outputs. A streaming encoder
-    (``config.streaming``) draws its `StreamingContext` per batch in training and uses
-    ``self.context`` otherwise (full context unless `use_context` says otherwise).
+    (``config.streaming``) attends as the `Chunking` it is given says; in training, given
+    none, it draws one per batch from its configured mix.
     """
 
     def __init__(self, config: ConformerConfig) -> None:
@@ -469,7 +506,6 @@ class ConformerEncoder(nn.Module):
         self.subsampling_factor = config.subsampling_factor
         self.pad_frames_to = config.pad_frames_to
         self.streaming = config.streaming
-        self.context = StreamingContext()
         if config.feature_stats is not None:
             self.register_buffer("feature_mean", torch.zeros(config.input_dim))
             self.register_buffer("feature_scale", torch.ones(config.input_dim))
@@ -505,24 +541,25 @@ class ConformerEncoder(nn.Module):
         self.feature_mean.copy_(mean)
         self.feature_scale.copy_(1.0 / std.clamp(min=1e-5))
 
-    def use_context(self, context: StreamingContext) -> None:
-        """Attend as `context` says outside training (decoding, export); a streaming
-        encoder accepts only the chunk sizes and left contexts it was trained with."""
-        if not context.is_full:
-            check_trained_context(self.streaming, context)
-        self.context = context
+    def forward(
+        self, features: Tensor, feature_lens: Tensor, chunking: Chunking | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D), encoder_lens (B,).
+        `chunking`: how far attention sees (a chunk only at a trained size); None: full
+        context, but drawn from the configured mix when a streaming encoder trains."""
+        inputs = self.layer_inputs(features, feature_lens, self.chunking_of(chunking))
+        x = self.run_layers(self.dropout(inputs.x), inputs, 0, len(self.layers))
+        return self.output(x, inputs), inputs.lens
 
-    def forward(self, features: Tensor, feature_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D), encoder_lens (B,)."""
-        frames = self.subsample(features, feature_lens)
-        x = self.run_layers(self.dropout(frames.x), frames, 0, len(self.layers))
-        return self.output(x, frames), frames.lens
-
-    def current_context(self) -> StreamingContext:
-        """In training a streaming encoder draws a chunk size and a left context (torch's
-        generator, so seeded runs repeat); otherwise ``self.context``."""
+    def chunking_of(self, chunking: Chunking | None) -> Chunking:
+        """`chunking`, checked against the trained ones; for None, one drawn from the
+        configured mix when a streaming encoder trains (torch's generator, so seeded runs
+        repeat), else full context."""
+        if chunking is not None:
+            check_trained_chunking(self.streaming, chunking)
+            return chunking
         if self.streaming is None or not self.training:
-            return self.context
+            return FULL
         chunks, lefts = self.streaming.chunk_sizes, self.streaming.left_contexts
         weights = self.streaming.chunk_weights
         if weights is None:
@@ -530,58 +567,50 @@ class ConformerEncoder(nn.Module):
         else:
             chunk = chunks[int(torch.multinomial(torch.tensor(weights), 1))]
         left = lefts[int(torch.randint(len(lefts), ()))]
-        return StreamingContext(chunk, left if chunk != FULL_CONTEXT else FULL_CONTEXT)
+        return Chunking(chunk, left if chunk != FULL_CONTEXT else FULL_CONTEXT)
 
-    def subsample(self, features: Tensor, feature_lens: Tensor) -> SubsampledFrames:
-        """The convolutional subsampling alone (no dropout): what pre-training masks. With a
-        chunked context each chunk is subsampled on its own, so no frame sees a later chunk."""
-        context = self.current_context()
+    def layer_inputs(
+        self, features: Tensor, feature_lens: Tensor, chunking: Chunking
+    ) -> LayerInputs:
+        """What the layers take (no dropout; what pre-training masks): the features
+        normalized and subsampled, padded, with their masks and positions. Without the
+        subsampling cache each chunk is subsampled on its own, so no frame sees a later
+        chunk; with it the whole utterance is, which is what a stream computes: an output
+        frame's inputs end at its chunk's last frame (the kernel-3, stride-2 convolutions
+        see one frame ahead at each level, factor - 1 frames in all)."""
         frames = subsampled_length(features.size(1), self.subsampling_factor)
-        features = self.normalize(features)
+        features = self.normalize(features)[0]
         multiple = self.subsampling_factor * self.pad_frames_to
-        if context.is_full or self.streaming.subsampling_cache:
-            # With the cache, whole-utterance subsampling is what a stream computes: an
-            # output frame's inputs end at its chunk's last frame (the kernel-3, stride-2
-            # convolutions see 1 frame ahead at each level: factor - 1 frames in all).
+        if chunking.is_full or self.streaming.subsampling_cache:
             features = F.pad(features, (0, 0, 0, -features.size(1) % multiple))
             x, lens = self.subsampling(features, feature_lens)
         else:
-            x, lens = self.subsample_chunks(features, feature_lens, context.chunk)
+            x, lens = self.subsample_chunks(features, feature_lens, chunking.chunk)
             x = F.pad(x, (0, 0, 0, -x.size(1) % self.pad_frames_to))
         mask = lengths_to_mask(lens, x.size(1))
         pos_emb = relative_positions(x.size(1), self.output_dim, x.device, x.dtype)
-        allowed = chunk_attention_mask(x.size(1), context, x.device)
-        return SubsampledFrames(x, lens, mask, pos_emb, frames, allowed)
+        allowed = chunk_attention_mask(x.size(1), chunking, x.device)
+        return LayerInputs(x, lens, mask, pos_emb, frames, allowed)
 
-    def normalize(self, features: Tensor) -> Tensor:
-        """(x - mean) / std with the global statistics, if the encoder holds them; then,
-        with ``running_mean_frames``, minus each utterance's causal running mean."""
+    def normalize(
+        self,
+        features: Tensor,
+        feature_lens: Tensor | None = None,
+        running_sum: Tensor | None = None,
+        running_count: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The features (B, T, F) as the encoder reads them: with global statistics, if it
+        holds them; then, with ``running_mean_frames``, minus each utterance's causal
+        running mean, continued from `running_sum` (B, F) and `running_count` (B,) (None:
+        the start) -> the normalized features and the running sum and count after them
+        (as given when there is no running mean)."""
         if self.normalizes:
-            features = (features - self.feature_mean) * self.feature_scale
-        if self.config.running_mean_frames:
-            count = torch.arange(1, features.size(1) + 1, device=features.device)
-            prior = self.config.running_mean_frames
-            features = features - features.cumsum(1) / (count + prior)[:, None].to(features.dtype)
-        return features
-
-    def normalize_chunk(
-        self, features: Tensor, feature_lens: Tensor, state: StreamingState
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """`normalize` of one chunk (B, T, F) of streams whose earlier frames `state`
-        summed -> the normalized chunk and the running sum and count after its valid
-        frames."""
-        if self.normalizes:
-            features = (features - self.feature_mean) * self.feature_scale
+            features = with_global_stats(features, self.feature_mean, self.feature_scale)
         if not self.config.running_mean_frames:
-            return features, state.feature_sum, state.feature_count
-        valid = lengths_to_mask(feature_lens, features.size(1))[:, :, None]
-        sums = state.feature_sum[:, None].to(features.dtype) + features.cumsum(1)
-        count = state.feature_count[:, None] + torch.arange(
-            1, features.size(1) + 1, device=features.device
+            return features, running_sum, running_count
+        return causal_running_mean(
+            features, self.config.running_mean_frames, feature_lens, running_sum, running_count
         )
-        mean = sums / (count + self.config.running_mean_frames)[:, :, None].to(features.dtype)
-        feature_sum = state.feature_sum + features.masked_fill(~valid, 0.0).sum(1)
-        return features - mean, feature_sum, state.feature_count + feature_lens
 
     def subsample_chunks(
         self, features: Tensor, feature_lens: Tensor, chunk: int
@@ -598,15 +627,15 @@ class ConformerEncoder(nn.Module):
         lens = subsampled_lengths(feature_lens, self.subsampling_factor)
         return x.reshape(b, n * chunk, -1), lens
 
-    def run_layers(self, x: Tensor, frames: SubsampledFrames, start: int, stop: int) -> Tensor:
-        """Layers `start` to `stop - 1` over x (B, T'', D), padded as `frames.x` is."""
+    def run_layers(self, x: Tensor, inputs: LayerInputs, start: int, stop: int) -> Tensor:
+        """Layers `start` to `stop - 1` over x (B, T'', D), padded as `inputs.x` is."""
         for layer in self.layers[start:stop]:
-            x = layer(x, frames.pos_emb, frames.valid, frames.allowed)
+            x = layer(x, inputs.pos_emb, inputs.valid, inputs.allowed)
         return x
 
-    def output(self, x: Tensor, frames: SubsampledFrames) -> Tensor:
+    def output(self, x: Tensor, inputs: LayerInputs) -> Tensor:
         """The first T' = ceil(T / subsampling_factor) frames, zero beyond each length."""
-        return x[:, : frames.count].masked_fill(~frames.valid[:, : frames.count, None], 0.0)
+        return x[:, : inputs.count].masked_fill(~inputs.valid[:, : inputs.count, None], 0.0)
 
     # Streaming: one chunk at a time.
 
@@ -616,8 +645,10 @@ class ConformerEncoder(nn.Module):
         cached = self.streaming is not None and self.streaming.subsampling_cache
         return self.subsampling_factor if cached else 0
 
-    def initial_state(self, batch_size: int, left: int, device=None) -> StreamingState:
-        """The state before a stream's first chunk, for a left context of `left` frames."""
+    def initial_state(self, batch_size: int, chunking: Chunking, device=None) -> StreamingState:
+        """The state before the first chunk of `batch_size` streams encoded as `chunking`
+        says (its left context sizes the caches)."""
+        self.check_streamable(chunking)
         layers, d = len(self.layers), self.output_dim
         kernel, f = self.config.conv_kernel_size, self.config.input_dim
 
@@ -625,7 +656,7 @@ class ConformerEncoder(nn.Module):
             return torch.zeros(batch_size, *shape, device=device, dtype=dtype)
 
         return StreamingState(
-            zeros(layers, left, d),
+            zeros(layers, chunking.left, d),
             zeros(dtype=torch.long),
             zeros(layers, d, kernel - 1),
             zeros(self.history_frames, f),
@@ -634,24 +665,38 @@ class ConformerEncoder(nn.Module):
             zeros(dtype=torch.long),
         )
 
+    def check_streamable(self, chunking: Chunking) -> None:
+        """A one-line error unless this encoder streams and `chunking` is one of its
+        trained chunk sizes and left contexts."""
+        if self.streaming is None:
+            raise ValueError(FULL_CONTEXT_MODEL)
+        if chunking.is_full:
+            raise ValueError(
+                "a stream is encoded chunk by chunk: give a trained Chunking(chunk, left), chunk "
+                f"sizes {list(self.streaming.streaming_chunk_sizes)}, left contexts "
+                f"{list(self.streaming.left_contexts)} (encoder frames)"
+            )
+        check_trained_chunking(self.streaming, chunking)
+
     def step(
-        self,
-        features: Tensor,
-        feature_lens: Tensor,
-        state: StreamingState,
-        chunk: int | None = None,
+        self, features: Tensor, feature_lens: Tensor, state: StreamingState, chunking: Chunking
     ) -> tuple[Tensor, Tensor, StreamingState]:
         """One chunk of every stream: features (B, chunk * factor, F) (a stream's last chunk
         may be shorter: feature_lens (B,)) -> encoder_out (B, chunk, D), its lengths and the
-        next state; `chunk` None: `use_context`'s. With the chunk size and left context of
-        `forward`'s masks this computes what it computes for the same frames."""
-        if self.streaming is None:
-            raise ValueError("this encoder was trained with full context: it cannot stream")
-        chunk = self.context.chunk if chunk is None else chunk
-        left = state.attention.size(2)
+        next state. With the same `chunking` this computes what `forward` computes for the
+        same frames; `state` comes from `initial_state` with it (or from the last step)."""
+        self.check_streamable(chunking)
+        if state.left != chunking.left:
+            raise ValueError(
+                f"the state holds a left context of {state.left} frames, the chunking asks "
+                f"for {chunking.left}: start streams with initial_state(batch, chunking)"
+            )
+        chunk, left = chunking.chunk, chunking.left
         span = chunk * self.subsampling_factor
         features = F.pad(features, (0, 0, 0, span - features.size(1)))
-        features, feature_sum, feature_count = self.normalize_chunk(features, feature_lens, state)
+        features, feature_sum, feature_count = self.normalize(
+            features, feature_lens, state.feature_sum, state.feature_count
+        )
         p = self.history_frames
         if p:  # the history's outputs are dropped; a stream's first chunk has none (padding)
             inputs = torch.cat([state.history.to(features.dtype), features], dim=1)
@@ -684,23 +729,3 @@ class ConformerEncoder(nn.Module):
             feature_count,
         )
         return x.masked_fill(~valid[:, :, None], 0.0), lens, next_state
-
-
-def check_trained_context(streaming: StreamingConfig | None, context: StreamingContext) -> None:
-    """A one-line error unless `streaming` was trained with `context`'s chunk size and left
-    context (listing the trained ones)."""
-    if streaming is None:
-        raise ValueError(
-            "this model was trained with full context (model.encoder.streaming is null): "
-            "it cannot stream"
-        )
-    if context.chunk not in streaming.streaming_chunk_sizes:
-        raise ValueError(
-            f"chunk size {context.chunk} frames was not trained; trained chunk sizes: "
-            f"{list(streaming.streaming_chunk_sizes)} frames"
-        )
-    if context.left not in streaming.left_contexts:
-        raise ValueError(
-            f"left context {context.left} frames was not trained; trained left contexts: "
-            f"{list(streaming.left_contexts)} frames"
-        )

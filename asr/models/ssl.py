@@ -169,7 +169,8 @@ class W2vBert(nn.Module):
     ) -> W2vBertOutput:
         """features (B, T, F), feature_lens (B,) -> what the losses need; `generator` draws
         the masks and the quantizer's Gumbel noise (the objective seeds it per batch)."""
-        frames = self.encoder.subsample(features, feature_lens)
+        chunking = self.encoder.chunking_of(None)  # a streaming encoder's drawn in training
+        frames = self.encoder.layer_inputs(features, feature_lens, chunking)
         c = self.config
         masked = span_mask(
             frames.lens.cpu(), frames.x.size(1), mask_prob=c.mask_prob, span_length=c.span_length,

@@ -1,27 +1,10 @@
-"""The parts of the ONNX export that need no exporter: the normalization inside the encoder
-graph and the token table that replaces the SentencePiece model."""
+"""The part of the ONNX export that needs no exporter: the token table that replaces the
+SentencePiece model (the normalization inside an encoder graph: tests/test_normalization.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
-from asr.data.features import normalize_features
-from asr.inference.onnx_export import normalize_per_utterance, tokens_txt
+from asr.inference.onnx_export import tokens_txt
 from asr.inference.onnx_runtime import TokenTable
-
-
-def test_graph_normalization_equals_the_training_one_on_valid_frames() -> None:
-    gen = np.random.default_rng(0)
-    utterances = [gen.normal(3.0, 2.0, (n, 80)).astype(np.float32) for n in (57, 31, 1)]
-    padded = torch.full((3, 57, 80), -23.03)  # sherpa-onnx's padding value
-    for i, u in enumerate(utterances):
-        padded[i, : len(u)] = torch.from_numpy(u)
-    lens = torch.tensor([len(u) for u in utterances])
-    out = normalize_per_utterance(padded, lens)
-    for i, u in enumerate(utterances):
-        expected = normalize_features(u, "per_utterance")
-        np.testing.assert_allclose(out[i, : len(u)].numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_tokens_txt_decodes_as_the_tokenizer_does(tokenizer, tiny_corpus, tmp_path) -> None:

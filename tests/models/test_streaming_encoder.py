@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,8 +19,8 @@ from asr.models.conformer import (
     ConformerConfig,
     ConformerEncoder,
     ConvModule,
+    Chunking,
     StreamingConfig,
-    StreamingContext,
     chunk_attention_mask,
 )
 
@@ -100,13 +101,13 @@ def _parts(encoder: ConformerEncoder, chunk: int) -> dict[str, tuple[Encode, int
     """Each part of the streaming encoder as features -> frames, with input frames per
     output frame (the subsampling factor, or 1 for parts after subsampling)."""
     layer = encoder.layers[0]
-    context = StreamingContext(chunk, 3)
+    chunking = Chunking(chunk, 3)
 
     def attention(x: Tensor, lens: Tensor) -> Tensor:
         pos_emb = relative_positions(x.size(1), x.size(2) * 2)
         h = x.repeat(1, 1, 2)  # 16 -> 32 features: the layer's width
         mask = lengths_to_mask(lens, x.size(1))
-        return layer.attn(h, pos_emb, mask, chunk_attention_mask(x.size(1), context))
+        return layer.attn(h, pos_emb, mask, chunk_attention_mask(x.size(1), chunking))
 
     def convolution(x: Tensor, lens: Tensor) -> Tensor:
         return layer.conv(x.repeat(1, 1, 2), lengths_to_mask(lens, x.size(1)))[0]
@@ -115,15 +116,13 @@ def _parts(encoder: ConformerEncoder, chunk: int) -> dict[str, tuple[Encode, int
         return relative_positions(x.size(1), 32)[x.size(1) - 1 :][None].expand(x.size(0), -1, -1)
 
     def subsampling(x: Tensor, lens: Tensor) -> Tensor:
-        encoder.use_context(context)
-        return encoder.subsample(x, lens).x
+        return encoder.layer_inputs(x, lens, chunking).x
 
     def normalization(x: Tensor, lens: Tensor) -> Tensor:
-        return encoder.normalize(x)
+        return encoder.normalize(x, lens)[0]
 
     def whole(x: Tensor, lens: Tensor) -> Tensor:
-        encoder.use_context(context)
-        return encoder(x, lens)[0]
+        return encoder(x, lens, chunking)[0]
 
     return {
         "subsampling": (subsampling, FACTOR),
@@ -162,8 +161,7 @@ def _leaky_parts(encoder: ConformerEncoder, chunk: int) -> dict[str, tuple[Encod
         return sinusoids(pos, 32)[None].expand(x.size(0), -1, -1)
 
     def subsampling_one_frame_ahead(x: Tensor, lens: Tensor) -> Tensor:
-        encoder.use_context(StreamingContext(chunk, 3))
-        return encoder.subsample(F.pad(x[:, 1:], (0, 0, 0, 1)), lens).x
+        return encoder.layer_inputs(F.pad(x[:, 1:], (0, 0, 0, 1)), lens, Chunking(chunk, 3)).x
 
     def per_utterance_normalization(x: Tensor, lens: Tensor) -> Tensor:
         mask = lengths_to_mask(lens, x.size(1))[:, :, None]
@@ -171,7 +169,6 @@ def _leaky_parts(encoder: ConformerEncoder, chunk: int) -> dict[str, tuple[Encod
         return x - mean
 
     def full_context_encoder(x: Tensor, lens: Tensor) -> Tensor:
-        encoder.use_context(StreamingContext())
         return encoder(x, lens)[0]
 
     return {
@@ -192,16 +189,14 @@ def test_the_check_catches_each_part_made_non_causal(dtype, variant):
         assert _leaked(encode, 2, in_per_out, dtype) > 3 * TOLERANCE[dtype], name
 
 
-def _stream(
-    encoder: ConformerEncoder, x: Tensor, lens: Tensor, context: StreamingContext
-) -> Tensor:
+def _stream(encoder: ConformerEncoder, x: Tensor, lens: Tensor, chunking: Chunking) -> Tensor:
     """Encode chunk by chunk through `step`; (B, T', D)."""
-    state = encoder.initial_state(x.size(0), context.left)
-    span = context.chunk * FACTOR
+    state = encoder.initial_state(x.size(0), chunking)
+    span = chunking.chunk * FACTOR
     outs = []
     for start in range(0, x.size(1), span):
         out, _, state = encoder.step(
-            x[:, start : start + span], (lens - start).clamp(0, span), state
+            x[:, start : start + span], (lens - start).clamp(0, span), state, chunking
         )
         outs.append(out)
     return torch.cat(outs, dim=1)
@@ -209,19 +204,16 @@ def _stream(
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("conv_norm", ["batch_norm", "layer_norm"])
-@pytest.mark.parametrize(
-    "context", [StreamingContext(1, 3), StreamingContext(2, 8), StreamingContext(4, 3)]
-)
-def test_chunk_by_chunk_equals_the_whole_utterance(context, conv_norm, variant):
+@pytest.mark.parametrize("chunking", [Chunking(1, 3), Chunking(2, 8), Chunking(4, 3)])
+def test_chunk_by_chunk_equals_the_whole_utterance(chunking, conv_norm, variant):
     encoder = _encoder(conv_norm, **VARIANTS[variant])
-    encoder.use_context(context)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(3, 203, 16, generator=g)
     lens = torch.tensor([203, 150, 37])  # streams that end at different times
     with torch.no_grad():
-        whole, whole_lens = encoder(x, lens)
-        streamed = _stream(encoder, x, lens, context)[:, : whole.size(1)]
-        alone = _stream(encoder, x[2:, :37], lens[2:], context)[:, : whole_lens[2]]
+        whole, whole_lens = encoder(x, lens, chunking)
+        streamed = _stream(encoder, x, lens, chunking)[:, : whole.size(1)]
+        alone = _stream(encoder, x[2:, :37], lens[2:], chunking)[:, : whole_lens[2]]
     valid = lengths_to_mask(whole_lens, whole.size(1))[:, :, None]
     torch.testing.assert_close(streamed * valid, whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alone, whole[2:, : whole_lens[2]], atol=1e-5, rtol=1e-5)
@@ -230,22 +222,24 @@ def test_chunk_by_chunk_equals_the_whole_utterance(context, conv_norm, variant):
 def test_training_draws_every_configured_context():
     encoder = _encoder().train()
     torch.manual_seed(3)
-    drawn = {encoder.current_context() for _ in range(200)}
+    drawn = {encoder.chunking_of(None) for _ in range(200)}
     assert {c.chunk for c in drawn} == {*CHUNKS, -1}
     assert {c.left for c in drawn if not c.is_full} == {3, 8}
     assert all(c.left == -1 for c in drawn if c.is_full)
-    assert encoder.eval().current_context() == StreamingContext()
+    assert encoder.eval().chunking_of(None) == Chunking()
 
 
-def test_untrained_contexts_and_full_context_models_are_refused():
+def test_untrained_chunkings_and_full_context_models_are_refused():
     encoder = _encoder()
+    x, lens = torch.randn(1, 64, 16), torch.tensor([64])
     with pytest.raises(ValueError, match=r"chunk size 3 frames was not trained.*\[1, 2, 4\]"):
-        encoder.use_context(StreamingContext(3, 8))
+        encoder(x, lens, Chunking(3, 8))
     with pytest.raises(ValueError, match=r"left context 5 frames .*\[3, 8\]"):
-        encoder.use_context(StreamingContext(2, 5))
+        encoder.initial_state(1, Chunking(2, 5))
     offline = ConformerEncoder(ConformerConfig(input_dim=16, d_model=32, num_layers=1, num_heads=2))
     with pytest.raises(ValueError, match="trained with full context"):
-        offline.use_context(StreamingContext(2, 8))
+        offline(x, lens, Chunking(2, 8))
+    offline(x, lens, Chunking())  # full context: any model
     with pytest.raises(ConfigError, match="chunk_sizes"):
         StreamingConfig(chunk_sizes=(0, 4))
     with pytest.raises(ConfigError, match="left_contexts"):
@@ -266,8 +260,55 @@ def test_chunk_weights_set_how_often_each_chunk_size_is_drawn():
     encoder = _encoder().train()
     encoder.streaming = dataclasses.replace(STREAMING, chunk_weights=(1, 0, 0, 3))
     torch.manual_seed(4)
-    drawn = [encoder.current_context().chunk for _ in range(400)]
+    drawn = [encoder.chunking_of(None).chunk for _ in range(400)]
     assert set(drawn) == {1, -1}
     assert 0.68 < drawn.count(-1) / len(drawn) < 0.82  # 3 in 4
     with pytest.raises(ConfigError, match=r"chunk_weights must give one weight >= 0 per chunk"):
         StreamingConfig(chunk_sizes=(2, -1), chunk_weights=(1,))
+
+
+def test_encode_takes_its_chunking_as_an_argument_whatever_a_recognizer_was_built_with():
+    """No state is left on the encoder: encoding with one chunking after a recognizer was
+    built with (and streamed at) another gives the first chunking's output."""
+    from asr.data.features import FeatureConfig
+    from asr.inference.streaming import StreamingRecognizer
+    from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
+
+    encoder = _encoder()
+    predictor = Predictor(PredictorConfig(embed_dim=8, hidden_dim=8), vocab_size=10)
+    joiner = Joiner(encoder_dim=32, predictor_dim=8, joint_dim=8, vocab_size=10)
+    model = Transducer(encoder, predictor, joiner).eval()
+    x, lens = torch.randn(2, 96, 16), torch.tensor([96, 70])
+    with torch.no_grad():
+        before = model.encode(x, lens, Chunking(1, 3))[0]
+        full_before = model.encode(x, lens)[0]
+        recognizer = StreamingRecognizer(
+            model, None, FeatureConfig(num_mel_bins=16, normalize="none"), Chunking(4, 8)
+        )
+        recognizer.feed([np.zeros(8000, np.float32)])
+        after = model.encode(x, lens, Chunking(1, 3))[0]
+        full_after = model.encode(x, lens)[0]
+    assert torch.equal(before, after)
+    assert torch.equal(full_before, full_after)
+    assert not torch.allclose(before, full_before)  # the chunking matters
+
+
+def test_step_without_a_chunk_fails_in_one_line():
+    encoder = _encoder()
+    with pytest.raises(ValueError, match=r"a stream is encoded chunk by chunk: give a trained"):
+        encoder.initial_state(1, Chunking())
+    state = encoder.initial_state(1, Chunking(2, 3))
+    with pytest.raises(ValueError, match=r"the state holds a left context of 3 frames.*asks for 8"):
+        encoder.step(torch.randn(1, 16, 16), torch.tensor([16]), state, Chunking(2, 8))
+
+
+def test_an_unlimited_left_context_sees_every_earlier_frame_and_its_own_chunk():
+    """left = -1: each chunk sees itself up to its end and everything before, never a later
+    chunk (the mask once hid each chunk's own first frame and all before it)."""
+    mask = chunk_attention_mask(6, Chunking(2, -1))
+    expected = torch.tensor(
+        [[j < (i // 2 + 1) * 2 for j in range(6)] for i in range(6)], dtype=torch.bool
+    )
+    assert torch.equal(mask, expected)
+    limited = chunk_attention_mask(6, Chunking(2, 1))
+    assert limited[4].tolist() == [False, False, False, True, True, True]
