@@ -109,13 +109,14 @@ FEATURE_STATS_KEYS = ("encoder.feature_mean", "encoder.feature_scale")
 CONV_MAPPINGS = ("fold", "truncate", "mirror", "as_is")
 
 
-def causal_kernel(symmetric: Tensor, mapping: str = "fold") -> Tensor:
+def causal_kernel(symmetric: Tensor, mapping: str = "truncate") -> Tensor:
     """A symmetric depthwise kernel (D, 1, K), centred on its frame, as a causal one whose
     last tap is the current frame. `truncate`: the past and current taps keep their
     offsets, the future ones are dropped; `fold`: as `truncate`, with the future taps
     added to the current one (a constant input gives the same output); `mirror`: each
     future tap added to the past tap as far back; `as_is`: the taps unchanged (the kernel
-    then reads K // 2 frames later than it was trained to)."""
+    then reads K // 2 frames later than it was trained to). `truncate` starts a streaming
+    model best (recipes/demo/RESULTS.md, "Streaming")."""
     k = symmetric.size(-1)
     half = k // 2
     if mapping == "as_is":
@@ -155,7 +156,7 @@ def trained_model(path: str | Path) -> tuple[dict[str, Tensor], bool]:
     return weights, streaming
 
 
-def load_model_weights(model: nn.Module, path: str | Path, mapping: str = "fold") -> int:
+def load_model_weights(model: nn.Module, path: str | Path, mapping: str = "truncate") -> int:
     """Load the weights of the trained model in `path` into `model`; returns their count.
     Depthwise kernels of a causal convolution module come from symmetric ones through
     `causal_kernel`; the feature statistics stay `model`'s. A key that is missing or
