@@ -60,6 +60,25 @@ def encoder_weights(path: str | Path) -> dict[str, Tensor]:
     return weights
 
 
+def mismatches(
+    own: Mapping[str, Tensor], weights: Mapping[str, Tensor], ignored: set[str] = frozenset()
+) -> str:
+    """What keeps `weights` from loading into a module whose state dict is `own` (keys
+    missing or unexpected, other shapes; `ignored` keys need not be there), in a few
+    words; empty when they fit."""
+    missing = set(own) - set(weights) - ignored
+    unexpected = set(weights) - set(own)
+    shapes = {k for k in set(own) & set(weights) if own[k].shape != weights[k].shape}
+    problems = []
+    if missing:
+        problems.append(f"missing {_named(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_named(unexpected)}")
+    if shapes:
+        problems.append(f"other shapes for {_named(shapes)}")
+    return "; ".join(problems)
+
+
 def _named(keys: set[str]) -> str:
     shown = sorted(keys)[:SHOWN_KEYS]
     more = f" and {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else ""
@@ -70,19 +89,10 @@ def load_encoder(encoder: nn.Module, path: str | Path) -> int:
     """Load the encoder weights of `path` into `encoder`, exactly; returns their count. A
     missing or unexpected key, or a shape that differs, is a `ConfigError` naming them."""
     weights = encoder_weights(path)
-    own = encoder.state_dict()
-    missing, unexpected = set(own) - set(weights), set(weights) - set(own)
-    shapes = {k for k in set(own) & set(weights) if own[k].shape != weights[k].shape}
-    problems = []
-    if missing:
-        problems.append(f"missing {_named(missing)}")
-    if unexpected:
-        problems.append(f"unexpected {_named(unexpected)}")
-    if shapes:
-        problems.append(f"other shapes for {_named(shapes)}")
+    problems = mismatches(encoder.state_dict(), weights)
     if problems:
         raise ConfigError(
-            f"init_encoder_from={path} does not fit model.encoder: {'; '.join(problems)} "
+            f"init_encoder_from={path} does not fit model.encoder: {problems} "
             "(the model.encoder keys must match the pre-training's)"
         )
     encoder.load_state_dict(weights, strict=True)
@@ -165,20 +175,11 @@ def load_model_weights(model: nn.Module, path: str | Path, mapping: str = "trunc
     own = model.state_dict()
     keep = set(FEATURE_STATS_KEYS) & set(own)
     weights = {k: v for k, v in weights.items() if k not in FEATURE_STATS_KEYS}
-    missing = set(own) - set(weights) - keep
-    unexpected = set(weights) - set(own)
-    shapes = {k for k in set(own) & set(weights) if own[k].shape != weights[k].shape}
-    problems = []
-    if missing:
-        problems.append(f"missing {_named(missing)}")
-    if unexpected:
-        problems.append(f"unexpected {_named(unexpected)}")
-    if shapes:
-        problems.append(f"other shapes for {_named(shapes)}")
+    problems = mismatches(own, weights, keep)
     if problems:
         raise ConfigError(
-            f"init_from={path} does not fit the model: {'; '.join(problems)} (it must be the "
-            "same model kind and size)"
+            f"init_from={path} does not fit the model: {problems} (it must be the same model "
+            "kind and size)"
         )
     if not streaming_source:
         for name, module in model.named_modules():

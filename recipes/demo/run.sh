@@ -110,6 +110,12 @@ vocab_size=${vocab_size#bpe}
 # A preset that keeps an EMA of the weights (ema=scaled, as the demo's) is decoded and exported
 # with it: the EMA chose best.ckpt and is the better model of a short run.
 weights=(); [[ -n $(setting ema) ]] && weights=(--ema)
+# A streaming preset's trained chunks in milliseconds (encoder frames of 10 ms x subsampling).
+chunk_ms=()
+frame_ms=$(( 10 * $(setting model.encoder.subsampling_factor | sed -n 1p) ))
+for c in $(setting model.encoder.streaming.chunk_sizes | tr -d '[],'); do
+  if (( c > 0 )); then chunk_ms+=($(( c * frame_ms ))); fi
+done
 shar_note=; [[ $shar == 1 ]] && shar_note=", Shar shards: $data/shar"
 end_dry_run "experiment: $experiment, device: $device (kernels: $kernels), data: $data, exp: $exp, tokenizer: $tokenizer$shar_note"
 
@@ -166,6 +172,16 @@ if run 5; then say 5
   fi
 fi
 if run 6; then say 6
+  # A preset that starts from a trained model (init_from: demo_streaming starts from make
+  # demo's) trains that one first when it is missing: experiment=demo's stages 3-8.
+  init=$(setting init_from)
+  if [[ -n $init && ! -f $init ]]; then
+    [[ $init == */model.bundle.pt ]] || { echo "init_from=$init: no such file" >&2; exit 2; }
+    echo "init_from=$init is missing: training experiment=demo into $(dirname "$init") first"
+    EXPERIMENT=demo EXP=$(dirname "$init") DATA=$data BEAM=$beam DEVICE=$device \
+      bash "$0" --stage features --stop-stage export
+    say 6
+  fi
   # run_test=false: stage 7 decodes the test set
   asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" run_test=false \
     "${device_args[@]}" "${batches_args[@]}" "${train_args[@]}"
@@ -173,6 +189,10 @@ fi
 if run 7; then say 7  # greedy search, then beam search (BEAM=1 skips it)
   asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
     --device "$device" -o "$exp/decode-test-clean"
+  for ms in "${chunk_ms[@]}"; do  # a streaming model: greedy at each trained chunk too
+    asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
+      --chunk-ms "$ms" --device "$device" -o "$exp/decode-test-clean-chunk${ms}ms"
+  done
   if (( beam > 1 )); then
     asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
       --beam-size "$beam" --device "$device" -o "$exp/decode-test-clean-beam$beam"
@@ -208,4 +228,15 @@ if [[ -f $exp/decode-test-clean/wer.json ]]; then
     printf ', %s%% (beam search, %s)' "$(wer "$exp/decode-test-clean-beam$beam")" "$beam"
   fi
   echo
+  # A streaming model: greedy WER per chunk, beside the full-context model it started from.
+  base=exp/demo; init=$(setting init_from); [[ -n $init ]] && base=$(dirname "$init")
+  base=$base/decode-test-clean
+  for ms in "${chunk_ms[@]}"; do
+    [[ -f $exp/decode-test-clean-chunk${ms}ms/wer.json ]] || continue
+    printf '  streaming, %s ms chunks: %s%% (greedy)' "$ms" "$(wer "$exp/decode-test-clean-chunk${ms}ms")"
+    if [[ -n $base && -f $base/wer.json ]]; then
+      python -c "import sys; print(f', {float(sys.argv[1]) / float(sys.argv[2]):.2f}x the full-context model\'s {float(sys.argv[2]):.2f}%')" \
+        "$(wer "$exp/decode-test-clean-chunk${ms}ms")" "$(wer "$base")"
+    else echo; fi
+  done
 fi
