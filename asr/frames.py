@@ -16,6 +16,14 @@ SAMPLE_RATE = 16_000
 FRAME_SHIFT_SECONDS = 0.01
 FRAMES_PER_SECOND = 100
 
+
+def feature_frames(num_samples: int) -> int:
+    """Filterbank frames of `num_samples` samples (a 10 ms hop, frames centred on it as
+    Kaldi's `snip_edges=False` places them)."""
+    hop = SAMPLE_RATE // FRAMES_PER_SECOND
+    return (num_samples + hop // 2) // hop
+
+
 # Each stride-2 convolution of the subsampling uses kernel 3 and padding 1, so it maps n
 # frames to ceil(n / 2); factor 4 uses 2 convolutions, 8 uses 3.
 SUBSAMPLING_KERNEL, SUBSAMPLING_STRIDE, SUBSAMPLING_PADDING = 3, 2, 1

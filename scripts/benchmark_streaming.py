@@ -19,9 +19,10 @@ Sections (`--only` picks some, comma-separated):
   the process's resident memory every 5 minutes of audio.
 - `sherpa`: `--onnx` (the streaming export) decoded by sherpa-onnx's OnlineRecognizer fed
   100 ms pieces and followed by the silence a client sends (the export's
-  `tail_padding_seconds`, or `--tail-seconds`), against our recognizer at the exported
-  chunk on the recording alone (sherpa-onnx's 10 symbols per frame): the share of
-  utterances with the same text and with the same last word, and both WERs.
+  `tail_padding_seconds`, or `--tail-seconds`) and `input_finished()`, against our
+  recognizer at the exported chunk on the recording alone (sherpa-onnx's 10 symbols per
+  frame): the share of utterances with the same text and with the same last word, and
+  both WERs.
 """
 
 from __future__ import annotations
@@ -181,6 +182,9 @@ def sherpa_section(args, loaded: Loaded, audio: list[np.ndarray], refs: list[str
             stream.accept_waveform(SAMPLE_RATE, padded[start : start + 1600])
             while sherpa.is_ready(stream):
                 sherpa.decode_stream(stream)
+        stream.input_finished()  # its last feature frames become ready
+        while sherpa.is_ready(stream):
+            sherpa.decode_stream(stream)
         theirs.append(" ".join(sherpa.get_result(stream).split()))
         mine.append(" ".join(ours.feed([samples])[0].text.split()))
     same = sum(a == b for a, b in zip(theirs, mine, strict=True))

@@ -42,7 +42,7 @@ from asr.decoding.transducer import (
     greedy_continue,
     greedy_start,
 )
-from asr.frames import FRAME_SHIFT_SECONDS, FRAMES_PER_SECOND, SAMPLE_RATE
+from asr.frames import FRAME_SHIFT_SECONDS, FRAMES_PER_SECOND, SAMPLE_RATE, feature_frames
 from asr.inference.audio import AudioInput, open_audio
 from asr.inference.bundle import load_bundle
 from asr.inference.timestamps import Transcript, words_from_tokens
@@ -68,6 +68,7 @@ class Stream:
         self.samples = 0  # accepted so far
         self.encoded = 0  # feature frames encoded
         self.finished = False
+        self.end = 0  # once finished: the feature frames to encode
 
     def accept_waveform(self, samples: np.ndarray, sampling_rate: int = SAMPLE_RATE) -> None:
         """Append audio (any length, empty included); 16 kHz mono (or channels x samples)."""
@@ -78,26 +79,32 @@ class Stream:
         self.samples += len(samples)
 
     def finish(self) -> None:
-        """No more audio: the next ``decode`` encodes what is left, however short, so the
-        last words need no padding here. sherpa-onnx's online recognizer decodes only whole
-        windows: its client sends `tail_padding_seconds` of silence after the audio
+        """No more audio: the stream is closed with a chunk of silence (the recognizer's
+        `tail_seconds`), and the next ``decode`` encodes what is left up to the end of the
+        chunk that holds the last frame of audio. sherpa-onnx's online recognizer decodes
+        whole windows only; its client sends the same silence after the audio, then calls
+        `input_finished()`: both then decode the same chunks and give the same last words
         (docs/streaming.md, "End of stream")."""
-        if not self.finished:
-            self.features.finish()
-            self.finished = True
+        if self.finished:
+            return
+        if self.samples:
+            tail = int(self._recognizer.tail_seconds * SAMPLE_RATE)
+            self.features.accept(np.zeros(tail, dtype=np.float32))
+        self.features.finish()
+        self.finished = True
+        self.end = stream_frames(feature_frames(self.samples), self._recognizer.span)
 
     @property
     def done(self) -> bool:
-        """Finished and every frame encoded: the transcript is final."""
-        return self.finished and self.encoded >= self.features.ready
+        """Finished and every chunk encoded: the transcript is final."""
+        return self.finished and self.encoded >= self.end
 
     def _next_chunk(self, span: int) -> np.ndarray | None:
-        """The next chunk's frames (span, or fewer at the end), or None if none is ready."""
-        ready = self.features.ready - self.encoded
-        if ready >= span or (self.finished and ready > 0):
-            n = min(span, ready)
-            frames = self.features.frames(self.encoded, self.encoded + n)
-            self.encoded += n
+        """The next chunk's frames, or None if none is ready (or left)."""
+        ready = min(self.features.ready, self.end if self.finished else self.features.ready)
+        if ready - self.encoded >= span:
+            frames = self.features.frames(self.encoded, self.encoded + span)
+            self.encoded += span
             self.features.discard_before(self.encoded)
             return frames
         return None
@@ -164,6 +171,7 @@ class StreamingRecognizer:
         self.chunking = chunking
         self.device = torch.device(device)
         self.span = chunking.chunk * model.encoder.subsampling_factor  # feature frames
+        self.tail_seconds = tail_padding_seconds(model, chunking)
         symbols = (
             {}
             if max_symbols_per_frame is None
@@ -300,13 +308,21 @@ def _frames_of_ms(
 
 
 def tail_padding_seconds(model: Transducer, chunking: Chunking) -> float:
-    """The silence a client of sherpa-onnx's online recognizer sends after the audio so
-    that its last words are decoded: sherpa-onnx encodes a window (the subsampling's
-    history and a chunk) only once a frame after it is ready, and never a partial one, so
-    a stream's last frame may wait for a chunk of frames more. One chunk and two frames
-    (docs/streaming.md, "End of stream", measured there)."""
-    span = chunking.chunk * model.encoder.subsampling_factor
-    return round((span + 2) * FRAME_SHIFT_SECONDS, 3)
+    """The silence that ends a stream (`Stream.finish`), which a client of sherpa-onnx's
+    online recognizer sends after the audio (then `input_finished()`) so that its last
+    words are decoded: one chunk. sherpa-onnx encodes a window (the subsampling's history
+    and a chunk) only once a frame after it is ready, and never a partial one, so the
+    chunk that holds the last frame of audio waits for up to a chunk of frames more; with
+    exactly a chunk, no chunk of silence alone follows it (docs/streaming.md, "End of
+    stream")."""
+    return round(chunking.chunk * model.encoder.subsampling_factor * FRAME_SHIFT_SECONDS, 3)
+
+
+def stream_frames(audio_frames: int, span: int) -> int:
+    """The feature frames a finished stream of `audio_frames` frames of audio encodes: up
+    to the end of the chunk of `span` frames that holds its last frame (the tail's
+    silence completes that chunk)."""
+    return -(-audio_frames // span) * span
 
 
 def load_streaming_recognizer(

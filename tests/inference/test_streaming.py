@@ -53,8 +53,10 @@ def audio(test_flacs: list[Path]) -> list[np.ndarray]:
 
 
 def _whole(model: Transducer, samples: np.ndarray, chunking: Chunking, beam: int):
-    """(tokens, frames) of the whole utterance through the chunked masks."""
-    feats = Recognizer(model, None, FEATURES).features_of(samples)  # type: ignore[arg-type]
+    """(tokens, frames) of the whole utterance through the chunked masks (and followed by
+    the silence that ends a stream)."""
+    recognizer = Recognizer(model, None, FEATURES, chunking=chunking)  # type: ignore[arg-type]
+    feats = recognizer.features_of(samples)
     with torch.no_grad():
         out, lens = model.encode(feats[None], torch.tensor([feats.shape[0]]), chunking)
     if beam == 1:

@@ -47,7 +47,9 @@ def _padded(samples: np.ndarray, span: int) -> np.ndarray:
         pad += 160
 
 
-def _sherpa(directory: Path, audio: list[np.ndarray]) -> list[str]:
+def _sherpa(directory: Path, audio: list[np.ndarray], finished: bool = False) -> list[str]:
+    """sherpa-onnx's texts of `audio` fed in 0.1 s pieces (then, if `finished`, its
+    `input_finished()`: the last feature frames become ready)."""
     import sherpa_onnx
 
     recognizer = sherpa_onnx.OnlineRecognizer.from_transducer(
@@ -63,6 +65,10 @@ def _sherpa(directory: Path, audio: list[np.ndarray]) -> list[str]:
         stream = recognizer.create_stream()
         for start in range(0, len(samples), PIECE):
             stream.accept_waveform(16000, samples[start : start + PIECE])
+            while recognizer.is_ready(stream):
+                recognizer.decode_stream(stream)
+        if finished:
+            stream.input_finished()
             while recognizer.is_ready(stream):
                 recognizer.decode_stream(stream)
         texts.append(" ".join(recognizer.get_result(stream).split()))
@@ -89,6 +95,25 @@ def test_sherpa_onnx_online_decodes_the_streaming_export_as_we_do(
         ours.append(" ".join(stream.text.split()))
     assert any(ours), ours
     assert _sherpa(streaming_export, audio) == ours
+
+
+def test_sherpa_onnx_and_we_end_a_stream_with_the_same_last_words(
+    streaming_run, streaming_export, test_flacs
+):
+    """Our stream ends with the silence the export's metadata tells sherpa-onnx's clients
+    to send after the audio, before `input_finished()`: the same final texts, last words
+    included."""
+    meta = {p.key: p.value for p in onnx.load(streaming_export / "encoder.onnx").metadata_props}
+    recognizer = load_streaming_recognizer(streaming_run, 80, max_symbols_per_frame=10)
+    tail = float(meta["tail_padding_seconds"])
+    assert tail == recognizer.tail_seconds == 0.08  # a chunk
+    audio = [read_audio(f) for f in test_flacs[:6]]
+    ours = [" ".join(recognizer.feed([a], PIECE)[0].text.split()) for a in audio]  # one by one,
+    # as sherpa-onnx decodes them: a batch rounds otherwise, and random weights have ties
+    assert any(ours), ours
+    silence = np.zeros(int(tail * 16000), dtype=np.float32)
+    tailed = [np.concatenate([a, silence]) for a in audio]
+    assert _sherpa(streaming_export, tailed, finished=True) == ours
 
 
 def test_asr_transcribe_streaming_reads_files_and_raw_pcm_on_stdin(streaming_run, test_flacs, cli):

@@ -16,10 +16,10 @@ from torch import Tensor
 from asr.config_keys import ConfigError
 from asr.models.attention import lengths_to_mask, relative_positions, sinusoids
 from asr.models.conformer import (
+    Chunking,
     ConformerConfig,
     ConformerEncoder,
     ConvModule,
-    Chunking,
     StreamingConfig,
     chunk_attention_mask,
 )
