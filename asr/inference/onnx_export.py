@@ -65,7 +65,7 @@ from asr.inference.onnx_runtime import (
 from asr.inference.streaming import chunking_of_ms, tail_padding_seconds
 from asr.models.aed import DecoderState, EncoderDecoder, _heads
 from asr.models.attention import lengths_to_mask
-from asr.models.conformer import Chunking, StreamingState
+from asr.models.conformer import Chunking, ConformerEncoder, StreamingState
 from asr.models.transducer import Transducer
 from asr.normalization import per_utterance
 
@@ -146,15 +146,27 @@ class NemoEncoderGraph(nn.Module):
         return out.transpose(1, 2), lens
 
 
+def history_slots(encoder: ConformerEncoder) -> int:
+    """The layer slots of `cache_last_time` (D x (K-1) floats each) that carry a streaming
+    encoder's subsampling history (P x F floats; none without the subsampling cache)."""
+    floats = encoder.history_frames * encoder.config.input_dim
+    per_slot = encoder.output_dim * (encoder.config.conv_kernel_size - 1)
+    return -(-floats // per_slot)
+
+
 class NemoStreamingEncoderGraph(nn.Module):
-    """sherpa-onnx's online NeMo encoder: one window `audio_signal` (N, F, W) of raw
-    log-mel (W = P + the chunk's feature frames: the subsampling's history of P frames
-    first, `ConformerEncoder.history_frames`, which sherpa-onnx reads as `window_size` >
-    `chunk_shift`; a stream's first P frames are thus history only), `length` (N,), the
-    caches of
+    """sherpa-onnx's online NeMo encoder: one chunk `audio_signal` (N, F, W) of raw
+    log-mel (W = the chunk's feature frames), `length` (N,), and the caches of
     `StreamingState`: `cache_last_channel` (N, layers, left, D), `cache_last_time`
-    (N, layers, D, K-1), `cache_last_channel_len` (N,) -> `outputs` (N, J, chunk) projected
-    for the joiner, `encoded_lengths`, and the three caches for the next chunk."""
+    (N, layers + S, D, K-1), `cache_last_channel_len` (N,) -> `outputs` (N, J, chunk)
+    projected for the joiner, `encoded_lengths`, and the three caches for the next chunk.
+
+    With the subsampling cache, the last P feature frames of the chunk before (the
+    subsampling's history) ride in the S extra slots of `cache_last_time`
+    (`history_slots`), which sherpa-onnx passes through unread; a stream's first chunk
+    (`cache_last_channel_len` 0) has none. sherpa-onnx then encodes the chunks training
+    saw. (NeMo's own way, a window of P frames more than its shift, moves every chunk's
+    edge by P frames: measured in recipes/demo/RESULTS.md, "Streaming".)"""
 
     def __init__(self, model: Transducer, chunking: Chunking) -> None:
         super().__init__()
@@ -170,19 +182,23 @@ class NemoStreamingEncoderGraph(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         encoder = self.model.encoder
         x, p = audio_signal.transpose(1, 2), encoder.history_frames
-        n, f = x.size(0), x.size(2)
+        n, f, layers = x.size(0), x.size(2), len(encoder.layers)
+        history = cache_last_time[:, layers:].flatten(1)[:, : p * f].reshape(n, p, f)
         state = StreamingState(
             cache_last_channel,
             cache_last_channel_len,
-            cache_last_time,
-            encoder.normalize(x[:, :p])[0],  # the window's first p frames: the history
-            torch.full_like(cache_last_channel_len, p),
+            cache_last_time[:, :layers],
+            history,
+            torch.where(cache_last_channel_len > 0, p, 0),
             x.new_zeros(n, f),
             torch.zeros_like(cache_last_channel_len),
         )
-        out, lens, state = encoder.step(x[:, p:], length - p, state, self.chunking)
+        out, lens, state = encoder.step(x, length, state, self.chunking)
         out = self.model.joiner.project_encoder(out).transpose(1, 2)
-        return out, lens.to(torch.int64), state.attention, state.conv, state.attention_len
+        slots = cache_last_time[:, layers:]
+        packed = F.pad(state.history.flatten(1), (0, slots[0].numel() - p * f))
+        conv = torch.cat([state.conv, packed.reshape(slots.shape)], dim=1)
+        return out, lens.to(torch.int64), state.attention, conv, state.attention_len
 
 
 class NemoDecoderGraph(nn.Module):
@@ -519,15 +535,17 @@ def _nemo_graphs(
     encoder = model.encoder
     if contract == "nemo_streaming":
         assert chunking is not None
-        window = chunking.chunk * encoder.subsampling_factor + encoder.history_frames
+        span = chunking.chunk * encoder.subsampling_factor
+        slots = history_slots(encoder)
 
         def chunks(n: int) -> dict[str, torch.Tensor]:
             state = encoder.initial_state(n, chunking)
+            b, layers, d, k = state.conv.shape
             return {
-                "audio_signal": torch.randn(n, bins, window, generator=gen) * 2 - 8,
-                "length": torch.full((n,), window, dtype=torch.int64),
+                "audio_signal": torch.randn(n, bins, span, generator=gen) * 2 - 8,
+                "length": torch.full((n,), span, dtype=torch.int64),
                 "cache_last_channel": torch.randn(state.attention.shape, generator=gen),
-                "cache_last_time": torch.randn(state.conv.shape, generator=gen),
+                "cache_last_time": torch.randn(b, layers + slots, d, k, generator=gen),
                 "cache_last_channel_len": torch.randint(0, chunking.left + 1, (n,)),
             }
 
@@ -768,7 +786,7 @@ def _nemo_metadata(
         span = chunking.chunk * encoder.subsampling_factor
         layers, d = len(encoder.layers), encoder.output_dim
         nemo |= {
-            "window_size": span + encoder.history_frames,
+            "window_size": span,
             "chunk_shift": span,
             "chunk_frames": chunking.chunk,
             "left_context": chunking.left,
@@ -776,7 +794,7 @@ def _nemo_metadata(
             "cache_last_channel_dim1": layers,
             "cache_last_channel_dim2": chunking.left,
             "cache_last_channel_dim3": d,
-            "cache_last_time_dim1": layers,
+            "cache_last_time_dim1": layers + history_slots(encoder),
             "cache_last_time_dim2": d,
             "cache_last_time_dim3": encoder.config.conv_kernel_size - 1,
         }

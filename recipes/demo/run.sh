@@ -175,7 +175,8 @@ if run 6; then say 6
   # A preset that starts from a trained model (init_from: demo_streaming starts from make
   # demo's) trains that one first when it is missing: experiment=demo's stages 3-8.
   init=$(setting init_from)
-  if [[ -n $init && ! -f $init ]]; then
+  prints_config=; [[ " ${train_args[*]} " == *" --cfg "* ]] && prints_config=1  # Hydra's --cfg
+  if [[ -n $init && ! -f $init && -z $prints_config ]]; then
     [[ $init == */model.bundle.pt ]] || { echo "init_from=$init: no such file" >&2; exit 2; }
     echo "init_from=$init is missing: training experiment=demo into $(dirname "$init") first"
     EXPERIMENT=demo EXP=$(dirname "$init") DATA=$data BEAM=$beam DEVICE=$device \
