@@ -96,3 +96,17 @@ if value is not None:
     print(value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None).strip())' \
     "$1" <<< "$config"
 }
+
+# A preset that starts from a trained model (init_from: the streaming presets start from the
+# full-context ones) has that model trained first when its bundle is missing: this recipe
+# with EXPERIMENT=$1 and EXP its directory, from stage $2 to stage $3. Not when asr-train
+# only prints its config (Hydra's --cfg among the overrides).
+train_missing_init() {
+  local init; init=$(setting init_from)
+  [[ -z $init || -f $init || " ${train_args[*]} " == *" --cfg "* ]] && return 0
+  [[ $init == */model.bundle.pt ]] || { echo "init_from=$init: no such file" >&2; exit 2; }
+  echo "init_from=$init is missing: training experiment=$1 into $(dirname "$init") first"
+  EXPERIMENT=$1 EXP=$(dirname "$init") bash "$0" --stage "$2" --stop-stage "$3"
+  printf '\n=== %s: back to experiment=%s, which starts from it (%d s elapsed) ===\n' \
+    "$init" "$experiment" "$SECONDS"
+}

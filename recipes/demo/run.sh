@@ -172,17 +172,8 @@ if run 5; then say 5
   fi
 fi
 if run 6; then say 6
-  # A preset that starts from a trained model (init_from: demo_streaming starts from make
-  # demo's) trains that one first when it is missing: experiment=demo's stages 3-8.
-  init=$(setting init_from)
-  prints_config=; [[ " ${train_args[*]} " == *" --cfg "* ]] && prints_config=1  # Hydra's --cfg
-  if [[ -n $init && ! -f $init && -z $prints_config ]]; then
-    [[ $init == */model.bundle.pt ]] || { echo "init_from=$init: no such file" >&2; exit 2; }
-    echo "init_from=$init is missing: training experiment=demo into $(dirname "$init") first"
-    EXPERIMENT=demo EXP=$(dirname "$init") DATA=$data BEAM=$beam DEVICE=$device \
-      bash "$0" --stage features --stop-stage export
-    say 6
-  fi
+  # demo_streaming starts from make demo's model (init_from): trained first if missing
+  [[ -z $(setting init_from) ]] || train_missing_init demo features export
   # run_test=false: stage 7 decodes the test set
   asr-train experiment="$experiment" data_dir="$data" exp_dir="$exp" run_test=false \
     "${device_args[@]}" "${batches_args[@]}" "${train_args[@]}"

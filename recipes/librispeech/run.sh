@@ -213,6 +213,10 @@ if run 7; then say 7
   fi
 fi
 if run 8; then say 8
+  # librispeech_streaming starts from the full-context model (init_from): trained first if
+  # missing (its own batch sizes, decoding and export)
+  read_config
+  [[ -z $(setting init_from) ]] || train_missing_init librispeech_transducer bins export
   asr-train "${data_args[@]}" exp_dir="$exp" data.sampler.bins_file="$batch_sizes" "${train_args[@]}"
 fi
 # the model decoded and exported: the average of epochs EPOCH-AVG+1..EPOCH (as many as exist)
