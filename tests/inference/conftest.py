@@ -82,8 +82,8 @@ def aed_run(compose_train, feature_manifests, tmp_path_factory: pytest.TempPathF
 def streaming_run(
     compose_train, train_tiny, tiny_corpus, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """experiment=demo_streaming shrunk, 6 steps (within its CTC warm-up, so its joiner
-    emits many tokens), after the recipe's stage 3 for it: librosa features and their
+    """experiment=demo_streaming shrunk and from scratch, 6 steps (within a CTC warm-up, so
+    its joiner emits many tokens), after the recipe's stage 3 for it: librosa features and their
     statistics. Its last checkpoint."""
     from asr.data.feature_stats import compute_feature_stats
     from asr.data.features import FeatureConfig, precompute_features
@@ -98,6 +98,8 @@ def streaming_run(
     cfg = compose_train(
         exp_dir,
         "experiment=demo_streaming",
+        "init_from=null",
+        "model.loss.transducer_start_step=280",
         "model.encoder.streaming.chunk_sizes=[2,4,-1]",
         "model.encoder.streaming.left_contexts=[8]",
         "trainer.max_epochs=1",
