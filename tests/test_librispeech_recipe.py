@@ -126,17 +126,20 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
     assert list(index["fields"]) == ["cuts", "recording", "features"]  # audio and features
     assert (manifests / "librispeech_cuts_dev-other-feats.jsonl.gz").is_file()
     assert (data / "bins-train-clean-100,train-clean-360,train-other-500.yaml").is_file()
-    # the streaming preset: its feature statistics (stage 5), then trained from stored
-    # librosa features (its batch sizes those of the run above) and exported for sherpa-onnx's
-    # online recognizer (stage 10)
+    # the streaming preset: its feature statistics (stage 5), then initialized from the
+    # full-context model above, trained from stored librosa features (its batch sizes those
+    # of the run above) and exported for sherpa-onnx's online recognizer (stage 10)
     streaming = tmp_path / "exp_streaming"
     streaming.mkdir()
     (streaming / "batch_sizes.yaml").write_text((exp / "batch_sizes.yaml").read_text())
     env |= {"EXPERIMENT": "librispeech_streaming", "EXP": str(streaming), "AVG": "1"}
     printed = _recipe(
         env, "--stage", "features", "--stop-stage", "export", "--", *TINY_MODEL,
-        "trainer.max_epochs=1",
+        "trainer.max_epochs=1", f"init_from={exp / 'model.bundle.pt'}",
     )  # fmt: skip
+    assert "is missing: training" not in printed  # the full-context model was there
+    log = (streaming / "hydra" / "train.log").read_text()
+    assert f"tensors from {exp / 'model.bundle.pt'}" in log
     assert (manifests / "librispeech_cuts_train-other-500-librosa-feats.jsonl.gz").is_file()
     stats = json.loads((data / "feature_stats_librosa.json").read_text())
     assert stats["frontend"] == "librosa" and len(stats["mean"]) == 80
