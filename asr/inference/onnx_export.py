@@ -456,7 +456,7 @@ def _graphs(
         return {"x": torch.randn(n, t, bins, generator=gen), "x_lens": lens}
 
     if contract.startswith("nemo"):
-        return _nemo_graphs(model, features, contract, gen, chunking)
+        return _nemo_graphs(model, features, gen, chunking)
     graphs = {
         ENCODER: _Graph(
             EncoderGraph(model, features.normalize == "per_utterance"),
@@ -522,19 +522,14 @@ def _transducer_graphs(model: Transducer, gen: torch.Generator) -> dict[str, _Gr
 
 
 def _nemo_graphs(
-    model: Transducer,
-    features: FeatureConfig,
-    contract: str,
-    gen: torch.Generator,
-    chunking: Chunking | None,
+    model: Transducer, features: FeatureConfig, gen: torch.Generator, chunking: Chunking | None
 ) -> dict[str, _Graph]:
-    """The encoder (a streaming one at `chunking`), decoder and joiner in sherpa-onnx's NeMo
-    transducer contracts."""
+    """The encoder, decoder and joiner in sherpa-onnx's NeMo contract: the online one at
+    `chunking` for a streaming encoder, else the offline one."""
     dyn = torch.export.Dim.DYNAMIC
     bins, joint = features.num_mel_bins, model.joiner.output.in_features
     encoder = model.encoder
-    if contract == "nemo_streaming":
-        assert chunking is not None
+    if chunking is not None:
         span = chunking.chunk * encoder.subsampling_factor
         slots = history_slots(encoder)
 
@@ -734,7 +729,7 @@ def _metadata(
         "subsampling_factor": encoder.subsampling_factor,
     }
     if contract.startswith("nemo"):
-        return _nemo_metadata(model, features, contract, common, chunking)
+        return _nemo_metadata(model, features, common, chunking)
     meta: dict[str, dict[str, Any]] = {"all": common, ENCODER: {"model_type": "conformer"}}
     if isinstance(model, EncoderDecoder):
         decoder = model.decoder
@@ -760,11 +755,7 @@ def _metadata(
 
 
 def _nemo_metadata(
-    model: Transducer,
-    features: FeatureConfig,
-    contract: str,
-    common: dict[str, Any],
-    chunking: Chunking | None,
+    model: Transducer, features: FeatureConfig, common: dict[str, Any], chunking: Chunking | None
 ) -> dict[str, dict[str, Any]]:
     """sherpa-onnx's NeMo keys (its exporter scripts': the vocabulary without the blank,
     which is last; no feature normalization outside the graph) and ours: a streaming
@@ -781,8 +772,7 @@ def _nemo_metadata(
         "model_type": "EncDecRNNTBPEModel",
         "model_author": "asr",
     }
-    if contract == "nemo_streaming":
-        assert chunking is not None
+    if chunking is not None:  # the online contract
         span = chunking.chunk * encoder.subsampling_factor
         layers, d = len(encoder.layers), encoder.output_dim
         nemo |= {
