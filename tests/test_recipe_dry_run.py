@@ -210,6 +210,28 @@ def test_each_later_stage_starts_alone_and_fails_only_on_what_is_missing(
 
 
 @pytest.mark.slow
+def test_a_streaming_preset_trains_the_model_it_starts_from_first(tmp_path: Path) -> None:
+    """demo_streaming's train stage, its init_from missing: the recipe trains experiment=demo
+    into that bundle's directory first (here it stops there, the corpus not made, naming
+    it); an init_from that no recipe makes is refused before anything runs."""
+    root = _checkout(tmp_path, venv=True)
+    work = tmp_path / "work"
+    env = {"DATA": f"{work}/data", "EXP": f"{work}/exp", "EXPERIMENT": "demo_streaming"}
+    args = ("--stage", "train", "--stop-stage", "train", "--")
+    init = work / "full" / "model.bundle.pt"
+    done = _recipe(root, "demo/run.sh", *args, f"init_from={init}", **env)
+    assert done.returncode != 0
+    assert f"init_from={init} is missing: training experiment=demo into {init.parent}" in (
+        done.stdout
+    )
+    assert "stage 3: features" in done.stdout and str(work / "data") in done.stderr
+    assert not (work / "exp").exists()  # the streaming model was not started
+    done = _recipe(root, "demo/run.sh", *args, f"init_from={work}/weights.pt", **env)
+    assert done.returncode == 2
+    assert f"init_from={work}/weights.pt: no such file" in done.stderr
+
+
+@pytest.mark.slow
 def test_the_demo_picks_its_device(tmp_path: Path) -> None:
     """DEVICE=cuda (what DEVICE=auto picks where torch sees a GPU) trains the demo preset on one
     GPU, DEVICE=cpu on the CPU: the same shipped batches and schedule, the precision `auto`
