@@ -24,7 +24,7 @@ from asr.decoding.search import (
     default_options,
     has_token_times,
 )
-from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE, feature_frames
+from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.inference.audio import AudioInput, read_audio
 from asr.inference.bundle import load_bundle
 from asr.inference.longform import (
@@ -35,7 +35,7 @@ from asr.inference.longform import (
     stitch_recordings,
 )
 from asr.inference.segments import Segment
-from asr.inference.streaming import stream_frames, tail_padding_seconds
+from asr.inference.streaming import end_of_stream
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
 from asr.models.build import Model
 from asr.models.conformer import Chunking
@@ -81,11 +81,10 @@ class Recognizer:
         audio = to_mono(audio)
         if self.chunking is None or self.chunking.is_full or not len(audio):
             return torch.from_numpy(compute_features(audio, self.features, self._extractor))
-        tail = int(tail_padding_seconds(self.model, self.chunking) * SAMPLE_RATE)
+        tail, frames = end_of_stream(len(audio), self.model, self.chunking)
         padded = np.concatenate([audio, np.zeros(tail, dtype=np.float32)])
         feats = compute_features(padded, self.features, self._extractor)
-        span = self.chunking.chunk * self.model.encoder.subsampling_factor
-        return torch.from_numpy(feats[: stream_frames(feature_frames(len(audio)), span)])
+        return torch.from_numpy(feats[:frames])
 
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)

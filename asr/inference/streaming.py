@@ -87,12 +87,11 @@ class Stream:
         (docs/streaming.md, "End of stream")."""
         if self.finished:
             return
-        if self.samples:
-            tail = int(self._recognizer.tail_seconds * SAMPLE_RATE)
-            self.features.accept(np.zeros(tail, dtype=np.float32))
+        recognizer = self._recognizer
+        tail, self.end = end_of_stream(self.samples, recognizer.model, recognizer.chunking)
+        self.features.accept(np.zeros(tail, dtype=np.float32))
         self.features.finish()
         self.finished = True
-        self.end = stream_frames(feature_frames(self.samples), self._recognizer.span)
 
     @property
     def done(self) -> bool:
@@ -318,11 +317,16 @@ def tail_padding_seconds(model: Transducer, chunking: Chunking) -> float:
     return round(chunking.chunk * model.encoder.subsampling_factor * FRAME_SHIFT_SECONDS, 3)
 
 
-def stream_frames(audio_frames: int, span: int) -> int:
-    """The feature frames a finished stream of `audio_frames` frames of audio encodes: up
-    to the end of the chunk of `span` frames that holds its last frame (the tail's
-    silence completes that chunk)."""
-    return -(-audio_frames // span) * span
+def end_of_stream(num_samples: int, model: Transducer, chunking: Chunking) -> tuple[int, int]:
+    """How a stream of `num_samples` samples of audio ends (`Stream.finish`, and
+    `Recognizer` decoding as streaming does): the samples of silence appended after it
+    (`tail_padding_seconds`; none after no audio) and the feature frames encoded, up to
+    the end of the chunk that holds its last frame of audio (the silence completes it)."""
+    if not num_samples:
+        return 0, 0
+    span = chunking.chunk * model.encoder.subsampling_factor
+    tail = int(tail_padding_seconds(model, chunking) * SAMPLE_RATE)
+    return tail, -(-feature_frames(num_samples) // span) * span
 
 
 def load_streaming_recognizer(
