@@ -42,7 +42,7 @@ from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import section_limit
 from asr.inference.bundle import load_bundle
-from asr.inference.streaming import StreamingRecognizer
+from asr.inference.streaming import StreamingRecognizer, end_of_stream
 from asr.models.conformer import Chunking
 from asr.training.metrics_csv import metric_rows
 
@@ -52,6 +52,7 @@ CHUNKS, LEFT = (2, 4), 8  # encoder frames (x 40 ms)
 BLANK_HANDICAP = 4.0  # subtracted from the blank's logit bias before decoding
 TINY_STREAMING = (  # the ddp section's tiny transducer, streaming
     "experiment=demo_streaming",
+    "init_from=null",  # the tiny model starts from scratch, not from make demo's bundle
     *(o for o in TINY_MODEL if not o.startswith("experiment=")),
     f"model.encoder.streaming.chunk_sizes=[{CHUNKS[0]},{CHUNKS[1]},-1]",
     f"model.encoder.streaming.left_contexts=[{LEFT}]",
@@ -72,13 +73,16 @@ def decode_streams(
 
 
 def whole_utterances(recognizer: StreamingRecognizer, audio: list[np.ndarray]) -> list[list[int]]:
-    """The tokens of each utterance encoded whole through the recognizer's chunked masks."""
+    """The tokens of each utterance encoded whole through the recognizer's chunked masks,
+    ending as a stream ends (`end_of_stream`: silence up to the end of its last chunk)."""
     model, device = recognizer.model, recognizer.device
     extractor = recognizer.features.extractor()
     tokens = []
     with torch.inference_mode():
         for samples in audio:
-            feats = torch.from_numpy(extractor.extract(samples, 16000))[None].to(device)
+            tail, frames = end_of_stream(len(samples), model, recognizer.chunking)
+            padded = np.concatenate([samples, np.zeros(tail, dtype=np.float32)])
+            feats = torch.from_numpy(extractor.extract(padded, 16000)[:frames])[None].to(device)
             lens = torch.tensor([feats.size(1)], device=device)
             out, lens = model.encode(feats, lens, recognizer.chunking)
             tokens.append(greedy_search_timed(model, out, lens)[0].tokens)
