@@ -35,7 +35,8 @@ from pathlib import Path
 import hydra
 from omegaconf import OmegaConf
 
-from asr.training.train import CONFIG_DIR, data_module
+from asr.training.command import CONFIG_DIR
+from asr.training.train import data_module
 
 TRANSFORMS = ("speed", "volume", "reverb", "noise")
 VARIANTS = ("stored_features", "audio", *TRANSFORMS, "all")

@@ -53,7 +53,7 @@ def model_kind_of(experiment: str) -> str:
     import hydra
 
     from asr.models.build import model_kind
-    from asr.training.train import CONFIG_DIR
+    from asr.training.command import CONFIG_DIR
 
     with hydra.initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = hydra.compose("train", overrides=[f"experiment={experiment}"])

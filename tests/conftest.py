@@ -22,7 +22,7 @@ from asr.data.corpus import CorpusDir, prepare_manifests
 from asr.data.features import FeatureConfig, precompute_features
 from asr.data.tokenizer import Tokenizer, train_tokenizer
 from asr.demo.synth import make_demo_corpus
-from asr.training.train import CONFIG_DIR
+from asr.training.command import CONFIG_DIR
 
 # `make test` runs two pytest-xdist workers (one per core). Each test file goes whole to one
 # worker (its module fixtures are built once), and the tests that start several ranks at

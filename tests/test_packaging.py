@@ -34,7 +34,7 @@ def test_a_wheel_install_finds_its_configs(tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import hydra; from asr.training.train import CONFIG_DIR;"
+        "import hydra; from asr.training.command import CONFIG_DIR;"
         "hydra.initialize_config_dir(config_dir=CONFIG_DIR, version_base='1.3');"
         "cfg = hydra.compose('train', overrides=['experiment=demo']);"
         "print(CONFIG_DIR); print(cfg.model.encoder.d_model)"

@@ -71,6 +71,7 @@ from asr.cli import command
 from asr.data.bins import read_bins, write_bins
 from asr.losses.lattice_choice import active_lattice
 from asr.models.build import model_kind
+from asr.training.command import CONFIG_DIR
 from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.objective import TransducerObjective, build_objective
 from asr.training.precision import resolve_precision
@@ -82,7 +83,6 @@ from asr.training.probes import (
     cuda_probe,
     format_bytes,
 )
-from asr.training.train import CONFIG_DIR
 
 # Tokens per second a 1D bucket's probes are sized for when no bins file gives a limit.
 PROBE_TPS = 12.0

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from asr.cli import command
 from asr.config_keys import ConfigError, dataclass_from_keys
 from asr.data.datamodule import AsrDataModule
 from asr.data.feature_stats import read_feature_stats
@@ -37,7 +34,6 @@ from asr.training.checkpointing import (
     AtomicCheckpointIO,
     checkpoint_callbacks,
 )
-from asr.training.cuda_allocator import use_expandable_segments
 from asr.training.distributed.ddp import is_peer_failure, uses_cpu
 from asr.training.distributed.setup import DistributedSetup, TrainingFacts, setup_distributed
 from asr.training.encoder_init import load_encoder, load_model_weights
@@ -57,10 +53,6 @@ from asr.training.run_config import (
 from asr.training.step_times import StepTimes
 
 log = logging.getLogger("asr.train")
-
-# The configs ship inside the package (asr/configs), so any install finds them;
-# ASR_CONFIG_DIR points elsewhere, and Hydra's --config-dir adds a directory.
-CONFIG_DIR = os.environ.get("ASR_CONFIG_DIR", str(Path(__file__).resolve().parents[1] / "configs"))
 
 
 def resume_path(resume: str | bool | None, ckpt_dir: Path) -> str | None:
@@ -300,12 +292,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
-@command
-def main(cfg: DictConfig) -> None:
-    use_expandable_segments()  # before anything touches CUDA
-    run(cfg)
+if __name__ == "__main__":  # python -m asr.training.train: asr-train
+    from asr.training.command import main
 
-
-if __name__ == "__main__":
     main()

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from asr.config_keys import ConfigError
 from asr.training import train
+from asr.training.command import CONFIG_DIR
 from asr.training.run_config import (
     GROUPS,
     RunConfig,
@@ -22,7 +23,6 @@ from asr.training.run_config import (
     read_trainer_config,
     trainer_arguments,
 )
-from asr.training.train import CONFIG_DIR
 
 PRESETS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 import asr
 from asr.decoding.transducer import BeamOptions, GreedyOptions
-from asr.training.train import CONFIG_DIR, build, resume_path, run
+from asr.training.command import CONFIG_DIR
+from asr.training.train import build, resume_path, run
 
 ASR_TRAIN = Path(sys.executable).with_name("asr-train")
 

@@ -28,7 +28,8 @@ from lhotse.shar import LazySharIterator
 
 from asr.data.corpus import load_cuts
 from asr.data.shar import shar_fields
-from asr.training.train import CONFIG_DIR, build, resume_path
+from asr.training.command import CONFIG_DIR
+from asr.training.train import build, resume_path
 
 
 def weights_digest(model: torch.nn.Module) -> str:

@@ -31,7 +31,8 @@ from processes import BIN, ENV, TIMEOUT, kill_when_checkpointed, records, run, s
 from asr.data.buckets import build_sampler
 from asr.data.corpus import load_cuts, open_cuts
 from asr.data.tokenizer import Tokenizer
-from asr.training.train import CONFIG_DIR, build
+from asr.training.command import CONFIG_DIR
+from asr.training.train import build
 
 NAN_RANK, NAN_STEP = 1, 5
 CORRUPT_RANK, CORRUPT_STEP = 1, 6  # every cut of rank 1's 7th batch of epoch 0
