@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
 UV_VERSION := 0.13.9
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-long test-fast lint bench install clean-demo gpu-check gpu-bench gpu-wheels docs docs-build
+.PHONY: demo serve-demo test test-long test-fast lint bench install clean-demo gpu-check gpu-bench gpu-wheels docs docs-build
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml
 ## Build the demo corpus, train a small Conformer-Transducer, decode, print WER.
 demo: $(STAMP)
 	bash recipes/demo/run.sh
+
+## Serve the demo's streaming model at http://127.0.0.1:8000/ (docs/serving.md); trains it first if missing.
+serve-demo: $(STAMP)
+	test -f exp/demo_streaming/model.bundle.pt || EXPERIMENT=demo_streaming bash recipes/demo/run.sh
+	asr-serve exp/demo_streaming/model.bundle.pt
 
 ## The test suite (slow tests included: about 10 minutes), all but the `long` tests.
 test: $(STAMP)

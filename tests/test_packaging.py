@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_a_wheel_install_finds_its_configs(tmp_path: Path) -> None:
+def test_a_wheel_install_finds_its_configs_and_page(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: building writes build/ beside the sources
     shutil.copytree(ROOT / "asr", source / "asr", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
@@ -30,6 +30,8 @@ def test_a_wheel_install_finds_its_configs(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "asr" / "configs").rglob("*.yaml")}
     assert shipped and shipped <= names, sorted(shipped - names)
+    page = {p.relative_to(ROOT).as_posix() for p in (ROOT / "asr" / "inference" / "web").iterdir()}
+    assert "asr/inference/web/index.html" in page and page <= names, sorted(page - names)
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (

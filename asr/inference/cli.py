@@ -1,4 +1,4 @@
-"""The inference command lines: `asr-export`, `asr-transcribe` and `asr-decode`.
+"""The inference command lines: `asr-export`, `asr-transcribe`, `asr-decode` and `asr-serve`.
 
     asr-export exp/demo/checkpoints/last.ckpt --average 3 -o exp/demo/model.bundle.pt
     asr-transcribe exp/demo/model.bundle.pt a.flac b.wav --beam-size 4
@@ -513,3 +513,102 @@ def decode_main(argv: list[str] | None = None) -> None:
             f"{summary['utterances_skipped']} utterance(s) had unreadable audio and count as all "
             "deletions (see the warnings above; 'unreadable' in hyps.jsonl)"
         )
+
+
+@command
+def serve_main(argv: list[str] | None = None) -> None:
+    """`asr-serve`: live transcription of a streaming model over a websocket, and a page
+    with the microphone (docs/serving.md)."""
+    from asr.inference.server import EndpointRules, ServeConfig, create_app
+
+    parser = argparse.ArgumentParser(
+        description="Serve a streaming model: a websocket at /ws that takes 16 kHz PCM and "
+        "answers partial and final transcripts, and a page at / that streams the microphone "
+        "or a file to it.",
+    )
+    parser.add_argument("model", type=Path, help="bundle (asr-export) or checkpoint")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; beyond it, a browser's microphone needs "
+        "https: put a TLS proxy in front, docs/serving.md)",
+    )
+    parser.add_argument("--port", type=int, default=8000)
+    add_chunking_arguments(parser, "")
+    parser.add_argument("--beam-size", type=int, default=1, help="1: greedy; more: beam search")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--ema", action="store_true", help="the EMA weights (ema=scaled runs)")
+    parser.add_argument(
+        "--max-streams", type=int, default=32, help="connections at once (default 32)"
+    )
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=10.0,
+        help="wait this long after audio arrives for other streams' audio to decode in the "
+        "same model step (default 10)",
+    )
+    rules = EndpointRules()
+    parser.add_argument(
+        "--silence-after-speech",
+        type=float,
+        default=rules.silence_after_speech_s,
+        metavar="SECONDS",
+        help="a segment ends after this long without a token once it has words "
+        f"(default {rules.silence_after_speech_s:g})",
+    )
+    parser.add_argument(
+        "--silence",
+        type=float,
+        default=rules.silence_s,
+        metavar="SECONDS",
+        help=f"a segment without words restarts after this long (default {rules.silence_s:g})",
+    )
+    parser.add_argument(
+        "--max-segment",
+        type=float,
+        default=rules.max_segment_s,
+        metavar="SECONDS",
+        help=f"the longest segment (default {rules.max_segment_s:g})",
+    )
+    defaults = ServeConfig()
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=defaults.idle_timeout_s,
+        metavar="SECONDS",
+        help="close a connection that sends nothing this long "
+        f"(default {defaults.idle_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=defaults.max_frame_bytes,
+        help=f"the largest binary frame a client may send (default {defaults.max_frame_bytes})",
+    )
+    parser.add_argument(
+        "--num-threads", type=int, default=None, help="torch's intra-op threads (default: its own)"
+    )
+    args = parser.parse_args(argv)
+    config = ServeConfig(
+        max_streams=args.max_streams,
+        batch_wait_ms=args.batch_wait_ms,
+        max_frame_bytes=args.max_frame_bytes,
+        idle_timeout_s=args.idle_timeout,
+        endpoints=EndpointRules(args.silence_after_speech, args.silence, args.max_segment),
+    )
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    recognizer = load_streaming_recognizer(
+        args.model, args.chunk_ms, args.left_context_ms, args.beam_size, args.device, args.ema
+    )
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    print(
+        f"asr-serve: {args.model} at http://{args.host}:{args.port}/ (websocket /ws), "
+        f"{recognizer.chunk_seconds * 1000:g} ms chunks, up to {args.max_streams} streams",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(create_app(recognizer, config), host=args.host, port=args.port, log_level="warning")

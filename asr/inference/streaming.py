@@ -98,18 +98,26 @@ class Stream:
         """Finished and every chunk encoded: the transcript is final."""
         return self.finished and self.encoded >= self.end
 
+    @property
+    def chunk_ready(self) -> bool:
+        """Whether a chunk waits to be encoded (by the next ``decode``)."""
+        return self._ready_frames() - self.encoded >= self._recognizer.span
+
+    def _ready_frames(self) -> int:
+        return min(self.features.ready, self.end) if self.finished else self.features.ready
+
     def _next_chunk(self, span: int) -> np.ndarray | None:
         """The next chunk's frames, or None if none is ready (or left)."""
-        ready = min(self.features.ready, self.end if self.finished else self.features.ready)
-        if ready - self.encoded >= span:
+        if self._ready_frames() - self.encoded >= span:
             frames = self.features.frames(self.encoded, self.encoded + span)
             self.encoded += span
             self.features.discard_before(self.encoded)
             return frames
         return None
 
-    def _best(self) -> tuple[list[int], list[int]]:
-        """The tokens of the best hypothesis so far and the frame of each."""
+    def best(self) -> tuple[list[int], list[int]]:
+        """The tokens of the best hypothesis so far and the frame of each (encoder frames
+        since the search started)."""
         if isinstance(self.search, GreedyProgress):
             return self.search.tokens[0], self.search.frames[0]
         best = self.search.hypotheses(1)[0]
@@ -117,7 +125,7 @@ class Stream:
 
     @property
     def tokens(self) -> list[int]:
-        return self._best()[0]
+        return self.best()[0]
 
     @property
     def text(self) -> str:
@@ -126,7 +134,7 @@ class Stream:
     def transcript(self) -> Transcript:
         """The text so far and its words, with times in seconds from the stream's start."""
         recognizer = self._recognizer
-        tokens, frames = self._best()
+        tokens, frames = self.best()
         seconds = recognizer.model.frame_seconds
         pieces = [recognizer.tokenizer.id_to_piece(i) for i in tokens]
         words = words_from_tokens(
@@ -196,12 +204,19 @@ class StreamingRecognizer:
     @torch.inference_mode()
     def decode(self, streams: Sequence[Stream]) -> None:
         """Encode every ready chunk of `streams` (one batch per round of chunks) and
-        continue their searches; a finished stream's last chunk is encoded however short."""
-        while True:
-            batch = [(s, c) for s in streams if (c := s._next_chunk(self.span)) is not None]
-            if not batch:
-                return
+        continue their searches."""
+        while self.decode_round(streams):
+            pass
+
+    @torch.inference_mode()
+    def decode_round(self, streams: Sequence[Stream]) -> list[Stream]:
+        """Encode the next ready chunk of each of `streams`, all in one batch, and continue
+        their searches -> the streams that had one (a server looks at each stream's
+        result after every chunk: asr-serve's endpoints)."""
+        batch = [(s, c) for s in streams if (c := s._next_chunk(self.span)) is not None]
+        if batch:
             self._decode_chunks([s for s, _ in batch], [c for _, c in batch])
+        return [s for s, _ in batch]
 
     def _decode_chunks(self, streams: list[Stream], chunks: list[np.ndarray]) -> None:
         features = torch.zeros(len(chunks), self.span, self.features.num_mel_bins)

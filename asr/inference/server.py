@@ -1,0 +1,491 @@
+"""`asr-serve`: live transcription over a websocket, straight from a streaming model.
+
+One process holds one `StreamingRecognizer`; each websocket connection is one `Stream` of
+it. The connections are decoded together: one decoding task wakes when audio arrives,
+waits at most `batch_wait_ms` for more, then feeds every connection's audio to its stream
+and encodes every ready chunk of all of them in one batch per round
+(`StreamingRecognizer.decode`), on a worker thread, so that the event loop keeps
+receiving meanwhile. Starlette routes the websocket and serves the page (`web/`);
+uvicorn runs it.
+
+The protocol (docs/serving.md has an example exchange), at ``ws://HOST:PORT/ws``:
+
+- the server says ``{"type": "ready", "sample_rate": 16000, "format": "f32le",
+  "chunk_ms": ..., "left_context_ms": ..., "max_frame_bytes": ...}`` on connecting;
+- the client may first send ``{"type": "start", "sample_rate": 16000, "format":
+  "s16le"}`` (format ``f32le``, the default, or ``s16le``; only 16 kHz mono), then binary
+  frames of PCM in that format, then ``{"type": "end"}``;
+- the server answers ``{"type": "partial", "segment": N, "text": ..., "audio_s": ...}``
+  after each chunk it decodes (``audio_s``: the seconds of the stream decoded so far),
+  ``{"type": "final", "segment": N, "text": ..., "start": ..., "end": ..., "words":
+  [{"word", "start", "end"}], "audio_s": ...}`` at each endpoint (times in seconds of
+  the stream), and after ``end`` the last final (if any words) and ``{"type": "end"}``,
+  then closes; a fault in the client's input gets ``{"type": "error", "message": ...}``
+  and a closed connection, and no other connection notices.
+
+Endpoints (`EndpointRules`, sherpa-onnx's defaults) come from the model's own blanks: a
+segment ends after `silence_after_speech_s` of encoder frames that emitted nothing, once
+it has words; a segment without words is restarted after `silence_s`; and any segment
+ends at `max_segment_s`. At an endpoint the search starts again (the encoder keeps its
+left context), so that the next segment's words are not held back by the last's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
+from asr.inference.streaming import Stream, StreamingRecognizer
+from asr.inference.timestamps import words_from_tokens
+
+log = logging.getLogger("asr.serve")
+
+WEB_DIR = Path(__file__).with_name("web")
+FORMATS = {"f32le": np.dtype("<f4"), "s16le": np.dtype("<i2")}
+
+# websocket close codes (RFC 6455): the client's data was refused, too big, or the server
+# is full; 1000 a normal end.
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_LATER = 1000, 1008, 1009, 1013
+
+
+@dataclass(frozen=True)
+class EndpointRules:
+    """When a segment ends, in seconds of the stream (sherpa-onnx's defaults):
+
+    - `silence_after_speech_s`: encoder frames without a token after the segment's last
+      word;
+    - `silence_s`: frames without a token in a segment with no word yet (it restarts,
+      no final is sent);
+    - `max_segment_s`: the longest segment, words or not."""
+
+    silence_after_speech_s: float = 1.2
+    silence_s: float = 2.4
+    max_segment_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("silence_after_speech_s", "silence_s", "max_segment_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"endpoint rule {name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How `asr-serve` runs:
+
+    - `max_streams`: connections decoded at once; one more is refused with an error;
+    - `batch_wait_ms`: how long the decoding task waits for more audio after the first
+      piece arrives, so that the connections' chunks share one model step;
+    - `max_frame_bytes`: the largest binary frame (a longer one is an error);
+    - `idle_timeout_s`: a connection that sends nothing for this long is closed;
+    - `endpoints`: `EndpointRules`."""
+
+    max_streams: int = 32
+    batch_wait_ms: float = 10.0
+    max_frame_bytes: int = 2 * SAMPLE_RATE * 4  # 2 s of float32
+    idle_timeout_s: float = 30.0
+    endpoints: EndpointRules = field(default_factory=EndpointRules)
+
+    def __post_init__(self) -> None:
+        if self.max_streams < 1:
+            raise ValueError(f"--max-streams must be at least 1, got {self.max_streams}")
+        if self.batch_wait_ms < 0 or self.idle_timeout_s <= 0 or self.max_frame_bytes < 4:
+            raise ValueError(
+                "--batch-wait-ms must be >= 0, --idle-timeout > 0 and --max-frame-bytes >= 4"
+            )
+
+
+class ClientFault(ValueError):
+    """What a client sent that the protocol refuses; its message goes to that client."""
+
+    def __init__(self, message: str, code: int = CLOSE_POLICY) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Segment:
+    """The searched part of a stream since the last endpoint: its number and the encoder
+    frames that came before it."""
+
+    number: int = 0
+    first_frame: int = 0
+
+
+class Connection:
+    """One client's stream: audio received and not yet fed, the current segment, and the
+    messages its decoded chunks produce."""
+
+    def __init__(self, recognizer: StreamingRecognizer, rules: EndpointRules) -> None:
+        self.recognizer = recognizer
+        self.rules = rules
+        self.stream: Stream = recognizer.create_stream()
+        self.format = "f32le"
+        self.started = False  # audio or a start message received: the format is fixed
+        self.pending: list[np.ndarray] = []
+        self.ending = False  # the client sent end
+        self.segment = Segment()
+        self.decoded_frames = 0  # encoder frames searched, all segments
+        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    # -- what the client sends ----------------------------------------------------------
+    def control(self, text: str) -> None:
+        """A text frame: a start or end message."""
+        try:
+            message = json.loads(text)
+        except json.JSONDecodeError:
+            raise ClientFault(
+                f"expected binary PCM or a JSON message, got text {text[:40]!r}"
+            ) from None
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "start":
+            self._start(message)
+        elif kind == "end":
+            self.ending = True
+        else:
+            raise ClientFault(f'unknown message {text[:60]!r}: expected type "start" or "end"')
+
+    def _start(self, message: dict[str, Any]) -> None:
+        if self.started:
+            raise ClientFault("start must come first, before any audio")
+        rate = message.get("sample_rate", SAMPLE_RATE)
+        if rate != SAMPLE_RATE:
+            raise ClientFault(f"sample_rate {rate} is not served: send 16000 Hz mono")
+        form = message.get("format", "f32le")
+        if form not in FORMATS:
+            raise ClientFault(f"format {form!r} is not served: f32le or s16le")
+        self.format = form
+        self.started = True
+
+    def audio(self, data: bytes) -> None:
+        """A binary frame of PCM."""
+        if self.ending:
+            raise ClientFault("audio after end")
+        dtype = FORMATS[self.format]
+        if len(data) % dtype.itemsize:
+            raise ClientFault(
+                f"{len(data)} bytes is not a whole number of {self.format} samples "
+                f"({dtype.itemsize} bytes each)"
+            )
+        self.started = True
+        samples = np.frombuffer(data, dtype=dtype)
+        if self.format == "s16le":
+            samples = samples.astype(np.float32) / 32768.0
+        elif not np.isfinite(samples).all():
+            raise ClientFault("the audio holds NaN or infinite samples")
+        self.pending.append(samples.astype(np.float32, copy=False))
+
+    @property
+    def has_work(self) -> bool:
+        """Audio to feed, a chunk to encode, or an end to finish."""
+        return (
+            bool(self.pending)
+            or self.stream.chunk_ready
+            or (self.ending and not self.stream.finished)
+        )
+
+    # -- the decoding task's side (on the worker thread) --------------------------------
+    def take_audio(self) -> tuple[list[np.ndarray], bool]:
+        """The audio to feed and whether to finish, handed from the event loop."""
+        pieces, self.pending = self.pending, []
+        return pieces, self.ending
+
+    def feed(self, pieces: list[np.ndarray], finish: bool) -> None:
+        for piece in pieces:
+            self.stream.accept_waveform(piece)
+        if finish:
+            self.stream.finish()
+
+    # -- messages after a decode ----------------------------------------------------------
+    def results(self) -> list[dict[str, Any]]:
+        """The messages the chunks decoded since the last call produce: a partial per
+        decode that consumed frames, a final at an endpoint or at the end of the stream."""
+        search = self.stream.search
+        consumed = search.consumed[0]
+        total = self.segment.first_frame + consumed
+        if total == self.decoded_frames and not self.stream.done:
+            return []
+        self.decoded_frames = total
+        tokens, frames = self.stream.best()
+        messages = [self._message("partial", tokens)]
+        frame_s = self.recognizer.model.frame_seconds
+        silent = consumed - (frames[-1] + 1 if frames else 0)
+        text = self.recognizer.tokenizer.decode(tokens).strip()
+        rules = self.rules
+        ended = self.stream.done
+        if text and (
+            ended
+            or silent * frame_s >= rules.silence_after_speech_s
+            or consumed * frame_s >= rules.max_segment_s
+        ):
+            messages.append(self._final(tokens, frames))
+            self._next_segment(consumed)
+        elif not text and (
+            silent * frame_s >= rules.silence_s or consumed * frame_s >= rules.max_segment_s
+        ):
+            self._next_segment(consumed, advance=False)
+        if ended:
+            messages.append({"type": "end", "audio_s": self._audio_s()})
+        return messages
+
+    def _audio_s(self) -> float:
+        seconds = self.stream.encoded * FRAME_SHIFT_SECONDS
+        return round(min(seconds, self.stream.samples / SAMPLE_RATE), 3)
+
+    def _message(self, kind: str, tokens: list[int]) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "segment": self.segment.number,
+            "text": self.recognizer.tokenizer.decode(tokens),
+            "audio_s": self._audio_s(),
+        }
+
+    def _final(self, tokens: list[int], frames: list[int]) -> dict[str, Any]:
+        recognizer = self.recognizer
+        frame_s = recognizer.model.frame_seconds
+        offset = self.segment.first_frame
+        pieces = [recognizer.tokenizer.id_to_piece(i) for i in tokens]
+        words = words_from_tokens(
+            pieces, [(offset + f) * frame_s for f in frames], frame_s, self._audio_s()
+        )
+        message = self._message("final", tokens)
+        message["start"] = words[0].start if words else round(offset * frame_s, 3)
+        message["end"] = words[-1].end if words else message["start"]
+        message["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+        return message
+
+    def _next_segment(self, consumed: int, advance: bool = True) -> None:
+        """Start the search again after `consumed` frames of this segment."""
+        self.segment = Segment(
+            self.segment.number + int(advance), self.segment.first_frame + consumed
+        )
+        self.stream.search = self.recognizer.start_search()
+
+
+class LiveDecoder:
+    """The decoding task: the live connections, decoded together in batched model steps
+    on one worker thread, at most `batch_wait_ms` after the first audio waiting."""
+
+    def __init__(self, recognizer: StreamingRecognizer, config: ServeConfig) -> None:
+        self.recognizer = recognizer
+        self.config = config
+        self.connections: set[Connection] = set()
+        self._wake = asyncio.Event()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="asr-serve-decode")
+        self._task: asyncio.Task | None = None
+        self.batches = 0  # model steps' rounds taken (decode calls), for the logs and tests
+        self.compute_s = 0.0  # time on the worker thread
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._worker.shutdown(wait=True)
+
+    def open(self) -> Connection:
+        if len(self.connections) >= self.config.max_streams:
+            raise ClientFault(
+                f"the server is full ({self.config.max_streams} streams, --max-streams): "
+                "try again later",
+                CLOSE_TRY_LATER,
+            )
+        connection = Connection(self.recognizer, self.config.endpoints)
+        self.connections.add(connection)
+        return connection
+
+    def close(self, connection: Connection) -> None:
+        """Forget `connection` (its stream's state is freed with it)."""
+        self.connections.discard(connection)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self.config.batch_wait_ms / 1000
+        backlog = False
+        while True:
+            if not backlog:
+                await self._wake.wait()
+                self._wake.clear()
+                if wait:
+                    await asyncio.sleep(wait)
+            ready = [c for c in self.connections if c.has_work]
+            handed = [(c, *c.take_audio()) for c in ready]
+            try:
+                began = time.perf_counter()
+                decoded = await loop.run_in_executor(self._worker, self._decode, handed)
+                self.compute_s += time.perf_counter() - began
+                self.batches += bool(decoded)
+            except Exception:  # a bug, not a client's fault: every stream in the batch ends
+                log.exception("decoding failed; closing %d stream(s)", len(ready))
+                for c in ready:
+                    c.outbox.put_nowait({"type": "error", "message": "internal error"})
+                    c.outbox.put_nowait(None)
+                    self.close(c)
+                decoded = []
+            for c in decoded:
+                if c in self.connections:  # a client that left meanwhile gets nothing
+                    for message in c.results():
+                        c.outbox.put_nowait(message)
+                    if c.stream.done:
+                        c.outbox.put_nowait(None)
+            backlog = any(c.has_work for c in self.connections)
+
+    def _decode(self, handed: list[tuple[Connection, list[np.ndarray], bool]]) -> list[Connection]:
+        """Feed each connection its audio, then encode one chunk of each that has one ->
+        those (a stream that ends with no audio is done at once: it is among them)."""
+        for connection, pieces, finish in handed:
+            connection.feed(pieces, finish)
+        streams = {id(c.stream): c for c, _, _ in handed}
+        decoded = self.recognizer.decode_round([c.stream for c, _, _ in handed])
+        done = [c for c, _, _ in handed if c.stream.done and c.stream not in decoded]
+        return [streams[id(s)] for s in decoded] + done
+
+
+async def _send_outbox(websocket: WebSocket, connection: Connection) -> None:
+    """Send `connection`'s messages in order until its None (the end)."""
+    try:
+        while (message := await connection.outbox.get()) is not None:
+            await websocket.send_text(json.dumps(message))
+        await websocket.close(CLOSE_NORMAL)
+    except (RuntimeError, WebSocketDisconnect):  # the client left: nobody to tell
+        pass
+
+
+async def _refuse(websocket: WebSocket, fault: ClientFault) -> None:
+    if websocket.client_state == WebSocketState.CONNECTED:
+        try:
+            await websocket.send_text(json.dumps({"type": "error", "message": str(fault)}))
+            await websocket.close(fault.code)
+        except (RuntimeError, WebSocketDisconnect):
+            pass
+
+
+async def serve_websocket(websocket: WebSocket) -> None:
+    """One connection: receive audio and control messages, send the decoder's results."""
+    decoder: LiveDecoder = websocket.app.state.decoder
+    config = decoder.config
+    await websocket.accept()
+    try:
+        connection = decoder.open()
+    except ClientFault as fault:
+        await _refuse(websocket, fault)
+        return
+    peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
+    log.info("stream opened from %s (%d live)", peer, len(decoder.connections))
+    recognizer = decoder.recognizer
+    await websocket.send_text(
+        json.dumps(
+            {
+                "type": "ready",
+                "sample_rate": SAMPLE_RATE,
+                "format": connection.format,
+                "chunk_ms": round(recognizer.chunk_seconds * 1000, 3),
+                "left_context_ms": round(
+                    recognizer.chunking.left * recognizer.model.frame_seconds * 1000, 3
+                ),
+                "max_frame_bytes": config.max_frame_bytes,
+            }
+        )
+    )
+    sender = asyncio.create_task(_send_outbox(websocket, connection))
+    try:
+        while not connection.ending:
+            receive = asyncio.ensure_future(websocket.receive())
+            done, _ = await asyncio.wait(
+                {receive, sender}, timeout=config.idle_timeout_s, return_when="FIRST_COMPLETED"
+            )
+            if sender in done:  # the decoder ended this stream (an internal error)
+                receive.cancel()
+                return
+            if not done:
+                receive.cancel()
+                raise ClientFault(f"no data for {config.idle_timeout_s:g} s: closing")
+            message = receive.result()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            if (data := message.get("bytes")) is not None:
+                if len(data) > config.max_frame_bytes:
+                    raise ClientFault(
+                        f"a frame of {len(data)} bytes is over the limit of "
+                        f"{config.max_frame_bytes} (--max-frame-bytes)",
+                        CLOSE_TOO_BIG,
+                    )
+                connection.audio(data)
+            elif (text := message.get("text")) is not None:
+                connection.control(text)
+            decoder.wake()
+        await sender  # the last final, then the end
+    except ClientFault as fault:
+        log.info("stream from %s refused: %s", peer, fault)
+        decoder.close(connection)
+        sender.cancel()
+        await _refuse(websocket, fault)
+    except WebSocketDisconnect:
+        log.info("stream from %s left", peer)
+        sender.cancel()
+    finally:
+        decoder.close(connection)
+        log.info("stream closed from %s (%d live)", peer, len(decoder.connections))
+
+
+async def _status(request) -> JSONResponse:
+    decoder: LiveDecoder = request.app.state.decoder
+    recognizer = decoder.recognizer
+    return JSONResponse(
+        {
+            "streams": len(decoder.connections),
+            "max_streams": decoder.config.max_streams,
+            "chunk_ms": round(recognizer.chunk_seconds * 1000, 3),
+            "batches": decoder.batches,
+            "compute_s": round(decoder.compute_s, 3),
+        }
+    )
+
+
+async def _index(request) -> FileResponse:
+    return FileResponse(WEB_DIR / "index.html")
+
+
+def create_app(recognizer: StreamingRecognizer, config: ServeConfig | None = None) -> Starlette:
+    """The server's ASGI application: the page at /, its files under /static, the
+    websocket at /ws and a JSON status at /status."""
+    decoder = LiveDecoder(recognizer, config or ServeConfig())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        decoder.start()
+        yield
+        await decoder.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/", _index),
+            Route("/status", _status),
+            WebSocketRoute("/ws", serve_websocket),
+            Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.decoder = decoder
+    return app

@@ -1,0 +1,221 @@
+// asr-serve's page: streams the microphone, or a file at real time, to the server's
+// websocket (/ws) as 16 kHz mono float32 pieces of 100 ms, and shows the partial text as
+// it grows, each final segment with its times, and the latency of the last partial
+// (from sending the piece that completed the decoded audio to receiving the result).
+// The protocol is in docs/serving.md.
+
+const RATE = 16000;
+const PIECE = 1600; // 100 ms
+const $ = (id) => document.getElementById(id);
+
+const page = {
+  // read by the browser test (tests/inference/test_serve_page.py) as a person reads the page
+  finals: [],
+  partial: "",
+  latencyMs: null,
+  state: "idle", // idle | live | ending | done | error
+};
+window.asrPage = page;
+
+function setStatus(text, isError = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", isError);
+}
+
+function seconds(value) {
+  return value.toFixed(2);
+}
+
+class Session {
+  // One recording: a websocket of its own, the pieces sent and when.
+  constructor(label, onEnd) {
+    this.label = label;
+    this.onEnd = onEnd;
+    this.sentSamples = 0;
+    this.sent = []; // [samples sent so far, time] per piece
+    this.ended = false;
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    this.ws = new WebSocket(`${scheme}://${location.host}/ws`);
+    this.ws.binaryType = "arraybuffer";
+    this.ready = new Promise((resolve, reject) => {
+      this.ws.onmessage = (event) => this.receive(JSON.parse(event.data), resolve);
+      this.ws.onerror = () => reject(new Error("the connection failed"));
+    });
+    this.ws.onclose = (event) => {
+      if (!this.ended) this.finish(event.code === 1000 ? "" : `connection closed (${event.code})`);
+    };
+  }
+
+  receive(message, resolve) {
+    if (message.type === "ready") {
+      setStatus(`${this.label}: live, ${message.chunk_ms} ms chunks`);
+      resolve(message);
+    } else if (message.type === "partial") {
+      page.partial = message.text;
+      $("partial").textContent = message.text;
+      $("decoded").textContent = seconds(message.audio_s);
+      this.latency(message.audio_s);
+    } else if (message.type === "final") {
+      this.addFinal(message);
+    } else if (message.type === "end") {
+      this.finish("");
+    } else if (message.type === "error") {
+      this.finish(message.message);
+    }
+  }
+
+  latency(audioSeconds) {
+    const needed = Math.round(audioSeconds * RATE);
+    const now = performance.now();
+    while (this.sent.length && this.sent[0][0] < needed) this.sent.shift();
+    if (this.sent.length) {
+      page.latencyMs = Math.round(now - this.sent[0][1]);
+      $("latency").textContent = `${page.latencyMs} ms`;
+    }
+  }
+
+  addFinal(message) {
+    page.finals.push({ segment: message.segment, text: message.text, start: message.start, end: message.end, words: message.words });
+    page.partial = "";
+    $("partial").textContent = "";
+    if (!message.text.trim()) return;
+    const item = document.createElement("li");
+    const time = document.createElement("span");
+    time.className = "time";
+    time.textContent = `${seconds(message.start)}–${seconds(message.end)} s`;
+    item.append(time, document.createTextNode(message.text));
+    item.title = message.words.map((w) => `${w.word} ${seconds(w.start)}–${seconds(w.end)}`).join("\n");
+    $("finals").append(item);
+  }
+
+  send(samples) {
+    if (this.ws.readyState !== WebSocket.OPEN || this.ended) return;
+    this.ws.send(samples.buffer.slice(samples.byteOffset, samples.byteOffset + samples.byteLength));
+    this.sentSamples += samples.length;
+    this.sent.push([this.sentSamples, performance.now()]);
+  }
+
+  end() {
+    if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify({ type: "end" }));
+    page.state = "ending";
+  }
+
+  finish(error) {
+    if (this.ended) return;
+    this.ended = true;
+    page.state = error ? "error" : "done";
+    setStatus(error ? `${this.label}: ${error}` : `${this.label}: done`, Boolean(error));
+    this.onEnd();
+  }
+}
+
+// -- the microphone ------------------------------------------------------------------------
+let mic = null; // {session, context, stream}
+
+async function startMic() {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+  });
+  const context = new AudioContext();
+  await context.audioWorklet.addModule("/static/pcm-worklet.js");
+  const session = new Session("microphone", stopMicDevices);
+  await session.ready;
+  const source = context.createMediaStreamSource(stream);
+  const node = new AudioWorkletNode(context, "pcm-resampler");
+  const mute = context.createGain();
+  mute.gain.value = 0; // the graph pulls the worklet through the destination; nothing is heard
+  node.port.onmessage = (event) => session.send(event.data);
+  source.connect(node).connect(mute).connect(context.destination);
+  mic = { session, context, stream };
+  page.state = "live";
+  $("mic").textContent = "Stop";
+  $("mic").classList.add("live");
+}
+
+function stopMicDevices() {
+  if (!mic) return;
+  mic.stream.getTracks().forEach((track) => track.stop());
+  mic.context.close();
+  mic = null;
+  $("mic").textContent = "Start the microphone";
+  $("mic").classList.remove("live");
+  setControls(true);
+}
+
+$("mic").addEventListener("click", async () => {
+  if (mic) {
+    mic.session.end(); // the server's last final and end close the session
+    return;
+  }
+  setControls(false);
+  $("mic").disabled = false;
+  try {
+    await startMic();
+  } catch (error) {
+    setStatus(`microphone: ${error.message}`, true);
+    stopMicDevices();
+  }
+});
+
+// -- a file, at real time ------------------------------------------------------------------
+async function samplesOf(file) {
+  const data = await file.arrayBuffer();
+  const decoded = await new AudioContext().decodeAudioData(data);
+  const frames = Math.ceil(decoded.duration * RATE);
+  const offline = new OfflineAudioContext(1, frames, RATE); // resamples and downmixes
+  const source = offline.createBufferSource();
+  source.buffer = decoded;
+  source.connect(offline.destination);
+  source.start();
+  return (await offline.startRendering()).getChannelData(0);
+}
+
+async function streamFile(file) {
+  setControls(false);
+  let samples;
+  try {
+    samples = await samplesOf(file);
+  } catch (error) {
+    setStatus(`${file.name}: not audio the browser can decode (${error.message})`, true);
+    setControls(true);
+    return;
+  }
+  const session = new Session(file.name, () => setControls(true));
+  await session.ready;
+  page.state = "live";
+  const began = performance.now();
+  for (let at = 0; at < samples.length && !session.ended; at += PIECE) {
+    const due = began + (at / RATE) * 1000;
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+    session.send(samples.subarray(at, Math.min(at + PIECE, samples.length)));
+  }
+  session.end();
+}
+
+$("file").addEventListener("change", (event) => {
+  if (event.target.files.length) streamFile(event.target.files[0]);
+  event.target.value = "";
+});
+const drop = $("drop");
+drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });
+drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+drop.addEventListener("drop", (event) => {
+  event.preventDefault();
+  drop.classList.remove("over");
+  if (event.dataTransfer.files.length && !$("file").disabled) streamFile(event.dataTransfer.files[0]);
+});
+
+function setControls(enabled) {
+  $("mic").disabled = !enabled;
+  $("file").disabled = !enabled;
+}
+
+// -- start -----------------------------------------------------------------------------------
+fetch("/status")
+  .then((response) => response.json())
+  .then((status) => {
+    setStatus(`ready: ${status.chunk_ms} ms chunks, ${status.streams} of ${status.max_streams} streams live`);
+    setControls(true);
+  })
+  .catch(() => setStatus("the server does not answer", true));

@@ -1,0 +1,222 @@
+"""asr-serve over real sockets: uvicorn serving the app on 127.0.0.1 in a thread, clients
+from the `websockets` package, the tiny streaming model of conftest.py. The finals equal
+what the streaming recognizer gives the same audio; bad input gets one error and a closed
+connection while the other streams' texts stay the same."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import uvicorn
+import websockets
+
+from asr.inference.audio import read_audio
+from asr.inference.server import EndpointRules, ServeConfig, create_app
+from asr.inference.streaming import StreamingRecognizer, load_streaming_recognizer
+
+PIECE = 1600
+NO_ENDPOINTS = EndpointRules(1000.0, 1000.0, 1000.0)  # one segment per stream
+
+
+@pytest.fixture(scope="module")
+def recognizer(streaming_run: Path) -> StreamingRecognizer:
+    return load_streaming_recognizer(streaming_run, 160)
+
+
+@pytest.fixture(scope="module")
+def audio(test_flacs: list[Path]) -> list[np.ndarray]:
+    return [read_audio(f) for f in test_flacs[:4]]
+
+
+@contextlib.contextmanager
+def serving(recognizer: StreamingRecognizer, config: ServeConfig) -> Iterator[str]:
+    """The app on a free port of 127.0.0.1 -> its base URL (http://...)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(recognizer, config), "127.0.0.1", port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def status(base: str) -> dict:
+    with urllib.request.urlopen(f"{base}/status", timeout=10) as response:
+        return json.load(response)
+
+
+async def stream(
+    base: str, samples: np.ndarray, fmt: str = "f32le", pace: float = 0.0
+) -> list[dict]:
+    """Send `samples` in 0.1 s pieces (`pace` seconds apart), then end -> every message."""
+    async with websockets.connect(base.replace("http", "ws") + "/ws") as ws:
+        messages = [json.loads(await ws.recv())]
+        assert messages[0]["type"] == "ready"
+        if fmt != "f32le":
+            await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "format": fmt}))
+        for at in range(0, len(samples), PIECE):
+            piece = samples[at : at + PIECE]
+            if fmt == "s16le":
+                data = (np.clip(piece, -1, 1) * 32767).astype("<i2").tobytes()
+            else:
+                data = piece.astype("<f4").tobytes()
+            await ws.send(data)
+            await asyncio.sleep(pace)
+        await ws.send(json.dumps({"type": "end"}))
+        messages += [json.loads(m) async for m in ws]
+        assert ws.close_code == 1000
+    return messages
+
+
+def final_text(messages: list[dict]) -> str:
+    return " ".join(m["text"] for m in messages if m["type"] == "final").strip()
+
+
+async def misbehave(base: str, *sends: bytes | str) -> tuple[list[dict], int | None]:
+    """Send `sends` after the ready message -> what the server answered, its close code."""
+    async with websockets.connect(base.replace("http", "ws") + "/ws") as ws:
+        messages = [json.loads(await ws.recv())]
+        with contextlib.suppress(websockets.ConnectionClosed):
+            for data in sends:
+                await ws.send(data)
+            while True:  # `async for` would drop what came before a close with an error code
+                messages.append(json.loads(await ws.recv()))
+        return messages, ws.close_code
+
+
+def test_concurrent_streams_get_the_recognizers_text_with_partials_and_word_times(
+    recognizer, audio
+):
+    expected = [t.text for t in recognizer.transcribe(audio)]
+    with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
+
+        async def everyone() -> list[list[dict]]:
+            return await asyncio.gather(
+                *(
+                    stream(base, a, fmt)
+                    for a, fmt in zip(audio, ["f32le", "f32le", "f32le", "s16le"], strict=True)
+                )
+            )
+
+        results = asyncio.run(everyone())
+        served = status(base)
+    for messages, text, samples in zip(results, expected, audio, strict=True):
+        kinds = [m["type"] for m in messages]
+        assert kinds[0] == "ready" and kinds[-1] == "end" and "partial" in kinds
+        assert final_text(messages) == text
+        partials = [m["audio_s"] for m in messages if m["type"] == "partial"]
+        assert partials == sorted(partials) and partials[-1] == round(len(samples) / 16000, 3)
+        (final,) = [m for m in messages if m["type"] == "final"]
+        assert final["segment"] == 0 and " ".join(w["word"] for w in final["words"]) == text
+        times = [t for w in final["words"] for t in (w["start"], w["end"])]
+        # a token may come in the silence that ends the stream (Stream.finish)
+        assert times == sorted(times)
+        assert times[-1] <= len(samples) / 16000 + recognizer.tail_seconds
+    # the streams shared model steps: fewer decode rounds than the chunks they decoded
+    chunks = sum(-(-len(a) // (16000 * recognizer.chunk_seconds)) for a in audio)
+    assert served["streams"] == 0 and served["batches"] < chunks
+
+
+def test_a_segment_ends_at_the_longest_length_and_the_next_continues_the_stream(recognizer, audio):
+    samples = np.concatenate([audio[0], audio[1]])
+    rules = EndpointRules(1000.0, 1000.0, max_segment_s=1.0)
+    with serving(recognizer, ServeConfig(endpoints=rules)) as base:
+        messages = asyncio.run(stream(base, samples))
+    finals = [m for m in messages if m["type"] == "final"]
+    assert len(finals) >= 2
+    assert [m["segment"] for m in finals] == list(range(len(finals)))
+    starts = [m["start"] for m in finals]
+    assert starts == sorted(starts)
+    assert finals[-1]["end"] <= len(samples) / 16000 + recognizer.tail_seconds
+    for m in finals:  # each segment's words lie in it
+        assert all(m["start"] <= w["start"] <= w["end"] <= m["end"] for w in m["words"])
+
+
+def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio):
+    expected = recognizer.transcribe([audio[0]])[0].text
+    config = ServeConfig(max_streams=3, max_frame_bytes=8000, endpoints=NO_ENDPOINTS)
+    with serving(recognizer, config) as base:
+
+        async def scenario() -> tuple[list[dict], list[tuple[list[dict], int | None]]]:
+            good = asyncio.create_task(stream(base, audio[0], pace=0.02))
+            await asyncio.sleep(0.3)  # the good stream is live
+            bad = [
+                await misbehave(base, json.dumps({"type": "start", "sample_rate": 44100})),
+                await misbehave(base, "hello"),
+                await misbehave(base, b"\x00" * 8004),
+                await misbehave(
+                    base, json.dumps({"type": "start", "format": "s16le"}), b"\x00" * 3
+                ),
+                await misbehave(base, json.dumps({"type": "start", "format": "mp3"})),
+            ]
+            return await good, bad
+
+        good, bad = asyncio.run(scenario())
+        assert status(base)["streams"] == 0
+    assert final_text(good) == expected
+    errors = [(messages[-1], code) for messages, code in bad]
+    assert all(m["type"] == "error" for m, _ in errors), errors
+    texts = [m["message"] for m, _ in errors]
+    assert "sample_rate 44100 is not served" in texts[0]
+    assert "got text 'hello'" in texts[1]
+    assert "8004 bytes is over the limit of 8000" in texts[2] and errors[2][1] == 1009
+    assert "3 bytes is not a whole number of s16le samples" in texts[3]
+    assert "format 'mp3' is not served" in texts[4]
+    assert all(code == 1008 for i, (_, code) in enumerate(errors) if i != 2)
+
+
+def test_full_vanished_and_idle_connections(recognizer, audio):
+    expected = recognizer.transcribe([audio[1]])[0].text
+    config = ServeConfig(max_streams=101, idle_timeout_s=1.5, endpoints=NO_ENDPOINTS)
+    with serving(recognizer, config) as base:
+
+        async def scenario() -> tuple[list[dict], list[tuple[list[dict], int | None]]]:
+            # a client that vanishes mid-utterance: its stream is freed
+            ws = await websockets.connect(base.replace("http", "ws") + "/ws")
+            await ws.recv()
+            await ws.send(audio[0][:8000].astype("<f4").tobytes())
+            await asyncio.sleep(0.3)
+            ws.transport.abort()  # no closing handshake: the TCP connection just drops
+            good = asyncio.create_task(stream(base, audio[1], pace=0.02))
+            idle = await asyncio.gather(*(misbehave(base) for _ in range(100)))
+            return await good, idle
+
+        good, idle = asyncio.run(scenario())
+        assert status(base)["streams"] == 0
+        # more connections than --max-streams: the one over is refused
+        with serving(recognizer, ServeConfig(max_streams=1)) as small:
+
+            async def full() -> tuple[list[dict], int | None]:
+                async with websockets.connect(small.replace("http", "ws") + "/ws") as first:
+                    await first.recv()
+                    return await misbehave(small)
+
+            refused, code = asyncio.run(full())
+    assert final_text(good) == expected
+    assert all(
+        m[-1]["type"] == "error" and "no data for 1.5 s" in m[-1]["message"] for m, _ in idle
+    )
+    assert (
+        refused[-1]["type"] == "error" and "the server is full (1 streams" in refused[-1]["message"]
+    )
+    assert code == 1013
