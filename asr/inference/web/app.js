@@ -13,6 +13,7 @@ const page = {
   finals: [],
   partial: "",
   latencyMs: null,
+  sentSamples: 0, // of the current recording
   state: "idle", // idle | live | ending | done | error
 };
 window.asrPage = page;
@@ -83,7 +84,10 @@ class Session {
     const time = document.createElement("span");
     time.className = "time";
     time.textContent = `${seconds(message.start)}–${seconds(message.end)} s`;
-    item.append(time, document.createTextNode(message.text));
+    const text = document.createElement("span");
+    text.className = "text";
+    text.textContent = message.text;
+    item.append(time, text);
     item.title = message.words.map((w) => `${w.word} ${seconds(w.start)}–${seconds(w.end)}`).join("\n");
     $("finals").append(item);
   }
@@ -92,6 +96,7 @@ class Session {
     if (this.ws.readyState !== WebSocket.OPEN || this.ended) return;
     this.ws.send(samples.buffer.slice(samples.byteOffset, samples.byteOffset + samples.byteLength));
     this.sentSamples += samples.length;
+    page.sentSamples = this.sentSamples;
     this.sent.push([this.sentSamples, performance.now()]);
   }
 
@@ -159,15 +164,15 @@ $("mic").addEventListener("click", async () => {
 
 // -- a file, at real time ------------------------------------------------------------------
 async function samplesOf(file) {
-  const data = await file.arrayBuffer();
-  const decoded = await new AudioContext().decodeAudioData(data);
-  const frames = Math.ceil(decoded.duration * RATE);
-  const offline = new OfflineAudioContext(1, frames, RATE); // resamples and downmixes
-  const source = offline.createBufferSource();
-  source.buffer = decoded;
-  source.connect(offline.destination);
-  source.start();
-  return (await offline.startRendering()).getChannelData(0);
+  // decoded straight at 16 kHz (a 16 kHz file's samples are sent as they are), then mixed
+  // down to one channel
+  const decoded = await new OfflineAudioContext(1, 1, RATE).decodeAudioData(await file.arrayBuffer());
+  const mono = new Float32Array(decoded.length);
+  for (let c = 0; c < decoded.numberOfChannels; c++) {
+    const channel = decoded.getChannelData(c);
+    for (let i = 0; i < mono.length; i++) mono[i] += channel[i] / decoded.numberOfChannels;
+  }
+  return mono;
 }
 
 async function streamFile(file) {
