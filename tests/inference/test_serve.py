@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import uvicorn
 import websockets
 
@@ -220,3 +221,45 @@ def test_full_vanished_and_idle_connections(recognizer, audio):
         refused[-1]["type"] == "error" and "the server is full (1 streams" in refused[-1]["message"]
     )
     assert code == 1013
+
+
+def test_endpoints_follow_the_models_blank_frames(streaming_run, audio):
+    """Speech, then frames the model hears as silence (its blank made certain by raising
+    the joiner's blank bias: real decoding of real audio, only the verdict forced): the
+    segment ends `silence_after_speech_s` after its last token, with a final; a segment
+    without words restarts after `silence_s`, without one."""
+    from asr.inference.server import Connection
+
+    recognizer = load_streaming_recognizer(streaming_run, 160)
+    bias = recognizer.model.joiner.output.bias
+    blank = recognizer.model.blank_id
+    rules = EndpointRules(silence_after_speech_s=0.8, silence_s=1.6, max_segment_s=1000.0)
+    connection = Connection(recognizer, rules)
+    chunk = round(recognizer.chunk_seconds * 16000)
+
+    def run(samples: np.ndarray) -> list[dict]:
+        messages = []
+        for at in range(0, len(samples), chunk):
+            connection.feed([samples[at : at + chunk]], finish=False)
+            while recognizer.decode_round([connection.stream]):
+                messages += connection.results()
+        return messages
+
+    speech = run(audio[0][: 2 * 16000])  # tokens: the tiny model emits on every chunk
+    assert not [m for m in speech if m["type"] == "final"]
+    spoken_until = speech[-1]["audio_s"]
+    with torch.no_grad():
+        bias[blank] += 1000.0  # from here on, every frame is silent to the model
+    silent = run(audio[1][: 4 * 16000])
+    finals = [m for m in silent if m["type"] == "final"]
+    assert len(finals) == 1 and finals[0]["segment"] == 0 and finals[0]["text"]
+    closed_at = next(m["audio_s"] for m in silent if m["type"] == "final")
+    # the endpoint comes on the first chunk after 0.8 s of silent frames
+    assert 0.8 <= closed_at - finals[0]["end"] < 0.8 + recognizer.chunk_seconds + 0.05
+    assert finals[0]["end"] <= spoken_until + 0.05
+    later = [m for m in silent if m["audio_s"] > closed_at]
+    assert later and all(m["type"] == "partial" and m["segment"] == 1 for m in later)
+    assert all(m["text"] == "" for m in later)
+    # 4 s of silence: segment 1 (no words) restarted after 1.6 s, and again, silently
+    assert connection.segment.number == 1
+    assert connection.segment.first_frame * recognizer.model.frame_seconds >= closed_at + 1.6
