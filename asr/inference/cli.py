@@ -548,38 +548,28 @@ def serve_main(argv: list[str] | None = None) -> None:
         help="wait this long after audio arrives for other streams' audio to decode in the "
         "same model step (default 10)",
     )
-    rules = EndpointRules()
-    parser.add_argument(
-        "--silence-after-speech",
-        type=float,
-        default=rules.silence_after_speech_s,
-        metavar="SECONDS",
-        help="a segment ends after this long without a token once it has words "
-        f"(default {rules.silence_after_speech_s:g})",
-    )
-    parser.add_argument(
-        "--silence",
-        type=float,
-        default=rules.silence_s,
-        metavar="SECONDS",
-        help=f"a segment without words restarts after this long (default {rules.silence_s:g})",
-    )
-    parser.add_argument(
-        "--max-segment",
-        type=float,
-        default=rules.max_segment_s,
-        metavar="SECONDS",
-        help=f"the longest segment (default {rules.max_segment_s:g})",
-    )
-    defaults = ServeConfig()
-    parser.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=defaults.idle_timeout_s,
-        metavar="SECONDS",
-        help="close a connection that sends nothing this long "
-        f"(default {defaults.idle_timeout_s:g})",
-    )
+    rules, defaults = EndpointRules(), ServeConfig()
+    for flag, default, what in (
+        (
+            "--silence-after-speech",
+            rules.silence_after_speech_s,
+            "endpoint: a segment with words ends after this long without a token",
+        ),
+        (
+            "--silence",
+            rules.silence_s,
+            "endpoint: a segment without words restarts after this long",
+        ),
+        ("--max-segment", rules.max_segment_s, "endpoint: the longest segment"),
+        ("--idle-timeout", defaults.idle_timeout_s, "close a connection silent this long"),
+    ):
+        parser.add_argument(
+            flag,
+            type=float,
+            default=default,
+            metavar="SECONDS",
+            help=f"{what} (default {default:g})",
+        )
     parser.add_argument(
         "--max-frame-bytes",
         type=int,

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -263,3 +264,53 @@ def test_endpoints_follow_the_models_blank_frames(streaming_run, audio):
     # 4 s of silence: segment 1 (no words) restarted after 1.6 s, and again, silently
     assert connection.segment.number == 1
     assert connection.segment.first_frame * recognizer.model.frame_seconds >= closed_at + 1.6
+
+
+def test_the_command_serves_as_typed_and_refuses_in_one_line(
+    streaming_run, trained_run, recognizer, audio, cli
+):
+    def error(*args) -> str:
+        done = subprocess.run(
+            cli.command("asr-serve", *args), capture_output=True, text=True, env=cli.env
+        )
+        assert done.returncode != 0
+        return done.stderr.strip()
+
+    assert error(trained_run.checkpoints / "last.ckpt") == (
+        "asr-serve: error: this model was trained with full context "
+        "(model.encoder.streaming is null): it cannot stream"
+    )
+    assert error(streaming_run, "--chunk-ms", "200") == (
+        "asr-serve: error: --chunk-ms 200 was not trained; trained chunks: 80, 160 ms"
+    )
+    assert error(streaming_run, "--max-streams", "0") == (
+        "asr-serve: error: --max-streams must be at least 1, got 0"
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        cli.command("asr-serve", streaming_run, "--chunk-ms", "160", "--port", str(port)),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli.env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                served = status(base)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "no server"
+                time.sleep(0.3)
+        assert served["chunk_ms"] == 160 and served["max_streams"] == 32
+        with urllib.request.urlopen(base, timeout=10) as page:
+            assert b"Live transcription" in page.read()
+        messages = asyncio.run(stream(base, audio[2]))
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=30)
+    assert final_text(messages) == recognizer.transcribe([audio[2]])[0].text
+    assert f"at http://127.0.0.1:{port}/ (websocket /ws), 160 ms chunks" in stderr
