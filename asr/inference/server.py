@@ -336,20 +336,31 @@ class LiveDecoder:
                 decoded = await loop.run_in_executor(self._worker, self._decode, handed)
                 self.compute_s += time.perf_counter() - began
                 self.batches += bool(decoded)
-            except Exception:  # a bug, not a client's fault: every stream in the batch ends
+            except Exception:  # a bug, not a client's fault: the streams in the batch end
                 log.exception("decoding failed; closing %d stream(s)", len(ready))
                 for c in ready:
-                    c.outbox.put_nowait({"type": "error", "message": "internal error"})
-                    c.outbox.put_nowait(None)
-                    self.close(c)
+                    self._fail(c)
                 decoded = []
             for c in decoded:
-                if c in self.connections:  # a client that left meanwhile gets nothing
-                    for message in c.results():
-                        c.outbox.put_nowait(message)
-                    if c.stream.done:
-                        c.outbox.put_nowait(None)
+                if c not in self.connections:  # a client that left meanwhile gets nothing
+                    continue
+                try:
+                    messages = c.results()
+                except Exception:
+                    log.exception("a stream's results failed; closing it")
+                    self._fail(c)
+                    continue
+                for message in messages:
+                    c.outbox.put_nowait(message)
+                if c.stream.done:
+                    c.outbox.put_nowait(None)
             backlog = any(c.has_work for c in self.connections)
+
+    def _fail(self, connection: Connection) -> None:
+        """End `connection` on a server fault: one error, then its end; the others go on."""
+        connection.outbox.put_nowait({"type": "error", "message": "internal error"})
+        connection.outbox.put_nowait(None)
+        self.close(connection)
 
     def _decode(self, handed: list[tuple[Connection, list[np.ndarray], bool]]) -> list[Connection]:
         """Feed each connection its audio, then encode one chunk of each that has one ->

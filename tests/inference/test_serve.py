@@ -26,6 +26,8 @@ from asr.inference.audio import read_audio
 from asr.inference.server import EndpointRules, ServeConfig, create_app
 from asr.inference.streaming import StreamingRecognizer, load_streaming_recognizer
 
+pytestmark = pytest.mark.slow  # a tiny model trained, servers started
+
 PIECE = 1600
 NO_ENDPOINTS = EndpointRules(1000.0, 1000.0, 1000.0)  # one segment per stream
 
@@ -266,6 +268,7 @@ def test_endpoints_follow_the_models_blank_frames(streaming_run, audio):
     assert connection.segment.first_frame * recognizer.model.frame_seconds >= closed_at + 1.6
 
 
+@pytest.mark.long  # four processes that each load torch: 45 s
 def test_the_command_serves_as_typed_and_refuses_in_one_line(
     streaming_run, trained_run, recognizer, audio, cli
 ):
