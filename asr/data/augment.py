@@ -507,7 +507,8 @@ def noisy_copy(
 
 def _stored(mixed: Cut, clean: Cut, audio_dir: Path) -> MonoCut:
     """`mixed`'s audio written to `audio_dir/<id>.flac`; a cut of it with `clean`'s
-    supervisions (the same timing: neither noise nor reverberation shifts speech)."""
+    supervisions (the same timing: neither noise nor reverberation shifts speech, and a
+    supervision's start is relative to its cut, which the copy keeps)."""
     audio = mixed.load_audio()[0]
     peak = float(np.abs(audio).max(initial=0.0))
     if peak > 0.99:
@@ -515,10 +516,7 @@ def _stored(mixed: Cut, clean: Cut, audio_dir: Path) -> MonoCut:
     path = audio_dir / f"{clean.id}.flac"
     sf.write(path, audio, clean.sampling_rate, format="FLAC", subtype="PCM_16")
     recording = Recording.from_file(path, recording_id=clean.id)
-    supervisions = [
-        fastcopy(s, recording_id=recording.id, start=s.start - clean.start)
-        for s in clean.supervisions
-    ]
+    supervisions = [fastcopy(s, recording_id=recording.id) for s in clean.supervisions]
     return MonoCut(
         id=clean.id,
         start=0.0,

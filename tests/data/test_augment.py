@@ -357,3 +357,28 @@ def test_mix_noise_writes_a_noisy_copy_at_the_snr(tiny_corpus, noise_manifest, t
     assert snr == pytest.approx(5.0, abs=0.5)
     with pytest.raises(ValueError, match="--snr needs --noise"):
         noisy_copy(tiny_corpus.cuts(TRAIN), again, snr=5.0)
+
+
+def test_a_noisy_copy_keeps_the_supervisions_of_a_cut_that_starts_late(
+    speech, noise_manifest, tmp_path
+):
+    """A segment of a long recording (the cut starts at 5 s): its supervision times are
+    relative to the cut, and so are the noisy copy's, which starts at 0."""
+    from lhotse import SupervisionSegment
+
+    utterance = speech[0].load_audio()[0]
+    long = _write(tmp_path / "long.flac", np.concatenate([np.zeros(5 * SAMPLE_RATE), utterance]))
+    recording = Recording.from_file(long, recording_id="long")
+    segment = recording.to_cut().truncate(offset=5.0, duration=len(utterance) / SAMPLE_RATE)
+    supervision = SupervisionSegment(
+        "long-seg", "long", start=0.25, duration=segment.duration - 0.5, text="A WORD"
+    )
+    segment = dataclasses.replace(segment, id="long-seg", supervisions=[supervision])
+    assert segment.start == 5.0
+    clean = tmp_path / "clean.jsonl.gz"
+    CutSet.from_cuts([segment]).to_file(clean)
+    noisy_copy(clean, tmp_path / "noisy.jsonl.gz", noise=[str(noise_manifest)], snr=10.0)
+    (copy,) = load_cuts(tmp_path / "noisy.jsonl.gz")
+    assert copy.start == 0.0 and copy.duration == pytest.approx(segment.duration, abs=1e-3)
+    (kept,) = copy.supervisions
+    assert (kept.start, kept.duration, kept.text) == (0.25, supervision.duration, "A WORD")
