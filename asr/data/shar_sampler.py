@@ -174,11 +174,19 @@ class ShardStream:
             yield mark_unreadable(cut, detail)
 
 
-def with_estimated_bins(shards: list[Shard], cfg: SamplerConfig) -> SamplerConfig:
+def with_estimated_bins(
+    shards: list[Shard], cfg: SamplerConfig, speeds: Sequence[float] = (1.0,)
+) -> SamplerConfig:
     """`cfg` with `num_buckets` duration bins of about equal total duration, from the cut
-    lists of every shard (lhotse would estimate them from the stream, reading its audio)."""
+    lists of every shard (lhotse would estimate them from the stream, reading its audio),
+    each cut at every one of `speeds` (the speed perturbation's factors), so that the last
+    bin holds the slowest copy of the longest cut: no cut is lost to its own perturbation."""
     stream = ShardStream(shards, (), rank=0, world_size=1, seed=cfg.seed)
-    durations = [cut.duration for cut in stream]
+    durations = [
+        cut.duration if factor == 1.0 else cut.perturb_speed(factor).duration
+        for cut in stream
+        for factor in speeds
+    ]
     edges = equal_total_edges(durations, min(cfg.num_buckets, len(durations)))
     log.info("duration bins from the shards' cut lists (%d cuts): %s", len(durations), edges)
     return replace(cfg, bucket_duration_bins=tuple(edges))
@@ -237,7 +245,8 @@ class SharSampler:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         if cfg.bucket_duration_bins is None:
-            cfg = with_estimated_bins(shards, cfg)
+            speed = augmenter.config.speed if augmenter is not None else None
+            cfg = with_estimated_bins(shards, cfg, speed.factors if speed else (1.0,))
         self.shards, self.fields, self.cfg, self.tokenizer = shards, fields, cfg, tokenizer
         # sped-up cuts change the schedule; noise, rooms and volume do not
         self.schedule_augmenter = augmenter.durations_only() if augmenter is not None else None
