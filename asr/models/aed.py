@@ -17,10 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.config_keys import check_choice
-from asr.frames import FRAME_SHIFT_SECONDS
+from asr.models.acoustic import AcousticModel
 from asr.models.attention import lengths_to_mask, sinusoids
-from asr.models.conformer import Chunking
-from asr.models.ctc_head import ctc_log_probs
 from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, IGNORE_INDEX
 
 POSITIONS = ("sinusoidal", "learned")
@@ -384,7 +382,7 @@ class AedOutput:
     ctc_log_probs: Tensor | None = None
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(AcousticModel):
     """EncoderDecoder(encoder, decoder) with an optional CTC head on the encoder output.
 
     Training calls ``forward`` (-> ``AedOutput``); the model owns no loss (see
@@ -409,23 +407,6 @@ class EncoderDecoder(nn.Module):
                 raise ValueError(f"{name}={idx} is outside the vocabulary [0, {self.vocab_size})")
         self.encoder, self.decoder, self.ctc_head = encoder, decoder, ctc_head
         self.blank_id, self.bos_id, self.eos_id = blank_id, bos_id, eos_id
-
-    @property
-    def frame_seconds(self) -> float:
-        """Seconds of audio per encoder output frame."""
-        return FRAME_SHIFT_SECONDS * getattr(self.encoder, "subsampling_factor", 1)
-
-    def encode(
-        self, features: Tensor, feature_lens: Tensor, chunking: Chunking | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens;
-        `chunking`: a streaming encoder's chunk and left context (None: full context, or
-        drawn per batch in training; `ConformerEncoder.forward`)."""
-        return self.encoder(features, feature_lens, chunking)
-
-    def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
-        """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
-        return ctc_log_probs(self.ctc_head, encoder_out, type(self).__name__)
 
     def decoder_io(self, tokens: Tensor, token_lens: Tensor) -> tuple[Tensor, Tensor]:
         """tokens (B, U) padded, token_lens (B,) -> decoder inputs BOS + tokens (B, U+1)

@@ -15,9 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.config_keys import check_choice
-from asr.frames import FRAME_SHIFT_SECONDS
-from asr.models.conformer import Chunking
-from asr.models.ctc_head import ctc_log_probs
+from asr.models.acoustic import AcousticModel
 
 PredictorState = Tensor | tuple[Tensor, ...]
 PREDICTOR_KINDS = ("lstm", "stateless")
@@ -196,7 +194,7 @@ class TransducerOutput:
     ctc_log_probs: Tensor | None = None
 
 
-class Transducer(nn.Module):
+class Transducer(AcousticModel):
     """Transducer(encoder, predictor, joiner) with an optional CTC head on the encoder output.
 
     Training calls ``forward`` (-> ``TransducerOutput``) and passes it, with ``joiner``, to
@@ -225,23 +223,6 @@ class Transducer(nn.Module):
         self.encoder, self.predictor, self.joiner = encoder, predictor, joiner
         self.ctc_head = ctc_head
         self.vocab_size, self.blank_id = vocab_size, blank_id
-
-    @property
-    def frame_seconds(self) -> float:
-        """Seconds of audio per encoder output frame."""
-        return FRAME_SHIFT_SECONDS * getattr(self.encoder, "subsampling_factor", 1)
-
-    def encode(
-        self, features: Tensor, feature_lens: Tensor, chunking: Chunking | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """features (B, T, F), feature_lens (B,) -> encoder_out (B, T', D_enc), encoder_lens;
-        `chunking`: a streaming encoder's chunk and left context (None: full context, or
-        drawn per batch in training; `ConformerEncoder.forward`)."""
-        return self.encoder(features, feature_lens, chunking)
-
-    def ctc_log_probs(self, encoder_out: Tensor) -> Tensor:
-        """encoder_out (B, T, D_enc) -> CTC log-probabilities (B, T, V)."""
-        return ctc_log_probs(self.ctc_head, encoder_out, type(self).__name__)
 
     def forward(
         self,
