@@ -51,7 +51,7 @@ limit_bytes=$((64 * 1024 * 1024))
 pyproject=$(dirname "${BASH_SOURCE[0]}")/../pyproject.toml
 pinned() {
     local spec
-    spec=$(grep -oiE "\"$1==[^\";]+\"" "$pyproject" | head -1 | tr -d '"')
+    spec=$(grep -oiE "\"$1==[^\";]+\"" "$pyproject" | sed -n 1p | tr -d '"')
     [[ -n $spec ]] || { echo "prepare_gpu_wheels.sh: $pyproject pins no $1" >&2; exit 1; }
     echo "$spec"
 }

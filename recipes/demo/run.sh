@@ -200,7 +200,9 @@ if run 8; then say 8
   fi
 fi
 if run 9; then say 9
-  wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | head -n 1)
+  # sed reads the whole list: `head` would close the pipe early, and under pipefail sort's
+  # SIGPIPE (exit 141) stopped a fresh clone's run here
+  wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | sed -n 1p)
   echo "reference: $(grep "$(basename "$wav" .flac)" "$(dirname "$wav")"/*.trans.txt | cut -d' ' -f2-)"
   asr-transcribe "$exp/model.bundle.pt" "$wav"
 fi
