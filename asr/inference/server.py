@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
-from starlette.responses import FileResponse, JSONResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -493,6 +493,7 @@ def create_app(recognizer: StreamingRecognizer, config: ServeConfig | None = Non
         routes=[
             Route("/", _index),
             Route("/status", _status),
+            Route("/favicon.ico", lambda request: Response(status_code=204)),  # none: no 404
             WebSocketRoute("/ws", serve_websocket),
             Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
         ],
