@@ -77,10 +77,12 @@ def train(tree: Path, run_dir: Path, data: Path, batch_sizes: Path | None, args,
     """`asr-train` of the worktree's code (its package and configs) for `args.steps` steps
     (with the searched bins and batch sizes, or the preset's sampler where None)."""
     bins = [] if batch_sizes is None else [f"data.sampler.bins_file={batch_sizes.resolve()}"]
+    # asr-train's entry point: asr.training.command since a0aaa63, asr.training.train before
+    entry = "command" if (tree / "asr" / "training" / "command.py").exists() else "train"
     command = [
         sys.executable,
         "-m",
-        "asr.training.train",
+        f"asr.training.{entry}",
         f"experiment={args.experiment}",
         f"data_dir={data.resolve()}",
         f"exp_dir={run_dir.resolve()}",

@@ -300,7 +300,7 @@ def start_training(
     work = Path(options.work_dir)
     shutil.rmtree(exp_dir, ignore_errors=True)
     log = work / f"{train_run.name}.log"
-    command = [sys.executable, "-m", "asr.training.train", *overrides]
+    command = [sys.executable, "-m", "asr.training.command", *overrides]
     with open(log, "w") as out:  # the child holds its own descriptor
         process = launch(command, work, out, port)
     return Started(train_run, process, time.monotonic(), overrides, exp_dir, log)

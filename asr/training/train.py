@@ -290,9 +290,3 @@ def run(cfg: DictConfig) -> dict[str, float]:
         summary = {k: round(v, 4) for k, v in sorted(metrics.items()) if "/" in k}
         log.info("final metrics: %s", summary)
     return metrics
-
-
-if __name__ == "__main__":  # python -m asr.training.train: asr-train
-    from asr.training.command import main
-
-    main()
