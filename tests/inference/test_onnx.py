@@ -64,6 +64,7 @@ def _sherpa_texts(directory: Path, flacs: list[Path], int8: bool = False) -> lis
     return texts
 
 
+@pytest.mark.long  # sherpa-onnx and onnxruntime against PyTorch: an export each (make test-long)
 def test_sherpa_onnx_decodes_the_export_as_pytorch_does(
     stateless_run, stateless_export, test_flacs, cli
 ):
@@ -85,6 +86,7 @@ def test_sherpa_onnx_decodes_the_export_as_pytorch_does(
     assert corpus_errors(theirs, ours).wer < 0.1, (ours, theirs)  # 5.3 % when written
 
 
+@pytest.mark.long  # sherpa-onnx and onnxruntime against PyTorch: an export each (make test-long)
 def test_onnx_beam_search_and_default_symbols_match_pytorch(
     stateless_run, stateless_export, test_flacs, test_cuts, cli, tmp_path
 ):
@@ -103,6 +105,7 @@ def test_onnx_beam_search_and_default_symbols_match_pytorch(
     assert onnx_hyps == pytorch_hyps and len(onnx_hyps) == len(test_flacs)
 
 
+@pytest.mark.long  # sherpa-onnx and onnxruntime against PyTorch: an export each (make test-long)
 def test_word_times_of_the_export_match_pytorch_and_sherpa_onnx(
     stateless_run, stateless_export, test_flacs
 ):
@@ -139,6 +142,7 @@ def test_lstm_and_aed_models_export_for_our_onnxruntime_decoder(
             assert ours == pytorch, (export.kind, beam)
 
 
+@pytest.mark.long  # sherpa-onnx and onnxruntime against PyTorch: an export each (make test-long)
 def test_sherpa_onnx_offline_decodes_the_lstm_export_in_nemos_contract(
     trained_run, test_flacs, tmp_path
 ):
@@ -178,6 +182,7 @@ def _error_of(argv: list[str], capsys) -> str:
     return capsys.readouterr().err.strip()
 
 
+@pytest.mark.long  # sherpa-onnx and onnxruntime against PyTorch: an export each (make test-long)
 def test_bad_exports_and_truncated_models_fail_in_one_line_naming_the_file(
     stateless_export, trained_run, bundle, test_flacs, tmp_path, capsys
 ):

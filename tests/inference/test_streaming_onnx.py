@@ -75,6 +75,7 @@ def _sherpa(directory: Path, audio: list[np.ndarray], finished: bool = False) ->
     return texts
 
 
+@pytest.mark.long  # the streaming export in sherpa-onnx's online recognizer (make test-long)
 def test_sherpa_onnx_online_decodes_the_streaming_export_as_we_do(
     streaming_run, streaming_export, test_flacs
 ):
@@ -97,6 +98,7 @@ def test_sherpa_onnx_online_decodes_the_streaming_export_as_we_do(
     assert _sherpa(streaming_export, audio) == ours
 
 
+@pytest.mark.long  # the streaming export in sherpa-onnx's online recognizer (make test-long)
 def test_sherpa_onnx_and_we_end_a_stream_with_the_same_last_words(
     streaming_run, streaming_export, test_flacs
 ):
