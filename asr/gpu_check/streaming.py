@@ -42,7 +42,7 @@ from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.runner import section_limit
 from asr.inference.bundle import load_bundle
-from asr.inference.streaming import StreamingRecognizer, end_of_stream
+from asr.inference.streaming import StreamingRecognizer, ended_as_a_stream
 from asr.models.conformer import Chunking
 from asr.training.metrics_csv import metric_rows
 
@@ -74,14 +74,13 @@ def decode_streams(
 
 def whole_utterances(recognizer: StreamingRecognizer, audio: list[np.ndarray]) -> list[list[int]]:
     """The tokens of each utterance encoded whole through the recognizer's chunked masks,
-    ending as a stream ends (`end_of_stream`: silence up to the end of its last chunk)."""
+    ending as a stream ends (`ended_as_a_stream`)."""
     model, device = recognizer.model, recognizer.device
     extractor = recognizer.features.extractor()
     tokens = []
     with torch.inference_mode():
         for samples in audio:
-            tail, frames = end_of_stream(len(samples), model, recognizer.chunking)
-            padded = np.concatenate([samples, np.zeros(tail, dtype=np.float32)])
+            padded, frames = ended_as_a_stream(samples, model, recognizer.chunking)
             feats = torch.from_numpy(extractor.extract(padded, 16000)[:frames])[None].to(device)
             lens = torch.tensor([feats.size(1)], device=device)
             out, lens = model.encode(feats, lens, recognizer.chunking)

@@ -35,7 +35,7 @@ from asr.inference.longform import (
     stitch_recordings,
 )
 from asr.inference.segments import Segment
-from asr.inference.streaming import end_of_stream
+from asr.inference.streaming import ended_as_a_stream
 from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
 from asr.models.build import Model
 from asr.models.conformer import Chunking
@@ -81,8 +81,7 @@ class Recognizer:
         audio = to_mono(audio)
         if self.chunking is None or self.chunking.is_full or not len(audio):
             return torch.from_numpy(compute_features(audio, self.features, self._extractor))
-        tail, frames = end_of_stream(len(audio), self.model, self.chunking)
-        padded = np.concatenate([audio, np.zeros(tail, dtype=np.float32)])
+        padded, frames = ended_as_a_stream(audio, self.model, self.chunking)
         feats = compute_features(padded, self.features, self._extractor)
         return torch.from_numpy(feats[:frames])
 

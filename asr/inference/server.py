@@ -222,20 +222,20 @@ class Connection:
             return []
         self.decoded_frames = total
         tokens, frames = self.stream.best()
-        messages = [self._message("partial", tokens)]
+        text = self.recognizer.tokenizer.decode(tokens)
+        messages = [self._message("partial", text)]
         frame_s = self.recognizer.model.frame_seconds
         silent = consumed - (frames[-1] + 1 if frames else 0)
-        text = self.recognizer.tokenizer.decode(tokens).strip()
         rules = self.rules
         ended = self.stream.done
-        if text and (
+        if text.strip() and (
             ended
             or silent * frame_s >= rules.silence_after_speech_s
             or consumed * frame_s >= rules.max_segment_s
         ):
-            messages.append(self._final(tokens, frames))
+            messages.append(self._final(text, tokens, frames))
             self._next_segment(consumed)
-        elif not text and (
+        elif not text.strip() and (
             silent * frame_s >= rules.silence_s or consumed * frame_s >= rules.max_segment_s
         ):
             self._next_segment(consumed, advance=False)
@@ -247,15 +247,15 @@ class Connection:
         seconds = self.stream.encoded * FRAME_SHIFT_SECONDS
         return round(min(seconds, self.stream.samples / SAMPLE_RATE), 3)
 
-    def _message(self, kind: str, tokens: list[int]) -> dict[str, Any]:
+    def _message(self, kind: str, text: str) -> dict[str, Any]:
         return {
             "type": kind,
             "segment": self.segment.number,
-            "text": self.recognizer.tokenizer.decode(tokens),
+            "text": text,
             "audio_s": self._audio_s(),
         }
 
-    def _final(self, tokens: list[int], frames: list[int]) -> dict[str, Any]:
+    def _final(self, text: str, tokens: list[int], frames: list[int]) -> dict[str, Any]:
         recognizer = self.recognizer
         frame_s = recognizer.model.frame_seconds
         offset = self.segment.first_frame
@@ -263,7 +263,7 @@ class Connection:
         words = words_from_tokens(
             pieces, [(offset + f) * frame_s for f in frames], frame_s, self._audio_s()
         )
-        message = self._message("final", tokens)
+        message = self._message("final", text)
         message["start"] = words[0].start if words else round(offset * frame_s, 3)
         message["end"] = words[-1].end if words else message["start"]
         message["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in words]
@@ -367,10 +367,8 @@ class LiveDecoder:
         those (a stream that ends with no audio is done at once: it is among them)."""
         for connection, pieces, finish in handed:
             connection.feed(pieces, finish)
-        streams = {id(c.stream): c for c, _, _ in handed}
-        decoded = self.recognizer.decode_round([c.stream for c, _, _ in handed])
-        done = [c for c, _, _ in handed if c.stream.done and c.stream not in decoded]
-        return [streams[id(s)] for s in decoded] + done
+        decoded = {id(s) for s in self.recognizer.decode_round([c.stream for c, _, _ in handed])}
+        return [c for c, _, _ in handed if id(c.stream) in decoded or c.stream.done]
 
 
 async def _send_outbox(websocket: WebSocket, connection: Connection) -> None:

@@ -101,14 +101,13 @@ class Stream:
     @property
     def chunk_ready(self) -> bool:
         """Whether a chunk waits to be encoded (by the next ``decode``)."""
-        return self._ready_frames() - self.encoded >= self._recognizer.span
+        ready = min(self.features.ready, self.end) if self.finished else self.features.ready
+        return ready - self.encoded >= self._recognizer.span
 
-    def _ready_frames(self) -> int:
-        return min(self.features.ready, self.end) if self.finished else self.features.ready
-
-    def _next_chunk(self, span: int) -> np.ndarray | None:
+    def _next_chunk(self) -> np.ndarray | None:
         """The next chunk's frames, or None if none is ready (or left)."""
-        if self._ready_frames() - self.encoded >= span:
+        if self.chunk_ready:
+            span = self._recognizer.span
             frames = self.features.frames(self.encoded, self.encoded + span)
             self.encoded += span
             self.features.discard_before(self.encoded)
@@ -213,7 +212,7 @@ class StreamingRecognizer:
         """Encode the next ready chunk of each of `streams`, all in one batch, and continue
         their searches -> the streams that had one (a server looks at each stream's
         result after every chunk: asr-serve's endpoints)."""
-        batch = [(s, c) for s in streams if (c := s._next_chunk(self.span)) is not None]
+        batch = [(s, c) for s in streams if (c := s._next_chunk()) is not None]
         if batch:
             self._decode_chunks([s for s, _ in batch], [c for _, c in batch])
         return [s for s, _ in batch]
@@ -342,6 +341,16 @@ def end_of_stream(num_samples: int, model: Transducer, chunking: Chunking) -> tu
     span = chunking.chunk * model.encoder.subsampling_factor
     tail = int(tail_padding_seconds(model, chunking) * SAMPLE_RATE)
     return tail, -(-feature_frames(num_samples) // span) * span
+
+
+def ended_as_a_stream(
+    samples: np.ndarray, model: Transducer, chunking: Chunking
+) -> tuple[np.ndarray, int]:
+    """`samples` followed by the silence that ends a stream, and the feature frames a
+    stream of them encodes (`end_of_stream`): what decoding the whole recording through
+    the chunked masks takes to give what streaming it gives."""
+    tail, frames = end_of_stream(len(samples), model, chunking)
+    return np.concatenate([samples, np.zeros(tail, dtype=np.float32)]), frames
 
 
 def load_streaming_recognizer(
