@@ -83,6 +83,7 @@ hydra:
   run:
     dir: ${exp_dir}/hydra
   job:
+    name: train  # the log is hydra/train.log whichever module starts the run
     chdir: false
 """,
     ),
