@@ -10,17 +10,14 @@ ceil(audio seconds x `max_tps`) tokens before EOS. Call ``model.eval()`` first.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
-from asr.decoding.cuda_graphs import GraphedStep
+from asr.decoding.cuda_graphs import KeptBuffers, kept_with, run_steps
 from asr.models.aed import EncoderDecoder, StaticDecoderState
-
-REPLAYS_PER_CHECK = 4  # graph mode: steps between two questions to the GPU
 
 
 @dataclass(frozen=True)
@@ -126,8 +123,7 @@ class StaticGreedySearch:
         if not max_tps > 0:
             raise ValueError(f"max_tps must be positive, got {max_tps}")
         self.model, self.max_tps, self.use_cuda_graphs = model, max_tps, use_cuda_graphs
-        self.buffers: _GreedyBuffers | None = None
-        self.graphed: GraphedStep | None = None
+        self.kept = KeptBuffers(self._step)
 
     @torch.inference_mode()
     def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[list[int]]:
@@ -138,8 +134,13 @@ class StaticGreedySearch:
         lens = encoder_lens.to(encoder_out.device)
         limits = max_output_lengths(lens, self.model.frame_seconds, self.max_tps)
         steps = int(limits.max()) + 1  # the last step can only end (EOS or the limit)
-        graphs = self.use_cuda_graphs and encoder_out.is_cuda
-        b = self._buffers_for(batch, max(frames, 1), steps, encoder_out, graphs)
+        b, step = self.kept.get(
+            (batch, max(frames, 1), steps),
+            (encoder_out.device, self.model.decoder.embedding.weight.dtype),
+            lambda sizes: self._allocate(*sizes, encoder_out.device),
+            encoder_out.device,
+            self.use_cuda_graphs and encoder_out.is_cuda,
+        )
         self.model.decoder.load_static_state(b.state, encoder_out, lens)
         b.tokens.fill_(self.model.bos_id)
         b.done.fill_(True)
@@ -147,29 +148,14 @@ class StaticGreedySearch:
         b.limits.zero_()
         b.limits[:batch].copy_(limits)
         b.count.zero_()
-        run = self.graphed if graphs and self.graphed is not None else lambda: self._step(b)
-        taken = 0
-        while taken < steps and not bool(b.done.all()):
-            for _ in range(min(REPLAYS_PER_CHECK, steps - taken)):
-                run()
-                taken += 1
+        run_steps(step, lambda: bool(b.done.all()), max_steps=steps)
         counts = b.count[:batch].tolist()
         out = b.out[:batch, : max(counts)].cpu().tolist()
         return [row[:n] for row, n in zip(out, counts, strict=True)]
 
-    def _buffers_for(
-        self, batch: int, frames: int, steps: int, encoder_out: Tensor, graphs: bool
+    def _allocate(
+        self, batch: int, frames: int, steps: int, device: torch.device
     ) -> _GreedyBuffers:
-        """Eager: buffers of exactly this batch. Graphs: the kept ones where it fits, else
-        larger ones (every dimension at least the kept one's) and a new capture."""
-        kept = self.buffers
-        if graphs and kept is not None:
-            rows, have_frames, length = kept.state.capacity
-            same = kept.out.device == encoder_out.device
-            if same and rows >= batch and have_frames >= frames and length >= steps:
-                return kept
-            batch, frames, steps = max(batch, rows), max(frames, have_frames), max(steps, length)
-        device = encoder_out.device
         dtype = self.model.decoder.embedding.weight.dtype
         state = self.model.decoder.static_state(batch, frames, steps, device, dtype)
 
@@ -177,13 +163,9 @@ class StaticGreedySearch:
             return torch.zeros(shape, dtype=torch.long, device=device)
 
         done = torch.ones(batch, dtype=torch.bool, device=device)
-        buffers = _GreedyBuffers(
+        return _GreedyBuffers(
             state, longs(batch), done, longs(batch), longs(batch, steps), longs(batch)
         )
-        if graphs:
-            self.buffers = buffers
-            self.graphed = GraphedStep(lambda: self._step(buffers), device, True)
-        return buffers
 
     def _step(self, b: _GreedyBuffers) -> None:
         """Feed one token per row; keep each unfinished row's best next token unless it is
@@ -198,16 +180,12 @@ class StaticGreedySearch:
         b.tokens.copy_(best)
 
 
-_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def cached_static_search(model: EncoderDecoder, max_tps: float) -> StaticGreedySearch:
-    """The model's `StaticGreedySearch` for `max_tps`, kept with the model (weakly) so that
-    its buffers and CUDA graph serve every batch that fits them."""
-    searches = _SEARCHES.setdefault(model, {})
-    if max_tps not in searches:
-        searches[max_tps] = StaticGreedySearch(model, max_tps)
-    return searches[max_tps]
+    """The model's `StaticGreedySearch` for `max_tps`, kept with the model so that its
+    buffers and CUDA graph serve every batch that fits them."""
+    return kept_with(
+        model, (StaticGreedySearch, max_tps), lambda: StaticGreedySearch(model, max_tps)
+    )
 
 
 @torch.inference_mode()

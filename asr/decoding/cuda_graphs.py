@@ -8,20 +8,32 @@ tensors that live as long as the graph (every change in place), it never waits f
 GPU (no `.item()`, `bool(tensor)`, `.tolist()`), and its shapes never change. The
 searches in `asr.decoding.label_looping` and `asr.decoding.aed` keep their state in such
 tensors, so one function serves eager runs (CPU, tests) and graph replays (CUDA).
+
+What both searches share lives here: `GraphedStep` (capture, or eager), `KeptBuffers`
+(static tensors and their graph, reused while a batch fits, grown when one does not),
+`run_steps` (replays between two questions to the GPU) and `kept_with` (one search per
+model and options, kept as long as the model).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 import torch
+from torch import nn
 
 from asr.errors import first_line
 
 log = logging.getLogger(__name__)
 
 WARMUP_CALLS = 2  # before capture, on a side stream: cuBLAS handles, cuDNN plans, lazy inits
+REPLAYS_PER_CHECK = 4  # steps between two questions to the GPU (each one waits for it)
+
+Buffers = TypeVar("Buffers")
+Search = TypeVar("Search")
 
 
 class GraphedStep:
@@ -68,3 +80,69 @@ def _capture(step: Callable[[], None], device: torch.device) -> torch.cuda.CUDAG
         log.warning("decoding without CUDA graphs: capture failed (%s)", first_line(err))
         torch.cuda.synchronize(device)
         return None
+
+
+class KeptBuffers(Generic[Buffers]):
+    """A search's static tensors and the graph of its step over them, kept for later batches.
+
+    `get(sizes, ...)` with `graphs` False: fresh buffers of exactly `sizes` (one per
+    dimension: rows, frames, ...) and the step run eagerly over them. With `graphs`: the
+    kept buffers while every size fits and `match` (device, dtype) is the same; else new
+    ones, captured anew: at least as large as both the request and the kept ones in every
+    dimension (fewer captures as batches vary), or as requested where `match` changed.
+    """
+
+    def __init__(self, step: Callable[[Buffers], None]) -> None:
+        self.step = step
+        self.buffers: Buffers | None = None
+        self.graphed: GraphedStep | None = None
+        self.sizes: tuple[int, ...] = ()
+        self.match: Hashable = None
+
+    def get(
+        self,
+        sizes: tuple[int, ...],
+        match: Hashable,
+        allocate: Callable[[tuple[int, ...]], Buffers],
+        device: torch.device,
+        graphs: bool,
+    ) -> tuple[Buffers, Callable[[], None]]:
+        """(buffers, run one step over them): replayed from the graph where there is one."""
+        if not graphs:
+            buffers = allocate(sizes)
+            return buffers, lambda: self.step(buffers)
+        if self.buffers is not None and self.match == match:
+            if all(have >= need for have, need in zip(self.sizes, sizes, strict=True)):
+                return self.buffers, self.graphed
+            sizes = tuple(map(max, sizes, self.sizes))
+        buffers = allocate(sizes)
+        self.buffers, self.sizes, self.match = buffers, sizes, match
+        self.graphed = GraphedStep(lambda: self.step(buffers), device, True)
+        return buffers, self.graphed
+
+
+def run_steps(
+    step: Callable[[], None], finished: Callable[[], bool], max_steps: int | None = None
+) -> None:
+    """Run `step` `REPLAYS_PER_CHECK` times between two calls of `finished()` (which waits
+    for the GPU) until it says so, or `max_steps` steps have run."""
+    taken = 0
+    while (max_steps is None or taken < max_steps) and not finished():
+        left = REPLAYS_PER_CHECK if max_steps is None else max_steps - taken
+        group = min(REPLAYS_PER_CHECK, left)
+        for _ in range(group):
+            step()
+        taken += group
+
+
+_KEPT: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def kept_with(model: nn.Module, key: Hashable, make: Callable[[], Search]) -> Search:
+    """The search `make()` built for `model` and `key` the first time, kept with the model
+    (weakly: it goes when the model goes) so its buffers and graph serve every batch that
+    fits them."""
+    searches = _KEPT.setdefault(model, {})
+    if key not in searches:
+        searches[key] = make()
+    return searches[key]

@@ -8,7 +8,8 @@ each utterance loops over *labels*: an inner loop moves its own frame index over
 (joiner only), and once it finds a label, the outer step records it and advances the
 predictor. Every step is the same fixed-shape work for the whole batch, masked per row,
 over tensors allocated once (`_Buffers`), so it can be captured as one CUDA graph and
-replayed several times between checks of whether anything is left to do.
+replayed several times between checks of whether anything is left to do
+(`asr.decoding.cuda_graphs`).
 
 The decisions of each utterance are those of frame-looping greedy search, so the two give
 the same tokens and frames (tested on CPU): at frame t, a blank moves to t + 1; a label is
@@ -20,19 +21,15 @@ Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 labe
 
 from __future__ import annotations
 
-import functools
-import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
-from asr.decoding.cuda_graphs import GraphedStep
+from asr.decoding.cuda_graphs import KeptBuffers, kept_with, run_steps
 from asr.decoding.transducer import GreedyOptions, TimedTokens, _select
 from asr.models.transducer import PredictorState, Transducer
-
-REPLAYS_PER_CHECK = 4  # graph mode: fused steps between two questions to the GPU
 
 
 def _copy_state(target: PredictorState, source: PredictorState) -> None:
@@ -85,12 +82,11 @@ class _Buffers:
 class LabelLoopingGreedy:
     """`search(encoder_out, encoder_lens)` -> per utterance its tokens and their frames.
 
-    `use_cuda_graphs`: on CUDA, capture the fused step and replay it (buffers are kept and
-    reused for batches that fit; a larger batch or longer input captures anew). Elsewhere,
-    or with False, the steps run eagerly: inner steps until every row has found its
-    label, then one outer step (fewest predictor calls). `fused_loop` runs the graph's
-    loop (fused steps, `REPLAYS_PER_CHECK` between checks) on any device: None picks it
-    exactly when a graph is used; True runs the graph's body eagerly (its test on a CPU).
+    `use_cuda_graphs`: on CUDA, capture the fused step (one inner step, then the outer
+    step of the rows that found a label) and replay it, `REPLAYS_PER_CHECK` times between
+    checks; buffers are kept and reused for batches that fit (`KeptBuffers`). Elsewhere,
+    or with False, the steps run eagerly: inner steps until every row has found its label,
+    then one outer step (fewest predictor calls).
     """
 
     def __init__(
@@ -98,19 +94,22 @@ class LabelLoopingGreedy:
         model: Transducer,
         options: GreedyOptions = GreedyOptions(),
         use_cuda_graphs: bool = True,
-        fused_loop: bool | None = None,
     ) -> None:
         if options.max_symbols_per_frame < 1:
             raise ValueError(
                 f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}"
             )
         self.model, self.options, self.use_cuda_graphs = model, options, use_cuda_graphs
-        self.fused_loop = fused_loop
-        self.buffers: _Buffers | None = None
-        self.fused: GraphedStep | None = None
+        self.kept = KeptBuffers(self._fused_step)
+
+    def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[TimedTokens]:
+        graphs = self.use_cuda_graphs and encoder_out.device.type == "cuda"
+        return self._decode(encoder_out, encoder_lens, fused=graphs)
 
     @torch.inference_mode()
-    def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[TimedTokens]:
+    def _decode(self, encoder_out: Tensor, encoder_lens: Tensor, fused: bool) -> list[TimedTokens]:
+        """`fused`: the graph's loop (replayed on CUDA with graphs, its body run eagerly
+        elsewhere: how a CPU tests it), else the eager loops."""
         check_encoder_output(encoder_out, encoder_lens)
         batch, frames = encoder_out.size(0), encoder_out.size(1)
         if batch == 0:
@@ -119,43 +118,21 @@ class LabelLoopingGreedy:
             return [TimedTokens([], []) for _ in range(batch)]
         enc = self.model.joiner.project_encoder(encoder_out)
         graphs = self.use_cuda_graphs and enc.device.type == "cuda"
-        buffers = self._buffers_for(enc, graphs)
+        buffers, step = self.kept.get(
+            (batch, frames),
+            (enc.device, enc.dtype),
+            lambda sizes: self._allocate(*sizes, enc),
+            enc.device,
+            graphs,
+        )
         self._reset(buffers, enc, encoder_lens)
-        fused = graphs if self.fused_loop is None else self.fused_loop
-        if fused:  # the graph's loop: replayed on CUDA, its body run eagerly elsewhere
-            replayed = graphs and self.fused is not None
-            step = self.fused if replayed else functools.partial(self._fused_step, buffers)
-            while bool(buffers.active.any()):
-                for _ in range(REPLAYS_PER_CHECK):
-                    step()
+        if fused:
+            run_steps(step, lambda: not bool(buffers.active.any()))
         else:
             self._eager_loops(buffers)
         return self._results(buffers, batch)
 
     # -- buffers ----------------------------------------------------------------------
-
-    def _buffers_for(self, enc: Tensor, graphs: bool) -> _Buffers:
-        """Eager: buffers of exactly this batch. Graphs: the kept ones where this batch
-        fits (same device and dtype), else new ones (and a new capture)."""
-        batch, frames = enc.size(0), enc.size(1)
-        kept = self.buffers
-        if (
-            graphs
-            and kept is not None
-            and kept.enc.device == enc.device
-            and kept.enc.dtype == enc.dtype
-            and kept.capacity[0] >= batch
-            and kept.capacity[1] >= frames
-        ):
-            return kept
-        if graphs and kept is not None:  # grow in both directions at once: fewer captures
-            batch = max(batch, kept.capacity[0])
-            frames = max(frames, kept.capacity[1])
-        buffers = self._allocate(batch, frames, enc)
-        if graphs:
-            self.buffers = buffers
-            self.fused = GraphedStep(lambda: self._fused_step(buffers), enc.device, True)
-        return buffers
 
     def _allocate(self, batch: int, frames: int, enc: Tensor) -> _Buffers:
         device, slots = enc.device, frames * self.options.max_symbols_per_frame + 1
@@ -260,13 +237,9 @@ class LabelLoopingGreedy:
         return [TimedTokens(labels[i][:n], frames[i][:n]) for i, n in enumerate(counts)]
 
 
-_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def cached_search(model: Transducer, options: GreedyOptions) -> LabelLoopingGreedy:
-    """The model's label-looping search for `options`, kept with the model (weakly) so
-    that its buffers and CUDA graph serve every batch that fits them."""
-    searches = _SEARCHES.setdefault(model, {})
-    if options not in searches:
-        searches[options] = LabelLoopingGreedy(model, options)
-    return searches[options]
+    """The model's label-looping search for `options`, kept with the model so that its
+    buffers and CUDA graph serve every batch that fits them."""
+    return kept_with(
+        model, (LabelLoopingGreedy, options), lambda: LabelLoopingGreedy(model, options)
+    )

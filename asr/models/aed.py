@@ -85,12 +85,6 @@ class StaticDecoderState:
     positions: Tensor
     position: Tensor
 
-    @property
-    def capacity(self) -> tuple[int, int, int]:
-        """(N rows, T frames, L tokens) it holds."""
-        n, _, frames, _ = self.cross_k[0].shape
-        return n, frames, self.self_k[0].size(2)
-
 
 def _heads(x: Tensor, num_heads: int) -> Tensor:
     """(N, L, D) -> (N, H, L, Dh)."""
