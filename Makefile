@@ -45,7 +45,7 @@ bench: $(STAMP)
 	pip install --quiet -e ".[dev,bench]"
 	python scripts/benchmark_transducer_loss.py --cases a,b
 
-## On a GPU machine: the code paths only a GPU runs, in at most 6 minutes (docs/gpu.md).
+## On a GPU machine: the code paths only a GPU runs, in at most 7 minutes (docs/gpu.md).
 gpu-check: $(STAMP)
 	python scripts/gpu_check.py
 

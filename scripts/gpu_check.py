@@ -1,4 +1,4 @@
-"""The GPU check: run, in at most 6 minutes on one GPU, the code paths that only a GPU executes.
+"""The GPU check: run, in at most 7 minutes on one GPU, the code paths that only a GPU executes.
 
     make gpu-check                                    # in make test's environment
     python scripts/gpu_check.py --only lattice        # rerun one section

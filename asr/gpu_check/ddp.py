@@ -35,7 +35,6 @@ from typing import IO, Any
 from asr.data.corpus import CorpusDir, load_cuts
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
-from asr.gpu_check.runner import section_limit
 from asr.training.metrics_csv import metric_rows
 
 MAX_STEPS = 6
@@ -346,7 +345,7 @@ def run(report: Report, options: SectionOptions) -> None:
         vocab_size=corpus.vocab_size,
         seconds=time.monotonic() - began,
     )
-    deadline = began + section_limit(options, __name__) - STARTUP_S
+    deadline = began + options.limit_s - STARTUP_S
     ports = free_ports(len(RUNS))
     runs = [start_run(r, corpus, options, port) for r, port in zip(RUNS, ports, strict=True)]
     try:

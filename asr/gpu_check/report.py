@@ -18,11 +18,14 @@ class SectionOptions:
       the CPU, Triton interpreted and gloo in NCCL's place, to test the check's own code).
     - `work_dir`: scratch space of this section (corpora, logs, checkpoints).
     - `memory_budget`: bytes the training section's batch-size search may use.
+    - `limit_s`: the runner's time limit for this section in seconds (it is stopped then;
+      sections that fit their work to it plan with it). Infinite outside the runner.
     """
 
     device: str
     work_dir: Path
     memory_budget: int
+    limit_s: float = math.inf
 
     @property
     def rehearsal(self) -> bool:

@@ -30,6 +30,7 @@ import argparse
 import importlib
 import json
 import logging
+import math
 import os
 import queue
 import signal
@@ -116,13 +117,11 @@ NOT_EXECUTED = (
     "AD-PSGD and H-ADPSGD (trainer.strategy=adpsgd): they need two processes",
     "collectives between several GPUs or nodes (the check has one GPU)",
 )
-# The limits add up to 410 s: the whole check takes at most 7 minutes.
 GPU_CHECK = Suite(
     "gpu_check", "Run the code paths only a GPU executes, in minutes.", "check", "checked",
     SECTIONS, NOT_EXECUTED, Path("exp/gpu_check"),
 )  # fmt: skip
 
-# The limits add up to 540 s: the whole bench takes at most 9 minutes on one H100.
 BENCH_SECTIONS = (
     Section(
         "loss-headline", "asr.gpu_check.bench_loss", 140, 120,
@@ -153,13 +152,6 @@ GPU_BENCH = Suite(
     "gpu_bench", "Measure the papers' headline claims on one GPU, in minutes.", "bench",
     "measured", BENCH_SECTIONS, BENCH_NOT_EXECUTED, Path("exp/gpu_bench"),
 )  # fmt: skip
-SUITES = (GPU_CHECK, GPU_BENCH)
-
-
-def section_limit(options: SectionOptions, module: str) -> float:
-    """The time limit in the runner (seconds) of the section in `module`, of any suite."""
-    section = next(s for suite in SUITES for s in suite.sections if s.module == module)
-    return section.rehearsal_limit_s if options.rehearsal else section.limit_s
 
 
 class Lines:
@@ -216,7 +208,7 @@ def run_section(section: Section, options: SectionOptions, out: Lines) -> str:
     command = [
         sys.executable, "-m", "asr.gpu_check.runner", "--section", section.name,
         "--module", section.module, "--device", options.device, "--work-dir", str(options.work_dir),
-        "--memory-budget", str(options.memory_budget),
+        "--memory-budget", str(options.memory_budget), "--limit-s", str(limit),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     began = time.monotonic()
@@ -314,6 +306,7 @@ def _parse_args(argv: list[str] | None, suite: Suite) -> argparse.Namespace:
     parser.add_argument("--section", help=argparse.SUPPRESS)  # in a section's own process
     parser.add_argument("--module", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    parser.add_argument("--limit-s", type=float, default=math.inf, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     only = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(only) - set(names))
@@ -331,7 +324,9 @@ def _section_main(args: argparse.Namespace) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
     )
     use_expandable_segments()  # as asr-train and asr-oomptimizer run
-    options = SectionOptions(args.device, args.work_dir / args.section, int(args.memory_budget))
+    options = SectionOptions(
+        args.device, args.work_dir / args.section, int(args.memory_budget), args.limit_s
+    )
     options.work_dir.mkdir(parents=True, exist_ok=True)
     report = Report(report_stream)
     try:

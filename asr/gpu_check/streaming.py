@@ -40,7 +40,6 @@ from asr.gpu_check.ddp import (
 )
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
-from asr.gpu_check.runner import section_limit
 from asr.inference.bundle import load_bundle
 from asr.inference.streaming import StreamingRecognizer, ended_as_a_stream
 from asr.models.conformer import Chunking
@@ -145,7 +144,7 @@ def run(report: Report, options: SectionOptions) -> None:
         *run_overrides(corpus, exp_dir, options.device, corpus.tokenizer),
         f"model.encoder.feature_stats={stats_path}",
     ]
-    deadline = began + section_limit(options, __name__) - 25.0  # the decoding after it
+    deadline = began + options.limit_s - 25.0  # the decoding after it
     started = start_training(RUN, overrides, exp_dir, options, free_ports(1)[0])
     (done,) = list(ended([started], deadline))
     rows = metric_rows(exp_dir)

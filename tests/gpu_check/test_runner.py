@@ -24,7 +24,6 @@ from asr.gpu_check.runner import (
     Suite,
     main,
     run_section,
-    section_limit,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,11 +60,21 @@ def test_the_limits_keep_the_check_within_7_minutes() -> None:
     assert [s.name for s in SECTIONS] == names
 
 
+@pytest.mark.parametrize("suite", [GPU_CHECK, GPU_BENCH], ids=lambda s: s.name)
+def test_the_docs_give_each_limit_and_their_total(suite: Suite) -> None:
+    """docs/gpu.md's tables and totals are the runner's: a changed limit changes the page."""
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    for s in suite.sections:
+        assert f"| `{s.name}` | {s.limit_s:g} s |" in text, s.name
+    total = sum(s.limit_s for s in suite.sections)
+    assert f"The {suite.noun}'s limits add up to {total:g} s" in text
+
+
 FAKES = {
     "fake_ok": """
         def run(report, options):
             print("a stray print")  # must not reach the JSON lines
-            report.record("measured", value=1.5, device=options.device)
+            report.record("measured", value=1.5, device=options.device, limit_s=options.limit_s)
     """,
     "fake_fault": """
         def run(report, options):
@@ -108,7 +117,13 @@ def test_a_passing_section_streams_its_lines(fake_sections: Path) -> None:
     status, lines = run_fake(fake_sections, "fake_ok")
     assert status == "pass"
     assert [line["record"] for line in lines] == ["measured", "summary", "status"]
-    assert lines[0] == {"section": "fake_ok", "record": "measured", "value": 1.5, "device": "cpu"}
+    assert lines[0] == {
+        "section": "fake_ok",
+        "record": "measured",
+        "value": 1.5,
+        "device": "cpu",
+        "limit_s": 60,
+    }  # fmt: skip: the runner gives the section its limit
     assert lines[-1]["status"] == "pass" and lines[-1]["exit_code"] == 0
     assert (fake_sections / "work" / "fake_ok").is_dir()  # its scratch space
 
@@ -191,10 +206,3 @@ def test_only_names_a_suites_own_sections(capsys: pytest.CaptureFixture) -> None
     assert "unknown sections ['lattice']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--only", "batching"], suite=GPU_CHECK)
-
-
-def test_section_limits_are_found_in_either_suite() -> None:
-    gpu, cpu = SectionOptions("cuda", Path("w"), 1), SectionOptions("cpu", Path("w"), 1)
-    assert section_limit(gpu, "asr.gpu_check.ddp") == 65
-    assert section_limit(cpu, "asr.gpu_check.bench_batching") == 240
-    assert section_limit(gpu, "asr.gpu_check.bench_batching") == 180
