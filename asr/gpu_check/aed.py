@@ -12,46 +12,33 @@ A rehearsal runs the demo pair on 1-2 s inputs on the CPU.
 
 from __future__ import annotations
 
-import math
 import statistics
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
 from asr.decoding.aed import greedy_search, max_output_lengths
 from asr.frames import FRAMES_PER_SECOND
+from asr.gpu_check.random_models import (
+    TOKENS_PER_SECOND,
+    AedCase,
+    batches,
+    build,
+    eos_suppressed,
+    utterance_features,
+)
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.timing import clock
 from asr.models.aed import EncoderDecoder
-from asr.models.build import build_model, count_parameters
-from asr.training.oomptimizer import compose_config
+from asr.models.build import count_parameters
 
-# LibriSpeech speech runs at about 2.7 words per second (test-clean: 52,576 words in
-# 5.4 h) and BPE 1024 spends about 1.4 tokens per word.
-TOKENS_PER_SECOND = 3.8
 TARGET_RATIO = 2.5  # issue 5: flash decodes at least 2.5x faster than deep, whole decode
 # `asr-transcribe` runs the model as loaded: float32 weights, no autocast.
 PRECISION = "float32"
 MODELS = ("deep", "flash")
-
-
-@dataclass(frozen=True)
-class AedCase:
-    """The presets compared, the inputs, and how often each decode is timed."""
-
-    deep: str  # experiment preset of the deep-decoder model
-    flash: str
-    vocab_size: int
-    shortest_s: float
-    longest_s: float
-    utterances: int
-    batch_sizes: tuple[int, ...]  # the cheap full batch first: its ratio is reported soonest
-    repeats: int  # timed passes per model and batch size, in alternating order
 
 
 GPU_CASE = AedCase(
@@ -75,64 +62,6 @@ class Pass:
         return self.encoder_s + self.search_s
 
 
-@contextmanager
-def eos_suppressed(model: EncoderDecoder) -> Iterator[None]:
-    """Within: the decoder's EOS logit is -inf, so greedy search decodes every utterance
-    to its length limit ceil(seconds x max_tps), whatever the weights. Restored after."""
-    bias = model.decoder.output_bias
-    saved = bias[model.eos_id].item()
-    with torch.no_grad():
-        bias[model.eos_id] = -math.inf
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            bias[model.eos_id] = saved
-
-
-ModelT = TypeVar("ModelT", bound=torch.nn.Module)
-
-
-def build(preset: str, vocab_size: int, device: str, kind: type[ModelT] = EncoderDecoder) -> ModelT:
-    """The preset's model with seeded random weights, built on `device`, in eval mode; it
-    must be a `kind` (an AED by default)."""
-    cfg = compose_config([f"experiment={preset}"])
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = build_model(OmegaConf.to_container(cfg.model, resolve=True), vocab_size)
-    if not isinstance(model, kind):
-        raise TypeError(
-            f"experiment={preset} builds a {type(model).__name__}, not a {kind.__name__}"
-        )
-    return model.eval()
-
-
-def utterance_features(case: AedCase, input_dim: int) -> list[Tensor]:
-    """`case.utterances` random (T, F) feature matrices, durations evenly spread from
-    `shortest_s` to `longest_s` (10 ms frames), shortest first, seeded."""
-    generator = torch.Generator().manual_seed(0)
-    seconds = torch.linspace(case.shortest_s, case.longest_s, case.utterances)
-    frames = (seconds * FRAMES_PER_SECOND).round().long().tolist()
-    return [torch.randn(n, input_dim, generator=generator) for n in frames]
-
-
-def batches(features: Sequence[Tensor], size: int, device: str) -> list[tuple[Tensor, Tensor]]:
-    """Consecutive groups of `size` utterances, padded, on `device`: (B, T, F), (B,)."""
-    out = []
-    for start in range(0, len(features), size):
-        group = features[start : start + size]
-        lens = torch.tensor([f.size(0) for f in group])
-        padded = torch.nn.utils.rnn.pad_sequence(list(group), batch_first=True)
-        out.append((padded.to(device), lens.to(device)))
-    return out
-
-
-def _clock(device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
 @torch.inference_mode()
 def decode_pass(
     model: EncoderDecoder, batches: Sequence[tuple[Tensor, Tensor]], device: str
@@ -143,11 +72,11 @@ def decode_pass(
     expected: list[int] = []
     finite = True
     for features, lens in batches:
-        start = _clock(device)
+        start = clock(device)
         encoder_out, encoder_lens = model.encode(features, lens)
-        encoded = _clock(device)
+        encoded = clock(device)
         ids = greedy_search(model, encoder_out, encoder_lens, TOKENS_PER_SECOND)
-        done = _clock(device)
+        done = clock(device)
         encoder_s += encoded - start
         search_s += done - encoded
         tokens += [len(i) for i in ids]

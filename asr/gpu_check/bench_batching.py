@@ -74,6 +74,7 @@ from asr.data.buckets import build_sampler, cut_lengths, num_tokens, padding_sta
 from asr.data.rank_sync import RankSynchronizedSampler
 from asr.data.synthetic_cuts import synthetic_cuts
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.timing import synchronize
 from asr.gpu_check.training import (
     PRECISION,
     TINY_MODEL,
@@ -159,11 +160,6 @@ def endless(sampler: RankSynchronizedSampler) -> Iterator[CutSet]:
         epoch += 1
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def train_run(
     setup: ModelSetup,
     plan: Plan,
@@ -187,10 +183,10 @@ def train_run(
             setup.vocab_size,
             device,
         )
-        _sync(device)
+        synchronize(device)
         began = time.perf_counter()
         loss = training_step(model, objective, optimizer, batch, step + i, device)
-        _sync(device)
+        synchronize(device)
         return batch_cuts, loss, time.perf_counter() - began
 
     warmup_ooms = sum(one_step(i)[1] is None for i in range(case.warmup_steps))

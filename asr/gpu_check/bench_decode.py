@@ -27,7 +27,6 @@ commands load a model, timed at batch 32 (every utterance) and batch 1 (the firs
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,17 +39,16 @@ from asr.decoding import transducer
 from asr.decoding.aed import StaticGreedySearch, greedy_search
 from asr.decoding.label_looping import LabelLoopingGreedy
 from asr.frames import FRAMES_PER_SECOND
-from asr.gpu_check.aed import GPU_CASE as AED_GPU_CASE
-from asr.gpu_check.aed import REHEARSAL_CASE as AED_REHEARSAL_CASE
-from asr.gpu_check.aed import (
+from asr.gpu_check.random_models import (
     TOKENS_PER_SECOND,
     AedCase,
     batches,
     eos_suppressed,
     utterance_features,
 )
-from asr.gpu_check.aed import build as build_model_of
+from asr.gpu_check.random_models import build as build_model_of
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.timing import clock
 from asr.models.build import count_parameters
 from asr.models.transducer import Transducer
 from asr.training.oomptimizer import compose_config
@@ -75,24 +73,20 @@ class DecodeCase:
 
 GPU_CASE = DecodeCase(
     "librispeech_transducer",
-    AedCase(**{**AED_GPU_CASE.__dict__, "utterances": 32, "batch_sizes": (32, 1)}),
+    AedCase(
+        "librispeech_aed_deep", "librispeech_aed_flash", 1024, 5.0, 20.0, 32, (32, 1), repeats=3
+    ),
     batch_sizes=(32, 1),
     single_utterances=8,
     repeats=2,
 )
 REHEARSAL_CASE = DecodeCase(
     "demo",
-    AedCase(**{**AED_REHEARSAL_CASE.__dict__, "utterances": 4, "batch_sizes": (4, 1)}),
+    AedCase("demo_aed_deep", "demo_aed_flash", 64, 1.0, 2.0, 4, (4, 1), repeats=2),
     batch_sizes=(4, 1),
     single_utterances=2,
     repeats=1,
 )
-
-
-def _clock(device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 Search = Callable[[Tensor, Tensor], list[list[int]]]
@@ -118,11 +112,11 @@ def timed_pass(
     encoder_s = search_s = 0.0
     hyps: list[list[int]] = []
     for features, lens in batched:
-        start = _clock(device)
+        start = clock(device)
         out, out_lens = encode(features, lens)
-        encoded = _clock(device)
+        encoded = clock(device)
         hyps += search(out, out_lens)
-        search_s += _clock(device) - encoded
+        search_s += clock(device) - encoded
         encoder_s += encoded - start
     return Timed(encoder_s, search_s, hyps)
 
@@ -154,10 +148,10 @@ def search_profile(
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        start = _clock(device)
+        start = clock(device)
         for out, lens in encoded:
             search(out, lens)
-        wall = _clock(device) - start
+        wall = clock(device) - start
     events = prof.key_averages()
     syncs = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
     record: dict[str, Any] = {"wall_seconds": wall, "host_reads": syncs}

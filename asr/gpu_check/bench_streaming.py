@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 
 from asr.data.features import FeatureConfig
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
-from asr.gpu_check.aed import TOKENS_PER_SECOND
+from asr.gpu_check.random_models import TOKENS_PER_SECOND
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.streaming import decode_streams
 from asr.gpu_check.training import PRECISION, random_weights_setup, train_steps

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.timing import synchronize
 from asr.losses.lattice_choice import AUTO_ON_CUDA, FallbackLattice
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
@@ -146,19 +147,14 @@ def padding_gradient(result: list[Tensor], inputs: list[Tensor]) -> float:
     return float(largest)
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(
     name: str, loss_fn: Loss, joiner: Joiner, inputs: list[Tensor], case: LatticeCase, device: str
 ) -> tuple[dict, list[Tensor]]:
     """One implementation: first call (compilations), median time, peak memory."""
-    _sync(device)
+    synchronize(device)
     began = time.perf_counter()
     result = loss_and_grads(loss_fn, joiner, inputs)
-    _sync(device)
+    synchronize(device)
     first = time.perf_counter() - began
     times, peak = [], None
     for _ in range(case.repeats):
@@ -169,7 +165,7 @@ def measure(
             before = torch.cuda.memory_allocated()
         began = time.perf_counter()
         result = loss_and_grads(loss_fn, joiner, inputs)
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - began)
         if device == "cuda":
             peak = torch.cuda.max_memory_allocated() - before

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from asr.data.corpus import CorpusDir
-from asr.gpu_check.ddp import (
+from asr.gpu_check.noise_corpus import make_noise_corpus
+from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.train_runs import (
     MAX_STEPS,
     RUN_TARGET_S,
     STARTUP_S,
@@ -35,8 +37,6 @@ from asr.gpu_check.ddp import (
     run_overrides,
     start_training,
 )
-from asr.gpu_check.noise_corpus import make_noise_corpus
-from asr.gpu_check.report import Report, SectionOptions
 from asr.training.metrics_csv import metric_rows
 
 TINY_ENCODER = (

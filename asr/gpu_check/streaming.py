@@ -28,7 +28,9 @@ from asr.data.corpus import load_cuts
 from asr.data.feature_stats import compute_feature_stats
 from asr.data.features import FeatureConfig
 from asr.decoding.transducer import greedy_search_timed
-from asr.gpu_check.ddp import (
+from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
+from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.train_runs import (
     TINY_MODEL,
     TrainRun,
     check_common,
@@ -38,8 +40,6 @@ from asr.gpu_check.ddp import (
     run_overrides,
     start_training,
 )
-from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
-from asr.gpu_check.report import Report, SectionOptions
 from asr.inference.bundle import load_bundle
 from asr.inference.streaming import StreamingRecognizer, ended_as_a_stream
 from asr.models.conformer import Chunking

@@ -32,6 +32,7 @@ from asr.data.bins import estimate_bins
 from asr.data.buckets import cut_lengths
 from asr.data.synthetic_cuts import synthetic_cuts
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.timing import synchronize
 from asr.losses.lattice_choice import active_lattice
 from asr.models.build import count_parameters
 from asr.training.objective import Objective
@@ -127,11 +128,6 @@ def synthetic_buckets(case: TrainingCase) -> tuple[list[Bucket], dict]:
     return buckets, keys
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def training_step(
     model: torch.nn.Module,
     objective: Objective,
@@ -170,10 +166,10 @@ def train_steps(
         batch = worst_case_batch(
             batch_size, bucket.max_duration, bucket.max_tokens, setup.num_mel_bins, setup.vocab_size
         ).to(device)
-        _sync(device)
+        synchronize(device)
         began = time.perf_counter()
         loss = training_step(model, objective, optimizer, batch, step + i, device)
-        _sync(device)
+        synchronize(device)
         if loss is None:
             ooms.append(i)
         else:

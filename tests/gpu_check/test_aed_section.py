@@ -9,12 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from asr.decoding.aed import greedy_search, max_output_lengths
-from asr.gpu_check.aed import (
-    GPU_CASE,
+from asr.gpu_check.aed import GPU_CASE, Pass, check_counts
+from asr.gpu_check.random_models import (
     TOKENS_PER_SECOND,
-    Pass,
     batches,
-    check_counts,
     eos_suppressed,
     utterance_features,
 )

@@ -12,9 +12,10 @@ import numpy as np
 
 from asr.data.corpus import load_cuts
 from asr.data.tokenizer import Tokenizer
-from asr.gpu_check.ddp import MAX_STEPS, RUNS, Started, check_run, ended, summarize
+from asr.gpu_check.ddp import RUNS, check_run, summarize
 from asr.gpu_check.noise_corpus import DEV, TRAIN, WORDS, make_noise_corpus
 from asr.gpu_check.report import Report
+from asr.gpu_check.train_runs import MAX_STEPS, Started, ended
 
 
 def test_noise_corpus_loads_with_lhotse(tmp_path: Path) -> None:

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from asr.frames import FRAMES_PER_SECOND
-from asr.gpu_check.aed import REHEARSAL_CASE, TOKENS_PER_SECOND, utterance_features
-from asr.gpu_check.ddp import MAX_STEPS
+from asr.gpu_check.aed import REHEARSAL_CASE
+from asr.gpu_check.random_models import TOKENS_PER_SECOND, utterance_features
 from asr.gpu_check.runner import SECTION_NAMES
 from asr.gpu_check.ssl import MAX_STEPS as SSL_STEPS
 from asr.gpu_check.streaming import CHUNKS, STREAMS
+from asr.gpu_check.train_runs import MAX_STEPS
 from asr.gpu_check.training import REHEARSAL_CASE as REHEARSAL_CASE_TRAINING
 
 ROOT = Path(__file__).resolve().parents[2]
