@@ -240,9 +240,9 @@ class ConformerLayer(nn.Module):
         self, x: Tensor, pos_emb: Tensor, mask: Tensor, allowed: Tensor | None = None
     ) -> Tensor:
         """x (B, T, D), pos_emb (2T-1, D), mask (B, T), allowed (T, T) or None -> (B, T, D)."""
-        return self.step(x, pos_emb, mask, mask, allowed)[0]
+        return self.forward_with_context(x, pos_emb, mask, mask, allowed)[0]
 
-    def step(
+    def forward_with_context(
         self,
         x: Tensor,
         pos_emb: Tensor,
@@ -252,10 +252,12 @@ class ConformerLayer(nn.Module):
         keys: Tensor | None = None,
         conv_state: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The layer over one chunk x (B, T, D) whose attention also sees ``keys`` (B, C, D),
-        earlier frames' attention inputs (the left context; key_mask (B, C+T) marks the
-        valid ones), and whose convolution continues from ``conv_state`` -> the output,
-        this chunk's attention inputs (B, T, D) and the convolution's next state."""
+        """The layer's one body, which training (`forward`) and streaming both run: the
+        layer over x (B, T, D) (whole utterances, or one chunk), whose attention also sees
+        ``keys`` (B, C, D), earlier frames' attention inputs (the left context; key_mask
+        (B, C+T) marks the valid ones), and whose convolution continues from
+        ``conv_state`` -> the output, x's attention inputs (B, T, D) and the convolution's
+        next state."""
         x = x + 0.5 * self.ff1(x)
         attn_in = self.attn_norm(x)
         x = x + self.attn_dropout(self.attn(attn_in, pos_emb, key_mask, allowed, keys))
@@ -714,7 +716,7 @@ class ConformerEncoder(nn.Module):
         attention, conv = [], []
         for i, layer in enumerate(self.layers):
             keys = state.attention[:, i].to(x.dtype)
-            x, attn_in, conv_state = layer.step(
+            x, attn_in, conv_state = layer.forward_with_context(
                 x, pos_emb, valid, key_mask, None, keys, state.conv[:, i]
             )
             attention.append(torch.cat([keys, attn_in], dim=1)[:, chunk:])
