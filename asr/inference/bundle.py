@@ -134,8 +134,8 @@ def _model_state(checkpoint: dict[str, Any], ema: bool = False) -> dict[str, tor
         averaged = (checkpoint.get("callbacks") or {}).get(EMA_STATE_KEY)
         if not averaged:
             raise ValueError(
-                "this checkpoint has no EMA weights: train with ema=scaled (README, 'EMA "
-                "that follows the batch size') or export without --ema"
+                "this checkpoint has no EMA weights: train with ema=scaled "
+                "(docs/savers.md#an-ema-that-follows-the-batch-size) or export without --ema"
             )
         state.update({k: v.to(state[k].dtype) for k, v in averaged["weights"].items()})
     return state

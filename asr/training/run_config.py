@@ -20,9 +20,11 @@ from asr.config_keys import ConfigError, config_keys, dataclass_from_keys
 from asr.training.distributed.config import DistributedConfig
 from asr.training.step_guard import FaultConfig
 
-# The groups of train.yaml, each read by its own part's config (model, data, optimizer,
-# trainer, logger, EMA); every other top-level key is a `RunConfig` field.
-GROUPS = ("model", "data", "trainer", "optim", "logger", "ema")
+# The top-level keys of train.yaml that hold a part's own section, each read by that part's
+# config (model, data, optimizer, trainer, logger, EMA); every other top-level key is a
+# `RunConfig` field. Not the list of Hydra's config groups: `distributed` is a group whose
+# keys `RunConfig` reads, and `experiment` a group that only sets keys of the others.
+SECTION_KEYS = ("model", "data", "trainer", "optim", "logger", "ema")
 # lightning.Trainer arguments that asr-train sets itself: not for the trainer group.
 SET_BY_ASR_TRAIN = (
     "logger",
@@ -81,8 +83,8 @@ class RunConfig:
     - `validation_beam_size`: the search of validation and the final test: 1 greedy, more
       beam search.
     - `checkpoint`: when `last.ckpt` is written (`CheckpointConfig`).
-    - `distributed`: multi-process runs (`trainer.strategy=ddp` or `adpsgd`; README
-      "Multi-GPU and multi-node").
+    - `distributed`: multi-process runs (`trainer.strategy=ddp` or `adpsgd`;
+      docs/distributed.md).
     - `faults`: what stops a run instead of being skipped.
     - `debug`: measurements of multi-process training (`DebugConfig`).
     """
@@ -110,7 +112,7 @@ class TrainerConfig:
     - `accelerator`: `auto`, `cpu` or `gpu`.
     - `devices`: processes per node: a number, -1 or `auto` (every GPU, or one CPU process).
     - `num_nodes`: machines of a multi-node run.
-    - `strategy`: `auto`, `ddp` or `adpsgd` (decentralized; README); fsdp is not supported.
+    - `strategy`: `auto`, `ddp` or `adpsgd` (decentralized; docs/adpsgd.md); fsdp is not supported.
     - `precision`: `32-true`, `bf16-mixed`, ..., or `auto`: bf16-mixed where the device has
       native bf16 (recent GPUs, CPUs with AVX512-BF16 or AMX), else 32-true.
     - `max_epochs`: epochs of the run.
@@ -142,14 +144,14 @@ class TrainerConfig:
 
 
 def read_run_config(cfg: Mapping[str, Any]) -> RunConfig:
-    """The run-level keys of a composed `train.yaml` config (all but its `GROUPS`) as a
+    """The run-level keys of a composed `train.yaml` config (all but its `SECTION_KEYS`) as a
     `RunConfig`; an unknown key is an error that names it."""
-    keys = {key: value for key, value in cfg.items() if key not in GROUPS}
+    keys = {key: value for key, value in cfg.items() if key not in SECTION_KEYS}
     unknown = sorted(set(keys) - set(config_keys(RunConfig)))
     if unknown:
         raise ConfigError(
             f"unknown config key {', '.join(unknown)}; valid top-level keys: "
-            f"{sorted([*config_keys(RunConfig), *GROUPS])}"
+            f"{sorted([*config_keys(RunConfig), *SECTION_KEYS])}"
         )
     keys["distributed"] = DistributedConfig.from_mapping(keys.get("distributed"))
     keys["faults"] = FaultConfig.from_mapping(keys.get("faults"))

@@ -16,7 +16,7 @@ from asr.config_keys import ConfigError
 from asr.training import train
 from asr.training.command import CONFIG_DIR
 from asr.training.run_config import (
-    GROUPS,
+    SECTION_KEYS,
     RunConfig,
     TrainerConfig,
     read_run_config,
@@ -83,5 +83,5 @@ def test_train_py_reads_no_key_outside_the_groups() -> None:
         elif isinstance(node, ast.Attribute) and ast.unparse(node.value) == "cfg":
             keys.add(node.attr)
     # `model.loss` goes whole to the objective, which reads it into its loss's dataclass
-    assert keys <= {*GROUPS, "loss"}, sorted(keys - {*GROUPS, "loss"})
+    assert keys <= {*SECTION_KEYS, "loss"}, sorted(keys - {*SECTION_KEYS, "loss"})
     assert {"trainer", "model", "data", "optim", "logger", "ema"} <= keys

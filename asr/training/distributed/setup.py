@@ -144,7 +144,7 @@ def build_strategy(
     the optimizer's moments (`optimizer_momentum`, SGD's, or `adam_moments`, AdamW's,
     whose second moment it freezes after dense steps), and the optimizer then runs as
     plain SGD. Anything else goes to Lightning as given, except FSDP with the sample-wise
-    transducer loss, which cannot work (see the README).
+    transducer loss, which cannot work (docs/distributed.md#fsdp).
     """
     if not isinstance(strategy, str):
         return strategy
@@ -153,7 +153,7 @@ def build_strategy(
             f"trainer.strategy={strategy} cannot train with model.loss.kind=samplewise: the "
             "sample-wise loss runs the joiner's weights outside its forward, where FSDP holds "
             "only a shard of them. Use trainer.strategy=ddp (the presets fit one GPU), or "
-            "model.loss.kind=batched."
+            "model.loss.kind=batched (docs/distributed.md#fsdp)."
         )
     savers = {"compression": config.compression, "adascale": config.adascale}
     hooked = [name for name, saver in savers.items() if saver is not None]
