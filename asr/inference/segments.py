@@ -3,10 +3,10 @@ none.
 
 Models are trained on utterances with short silences at their edges. Decoding a long
 recording in fixed windows hands them several sentences and the seconds of silence
-between them at once, which they never saw: on the demo model, fixed 20 s windows over
-test utterances joined with 0.5-1.5 s gaps doubled the WER of decoding them one by one,
-and a second of silence either side of an utterance raised its WER from 7.9 % to 36 %
-(recipes/demo/RESULTS.md, "Long recordings and word timestamps"). So a recording is first
+between them at once, which they never saw: on the demo model, fixed windows over test
+utterances joined with pauses, and a second of silence either side of an utterance, each
+made the WER several times that of decoding the utterances one by one (recipes/demo/
+RESULTS.md, "Why the recording is cut at its pauses"). So a recording is first
 cut at every pause longer than `max_pause` seconds, keeping `pause_pad` seconds of it on
 each side of the speech (the demo corpus's utterances have 0.15 s); a stretch of speech
 longer than the window is cut into overlapping windows, merged afterwards

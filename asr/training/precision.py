@@ -5,8 +5,8 @@ weights, optimizer state and losses in float32. It pays only where the hardware 
 arithmetic: recent GPUs, and CPUs with AVX512-BF16 or AMX (elsewhere it is emulated, slower
 than float32, and oneDNN's LSTM refuses it). On CPUs "auto" is "32-true" even where bf16 is
 native: a CPU run's precision, and with it its result, would otherwise depend on which CPU
-it ran on (the demo's WER moved by 2 points between two 2-core machines); ask for
-"bf16-mixed" to trade that for speed (about 1.35x on the demo's step).
+it ran on; ask for "bf16-mixed" to trade that for speed (the figures: recipes/demo/RESULTS.md,
+"`make demo` on every machine").
 """
 
 from __future__ import annotations

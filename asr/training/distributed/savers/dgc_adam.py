@@ -22,13 +22,13 @@ where an entry was sent.
 Each rank's direction is clamped to the largest one Adam can take with its own moments
 ((1 - b1) / sqrt((1 - b2)(1 - b1^2 / b2)), 1.7 for the demo's betas): a coordinate whose
 second moment was small when it froze would otherwise take an unbounded step when its
-gradient grows (on the demo: a divergence at step 1,730 of 7,078). Where the clamp acts the
-update is no longer linear; elsewhere it is.
+gradient grows (the demo diverged without it: recipes/demo/RESULTS.md, "A frozen second
+moment"). Where the clamp acts the update is no longer linear; elsewhere it is.
 
-A frozen second moment goes stale as the gradients change scale (on the demo some
-coordinates' root second moment moves 3x in a few epochs, and all of them shrink at the end
-of a run), so every `variance_refresh_steps` sparse steps it is replaced by the ranks' mean
-of a local estimate of the dense second moment, exchanged in bf16: each rank keeps unmasked
+A frozen second moment goes stale as the gradients change scale (that of some coordinates
+grows or shrinks several-fold within a few epochs, and all of them shrink at the end of a
+run: the same section), so every `variance_refresh_steps` sparse steps it is replaced by the ranks'
+mean of a local estimate of the dense second moment, exchanged in bf16: each rank keeps unmasked
 moments m_a, v_a of its own gradient, and since v_a - m_a^2 holds N times the noise of the
 averaged gradient, m_a^2 + (v_a - m_a^2) / N estimates its second moment. Between refreshes
 the update stays linear in the gradient.
