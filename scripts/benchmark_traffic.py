@@ -36,8 +36,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from asr.training.distributed.savers.dgc import dgc_hook
-from asr.training.distributed.savers.dgc_state import DGCConfig, DGCState
+from asr.training.distributed.communication.dgc import dgc_hook
+from asr.training.distributed.communication.dgc_config import DGCConfig
+from asr.training.distributed.communication.dgc_state import DGCState
 
 STEPS = 3
 

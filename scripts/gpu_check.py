@@ -31,9 +31,9 @@ Code paths that only a GPU executes, and the section that executes each:
   `set_per_process_memory_fraction`, `torch.cuda.OutOfMemoryError` caught, peaks from
   `max_memory_allocated`) and `worst_case_step` under CUDA bf16 autocast -> training.
 - asr/training/precision.py: `native_bf16("cuda")` (trainer.precision=auto on a GPU) -> ddp.
-- asr/training/distributed/savers/hooked_ddp.py: `HookedDDPStrategy` over NCCL
+- asr/training/distributed/communication/hooked_ddp.py: `HookedDDPStrategy` over NCCL
   (`_register_ddp_hooks`, `save_checkpoint` with DGC's per-rank state), and
-  asr/training/distributed/savers/dgc.py,
+  asr/training/distributed/communication/dgc.py,
   dgc_adam.py: the DGC hook's all-gathers and its bf16 all-reduce of the refreshed second
   moment on CUDA tensors -> ddp (1 process: the collectives run, with one participant).
 - asr/data/batch.py: `Batch.to(device, non_blocking=True)` to a CUDA device, and
@@ -42,8 +42,8 @@ Code paths that only a GPU executes, and the section that executes each:
   bf16 autocast), `RandomProjectionQuantizer` (buffers on the device); asr/models/ssl.py,
   asr/losses/ssl.py and asr/training/ssl_objective.py on CUDA tensors -> ssl.
 
-Not executed here: asr/training/distributed/savers/adpsgd.py and gossip.py under NCCL (AD-PSGD
-needs two processes); the greedy searches asr-decode and asr-transcribe run on CUDA,
+Not executed here: asr/training/distributed/communication/adpsgd.py and gossip.py under NCCL
+(AD-PSGD needs two processes); the greedy searches asr-decode and asr-transcribe run on CUDA,
 asr/decoding/label_looping.py and `StaticGreedySearch` in asr/decoding/aed.py replayed from
 CUDA graphs (asr/decoding/cuda_graphs.py): `make gpu-bench`'s decode section runs them and
 checks their tokens against the eager searches' (the commands' file handling is

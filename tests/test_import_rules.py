@@ -159,11 +159,11 @@ def test_the_rules_see_real_imports() -> None:
     assert "asr.data.corpus" in GRAPH["asr.inference.manifest_decoding"]
 
 
-SAVERS = "asr.training.distributed.savers"
-# The modules that may import the optional communication savers: the door, the config that
+COMMUNICATION = "asr.training.distributed.communication"
+# The modules that may import the optional communication package: the door, the config that
 # types their keys, the generator that writes their YAML from it, and the GPU check (which
 # reads DGC's per-rank state files).
-SAVER_DOORS = {
+COMMUNICATION_DOORS = {
     "asr.training.distributed.setup",
     "asr.training.distributed.config",
     "asr.training.config_files",
@@ -171,13 +171,13 @@ SAVER_DOORS = {
 }
 
 
-def test_the_savers_enter_through_one_door() -> None:
+def test_the_communication_package_enters_through_one_door() -> None:
     offending = sorted(
         f"{m} imports {i}"
         for m, targets in GRAPH.items()
-        if not within(m, SAVERS) and m not in SAVER_DOORS
+        if not within(m, COMMUNICATION) and m not in COMMUNICATION_DOORS
         for i in targets
-        if within(i, SAVERS)
+        if within(i, COMMUNICATION)
     )
     assert not offending, offending
 

@@ -41,8 +41,8 @@ from asr.models.build import AedConfig, TransducerConfig
 from asr.models.ssl import SslConfig
 from asr.training.callbacks import EmaConfig
 from asr.training.config_render import ConfigFile, Part, render
-from asr.training.distributed.savers.adascale import AdaScaleConfig
-from asr.training.distributed.savers.dgc_state import DGCConfig
+from asr.training.distributed.communication.adascale import AdaScaleConfig
+from asr.training.distributed.communication.dgc_config import DGCConfig
 from asr.training.loggers import LoggerConfig
 from asr.training.objective import AedLossConfig, TransducerLossConfig
 from asr.training.optimizer import ADAMW_ONLY, SGD_ONLY, OptimConfig
@@ -222,9 +222,9 @@ hydra:
     ),
     ConfigFile(
         "distributed/compression/dgc.yaml",
-        "Deep Gradient Compression (asr/training/distributed/savers/dgc.py): each rank sends\n"
-        "the top 0.4 % of its accumulated gradient (or AdamW update) per bucket; what is not\n"
-        "sent waits in a residual. The defaults are the setting that recipes/demo/RESULTS.md\n"
+        "Deep Gradient Compression (asr/training/distributed/communication/dgc.py): each rank\n"
+        "sends the top 0.4 % of its accumulated gradient (or AdamW update) per bucket; what is\n"
+        "not sent waits in a residual. The defaults are the setting that recipes/demo/RESULTS.md\n"
         "(Deep Gradient Compression) compares with dense DDP, but for the sparsity warm-up:\n"
         "those runs added the paper's four stages of 75 steps each\n"
         "(distributed.compression.warmup_steps=75). The paper's final sparsity is 0.999.\n"
@@ -234,9 +234,9 @@ hydra:
     ),
     ConfigFile(
         "distributed/adascale/enabled.yaml",
-        "AdaScale (asr/training/distributed/savers/adascale.py): the learning rate is scaled by\n"
-        "the gain r_t in [1, number of ranks] measured from the ranks' gradients, and the\n"
-        "schedule advances r_t steps per step. For momentum SGD:\n"
+        "AdaScale (asr/training/distributed/communication/adascale.py): the learning rate is\n"
+        "scaled by the gain r_t in [1, number of ranks] measured from the ranks' gradients, and\n"
+        "the schedule advances r_t steps per step. For momentum SGD:\n"
         "  asr-train ... optim=sgd_cosine distributed/adascale=enabled",
         (Part(AdaScaleConfig),),
         package="distributed.adascale",

@@ -50,8 +50,9 @@ class CheckpointConfig:
 class DebugConfig:
     """Keys of `debug`: measurements of multi-process training.
 
-    - `straggler_rank`: make this rank slower (`asr.training.distributed.savers.straggler`): each
-      step it sleeps (slowdown - 1) x its own step time (null: none).
+    - `straggler_rank`: make this rank slower
+      (`asr.training.distributed.communication.straggler`): each step it sleeps
+      (slowdown - 1) x its own step time (null: none).
     - `straggler_slowdown`: how many times slower the straggler is (>= 1).
     - `step_times_dir`: each rank appends (step, time, audio seconds) to
       `DIR/rank<R>.jsonl` (`asr.training.step_times`; null: not recorded).

@@ -14,8 +14,8 @@ from asr.config_keys import ConfigError
 from asr.data.buckets import SamplerConfig
 from asr.training.config_files import CONFIG_DIR, FILES, generate, main
 from asr.training.config_render import NOTE, ConfigFile, Part, key_docs, render
-from asr.training.distributed.savers.adpsgd import DecentralizedConfig
-from asr.training.distributed.savers.gossip import GossipConfig
+from asr.training.distributed.communication.adpsgd import DecentralizedConfig
+from asr.training.distributed.communication.gossip import GossipConfig
 from asr.training.optimizer import OptimConfig
 
 GENERATED = {file.path for file in FILES}

@@ -3,7 +3,8 @@ returns the Lightning strategy, the callbacks it needs, what `AsrLitModule` may 
 (`features.StrategyFeatures`, a Protocol) and what its `auto`/null keys resolved to.
 `config` holds the `distributed` keys, `ddp` what every multi-process run needs (process
 counts, CPU threads, `find_unused_parameters`, recognising a lost peer). Everything under
-`savers/` is optional research that cuts communication, off unless a config selects it:
-Deep Gradient Compression (`savers.dgc*`, a DDP communication hook), AdaScale
-(`savers.adascale`), decentralized AD-PSGD / H-ADPSGD (`savers.adpsgd`, `savers.gossip`), and
-a debug straggler (`savers.straggler`). Only `setup` imports them."""
+`communication/` is optional research that changes how the ranks communicate, off unless a
+config selects it: Deep Gradient Compression (`communication.dgc*`, a DDP communication
+hook), AdaScale (`communication.adascale`), decentralized AD-PSGD / H-ADPSGD
+(`communication.adpsgd`, `communication.gossip`), and a debug straggler
+(`communication.straggler`). Only `setup` imports them."""

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from asr.config_keys import dataclass_from_keys
-from asr.training.distributed.savers.adascale import AdaScaleConfig
-from asr.training.distributed.savers.adpsgd import DecentralizedConfig
-from asr.training.distributed.savers.dgc_state import DGCConfig
+from asr.training.distributed.communication.adascale import AdaScaleConfig
+from asr.training.distributed.communication.adpsgd import DecentralizedConfig
+from asr.training.distributed.communication.dgc_config import DGCConfig
 
 
 @dataclass(frozen=True)

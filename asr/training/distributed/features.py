@@ -1,5 +1,6 @@
 """What `AsrLitModule` may ask of the run's distributed strategy. The strategies of this
-project (`savers.hooked_ddp.HookedDDPStrategy`, `savers.adpsgd.DecentralizedStrategy`)
+project (`communication.hooked_ddp.HookedDDPStrategy`,
+`communication.adpsgd.DecentralizedStrategy`)
 implement `StrategyFeatures`; for Lightning's own strategies (one process, plain DDP)
 `setup_distributed` hands the module `DENSE`."""
 

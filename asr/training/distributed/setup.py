@@ -15,6 +15,19 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 
+from asr.training.distributed.communication.adascale import (
+    AdaScaleLearningRate,
+    AdaScaleState,
+    adascale_hook,
+)
+from asr.training.distributed.communication.adpsgd import DecentralizedStrategy, GossipMonitor
+from asr.training.distributed.communication.dgc import dgc_hook
+from asr.training.distributed.communication.dgc_adam import check_variance_freeze
+from asr.training.distributed.communication.dgc_config import AdamMoments
+from asr.training.distributed.communication.dgc_monitor import CompressionMonitor
+from asr.training.distributed.communication.dgc_state import DGCState
+from asr.training.distributed.communication.hooked_ddp import HookedDDPStrategy
+from asr.training.distributed.communication.straggler import Straggler
 from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.ddp import (
     find_unused_parameters,
@@ -23,17 +36,6 @@ from asr.training.distributed.ddp import (
     uses_cpu,
 )
 from asr.training.distributed.features import DENSE, StrategyFeatures
-from asr.training.distributed.savers.adascale import (
-    AdaScaleLearningRate,
-    AdaScaleState,
-    adascale_hook,
-)
-from asr.training.distributed.savers.adpsgd import DecentralizedStrategy, GossipMonitor
-from asr.training.distributed.savers.dgc import dgc_hook
-from asr.training.distributed.savers.dgc_adam import check_variance_freeze
-from asr.training.distributed.savers.dgc_state import AdamMoments, CompressionMonitor, DGCState
-from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
-from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import OptimConfig
 from asr.training.run_config import DebugConfig, TrainerConfig

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
-from asr.training.distributed.savers.adpsgd import DecentralizedConfig, DecentralizedStrategy
+from asr.training.distributed.communication.adpsgd import DecentralizedConfig, DecentralizedStrategy
 
 
 class Regression(L.LightningModule):

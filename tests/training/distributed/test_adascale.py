@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.savers.adascale import AdaScaleConfig, AdaScaleState, adascale_hook
+from asr.training.distributed.communication.adascale import (
+    AdaScaleConfig,
+    AdaScaleState,
+    adascale_hook,
+)
 
 SIZES = [700, 300, 1500]  # a DDP bucket each
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from asr.config_keys import ConfigError, dataclass_from_keys
-from asr.training.distributed.savers.dgc import dgc_hook, top_k_indices
-from asr.training.distributed.savers.dgc_adam import adam_step_bound, check_variance_freeze
-from asr.training.distributed.savers.dgc_state import AdamMoments, DGCConfig, DGCState
+from asr.training.distributed.communication.dgc import dgc_hook, top_k_indices
+from asr.training.distributed.communication.dgc_adam import adam_step_bound, check_variance_freeze
+from asr.training.distributed.communication.dgc_config import AdamMoments, DGCConfig
+from asr.training.distributed.communication.dgc_state import DGCState
 
 # Scenarios: each runs on every rank (rank_runner.py, through the `run_ranks` fixture) and
 # returns what that rank saw; the tests below assert on the records.
@@ -99,7 +100,10 @@ def dgc_resumed(rank: int, world: int, out_dir: Path, steps: int, optimizer: str
     the runs differ in what is sent when, though nothing is lost)."""
     from exchange import exchanged, rank_gradients
 
-    from asr.training.distributed.savers.dgc_state import load_rank_state, save_rank_state
+    from asr.training.distributed.communication.dgc_checkpoint import (
+        load_rank_state,
+        save_rank_state,
+    )
 
     config = DGCConfig(
         sparsity=0.9, sample_fraction=0.1, selection="tensor", variance_freeze_step=2
@@ -167,7 +171,7 @@ def test_at_high_sparsity_nothing_is_lost_only_delayed(run_ranks, tmp_path: Path
 
 
 @pytest.mark.slow  # real processes over gloo
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [3])  # 2 ranks: the test above; more: only slower
 def test_traffic_is_counted_both_ways_against_the_dense_ring(
     run_ranks, tmp_path: Path, world: int
 ) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.training.distributed.savers.gossip import (
+from asr.training.distributed.communication.gossip import (
     Gossip,
     GossipConfig,
     askers_of,
@@ -62,7 +62,7 @@ def gossip_replicas(rank: int, world: int, out_dir: Path, steps: int, lr: float,
 
 
 @pytest.mark.slow  # real processes over gloo
-@pytest.mark.parametrize("world", [2, 3, 4, 5])
+@pytest.mark.parametrize("world", [4, 5])  # as many actives as passives, and one more
 @pytest.mark.parametrize("ring", ["fixed", "random"])
 def test_training_replicas_never_deadlock_and_lose_no_update(
     run_ranks, tmp_path: Path, world: int, ring: str
@@ -88,7 +88,7 @@ def test_training_replicas_never_deadlock_and_lose_no_update(
 
 
 @pytest.mark.slow  # real processes over gloo
-@pytest.mark.parametrize("world", [2, 4, 5])
+@pytest.mark.parametrize("world", [2, 5])
 def test_pure_gossip_converges_to_the_mean(run_ranks, tmp_path: Path, world: int) -> None:
     ranks = run_ranks(tmp_path, gossip_replicas, 60, world, lr=0.0, ring="random")
     start_mean = sum(r["start"][0] for r in ranks) / world

@@ -10,13 +10,14 @@ import pytest
 from lightning.pytorch.strategies import DDPStrategy
 
 from asr.config_keys import config_keys
+from asr.training.distributed.communication.adascale import AdaScaleConfig, AdaScaleLearningRate
+from asr.training.distributed.communication.adpsgd import DecentralizedStrategy, GossipMonitor
+from asr.training.distributed.communication.dgc_config import DGCConfig
+from asr.training.distributed.communication.dgc_monitor import CompressionMonitor
+from asr.training.distributed.communication.hooked_ddp import HookedDDPStrategy
+from asr.training.distributed.communication.straggler import Straggler
 from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.features import DENSE
-from asr.training.distributed.savers.adascale import AdaScaleConfig, AdaScaleLearningRate
-from asr.training.distributed.savers.adpsgd import DecentralizedStrategy, GossipMonitor
-from asr.training.distributed.savers.dgc_state import CompressionMonitor, DGCConfig
-from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
-from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.setup import TrainingFacts, setup_distributed
 from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import optim_config

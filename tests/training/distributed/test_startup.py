@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from asr.models.build import build_model
+from asr.training.distributed.communication.adascale import AdaScaleConfig
+from asr.training.distributed.communication.adpsgd import DecentralizedConfig
+from asr.training.distributed.communication.dgc_config import DGCConfig
+from asr.training.distributed.communication.hooked_ddp import HookedDDPStrategy
+from asr.training.distributed.communication.straggler import Straggler
 from asr.training.distributed.config import DistributedConfig
 from asr.training.distributed.ddp import is_peer_failure, processes_per_node, set_cpu_threads
-from asr.training.distributed.savers.adascale import AdaScaleConfig
-from asr.training.distributed.savers.adpsgd import DecentralizedConfig
-from asr.training.distributed.savers.dgc_state import DGCConfig
-from asr.training.distributed.savers.hooked_ddp import HookedDDPStrategy
-from asr.training.distributed.savers.straggler import Straggler
 from asr.training.distributed.setup import build_strategy
 from asr.training.objective import build_objective
 

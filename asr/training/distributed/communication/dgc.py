@@ -1,78 +1,17 @@
 """Deep Gradient Compression (Lin et al., ICLR 2018, arXiv 1712.01887) as a DDP
-communication hook.
+communication hook, with its two exchanges.
 
 Instead of all-reducing each gradient bucket, every rank sends only the k entries of
-largest magnitude of what it has accumulated, as (index, value) pairs gathered by all
-ranks; the rest stays in a per-rank residual and is sent when it has grown large enough,
-so no gradient is lost, only delayed. Following the paper and its code:
-
-- **Top-k through a threshold from a sample**: the k-th largest magnitude is estimated on
-  a random sample of `sample_fraction` of the entries; those above it are cut to exactly k
-  by a top-k among them (an exact top-k only when the sample under-selects). `selection:
-  bucket` (default) takes one top-k over each DDP bucket; `selection: tensor` the paper's
-  layer-wise one, each parameter tensor sending its own share (at least one entry).
-  With `dense_vectors`, 1-D parameters (biases, normalization scales and shifts; 0.8 % of
-  the demo model) are sent whole every step as values at known places, as the paper's code
-  does. On the demo, AdamW, the bucket-wide top-k trained better (recipes/demo/RESULTS.md).
-- **Momentum correction** (momentum-SGD runs): the hook keeps the velocity
-  u <- m u + g and accumulates v <- v + u, sends the top-k of v, and the optimizer
-  applies the exchanged sum as plain SGD (its own momentum is off). **Momentum factor
-  masking** (`momentum_masking`) clears u and v where they were sent, so stale momentum
-  does not push a coordinate again.
-- **AdamW runs**: dense AdamW for `variance_freeze_step` steps, then its second moment
-  frozen and its first moment in the hook (`asr.training.distributed.savers.dgc_adam`).
-- **Local gradient clipping** before accumulation, at `clip_norm` x N^-1/2 for N ranks
-  (the N ranks' sum then stays within `clip_norm`). The hook sees one bucket at a time,
-  so each bucket is clipped at that threshold times the square root of its share of all
-  gradient entries.
-- **Warm-up**: the sparsity rises through `warmup_sparsities` (75 %, 93.75 %, 98.4375 %,
-  99.6 % by default), `warmup_steps` optimizer steps each, before reaching `sparsity`.
-
-At sparsity 0 the hook all-reduces, giving exactly DDP's averaged gradient. Each step's
-bytes are counted both ways (`StepTraffic`): this rank's payload (indices as int32 plus
-values), the bytes it sends and receives when the all-gather runs as a ring ((W - 1)
-payloads each way: what a rank receives grows with the ranks), and the dense reference,
-a ring all-reduce's 2 (W - 1) / W x the bucket bytes each way; dense / received is the
-compression (logged by `dgc_state.CompressionMonitor`). Residual, velocity
-and the hook's Adam moments are per-rank state: the state is kept per bucket, moved to
-the new buckets when DDP rebuilds them, and written
-beside `last.ckpt` by every rank (`asr.training.distributed.savers.dgc_state`), so a resumed
-run continues with what still waited in the residual.
-
-The hook has two exchanges, chosen by `exchange`: `allgather` (the paper's) and
-`reduce_scatter`, below.
-
-## The reduce-scatter exchange
-
-DGC's `exchange: reduce_scatter`: a sparse exchange whose bytes per rank hardly grow
-with the number of ranks W (after Ok-Topk, Li and Hoefler, PPoPP 2022).
-
-The all-gather exchange (`exchange: allgather`) sends each rank's k (index, value) pairs
-to every other rank, so a rank receives (W - 1) k pairs. Here the bucket's entries are
-split into W interleaved regions (entry i belongs to rank i mod W, so every layer is spread
-over all ranks and no rank owns the big-gradient ones):
-
-1. **Sparse reduce-scatter**: each rank sends every other rank its selected pairs that lie
-   in that rank's region (one all-to-all, after one of the counts); each rank sums what
-   it received for its region.
-2. **Selection**: each rank keeps the P largest sums of its region, P = ceil(k / W) plus
-   the most `dense_vectors` entries any region holds (those are always kept): together
-   about the k largest sums of the whole bucket (the regions are alike, being
-   interleaved), the same P on every rank, padded when a region is smaller.
-3. **All-gather** of the P kept (index, sum) pairs of every rank: every rank applies the
-   same update.
-
-A rank so receives about (W - 1) / W x k pairs in each of the two rounds: 2 (W - 1) / W x
-k in all, which grows from k at W = 2 to 1.75 k at W = 8, as a dense ring all-reduce's
-2 (W - 1) / W x B does, and no faster (the all-gather's (W - 1) k grows 7x). The price:
-two more rounds of latency (the counts, the all-to-all) before the all-gather, run inside
-the hook (DDP's backward waits for them; the all-gather overlaps as before).
-
-**Conservation**: a pair a rank sent whose index is not among the kept ones (its region's
-owner dropped the sum) is returned to that rank's residual when the all-gather arrives, so
-what the rank contributed is either in the applied sum or back in its own residual, never
-lost, whatever round dropped it. Momentum factor masking then clears the momentum only
-where the rank's entry was applied.
+largest magnitude of what it has accumulated (a top-k through a threshold estimated on a
+sample), as (index, value) pairs; the rest stays in its residual until it has grown, so no
+gradient is lost, only delayed. With momentum SGD the hook applies momentum correction and
+masking; with AdamW, after dense steps, a frozen second moment (`dgc_adam`). `exchange:
+allgather` (the paper's) gathers every rank's pairs; `exchange: reduce_scatter` (after
+Ok-Topk) sums interleaved regions at their owners, keeps each region's largest sums and
+all-gathers those, returning what no region kept to its sender's residual. Each step's bytes
+are counted in `StepTraffic`; the state lives in `DGCState` and goes with `last.ckpt`
+(`dgc_checkpoint`). How a step works, the keys and the measured accuracy:
+docs/savers.md#deep-gradient-compression.
 """
 
 from __future__ import annotations
@@ -84,20 +23,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from asr.training.distributed.savers.dgc_adam import (
+from asr.training.distributed.communication.dgc_adam import (
     adam_direction,
     refresh_second_moment,
     track_local_moments,
 )
-from asr.training.distributed.savers.dgc_state import (
-    BucketLayout,
+from asr.training.distributed.communication.dgc_layout import BucketLayout
+from asr.training.distributed.communication.dgc_rebucketing import current_layout
+from asr.training.distributed.communication.dgc_state import (
     DGCState,
-    StepTraffic,
     bucket_buffer,
-    current_layout,
     working_precision,
 )
-from asr.training.distributed.savers.hooks import comm_hook
+from asr.training.distributed.communication.dgc_traffic import StepTraffic
+from asr.training.distributed.communication.hooks import comm_hook
 
 INDEX_DTYPE = torch.int32
 PAD = -1  # the index of a padding pair in the reduce-scatter exchange's all-gather

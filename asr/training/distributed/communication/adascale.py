@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.savers.hooks import comm_hook
+from asr.training.distributed.communication.hooks import comm_hook
 from asr.training.schedules import SchedulerConfig, schedule_function
 
 

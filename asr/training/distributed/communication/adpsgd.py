@@ -5,11 +5,11 @@ arXiv 1907.05701).
 Lightning's DDP process setup (one process per device, gloo or NCCL, the bucketing
 sampler's split of the data) without DDP's gradient all-reduce: each process trains its own
 replica, and after each optimizer step averages its weights with one peer
-(`asr.training.distributed.savers.gossip`). With `node_size` = k > 1 every k consecutive ranks are
-one "super-learner": they all-reduce their gradients after each backward (a node-local
-group: NVLink or shared memory on a real node), the first of them (the node's leader)
-gossips with the other leaders, then sends the result to its node, so the replicas of a node
-are identical after every step.
+(`asr.training.distributed.communication.gossip`). With `node_size` = k > 1 every k
+consecutive ranks are one "super-learner": they all-reduce their gradients after each
+backward (a node-local group: NVLink or shared memory on a real node), the first of them
+(the node's leader) gossips with the other leaders, then sends the result to its node, so
+the replicas of a node are identical after every step.
 
 What the rest of the training sees:
 - the optimizer step's tallies (non-finite checks, skipped cuts) are summed over the
@@ -39,7 +39,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.savers.gossip import (
+from asr.training.distributed.communication.gossip import (
     Gossip,
     GossipConfig,
     assign,
