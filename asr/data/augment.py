@@ -452,15 +452,18 @@ class GeneratedRoomReverb(AudioTransform):
 
 
 class AugmentedCuts:
-    """The cuts of `cuts`, each augmented for the epoch of `sampler` (read when iteration
-    starts, so set it before: the bucketing sampler that reads these cuts)."""
+    """The cuts of `cuts`, each augmented for the epoch given by `set_epoch` (the sampler
+    that reads these cuts passes its epoch down before it iterates)."""
 
     def __init__(self, cuts: CutSet, augmenter: CutAugmenter) -> None:
         self.cuts, self.augmenter = cuts, augmenter
-        self.sampler: Any = None  # has `.epoch`; set once the sampler exists
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __iter__(self) -> Iterator[Cut]:
-        epoch = self.sampler.epoch if self.sampler is not None else 0
+        epoch = self.epoch
         return (self.augmenter(cut, epoch) for cut in self.cuts)
 
 

@@ -304,7 +304,8 @@ def build_sampler(
     tokenizer: Tokenizer | None = None,
     augmenter: CutAugmenter | None = None,
 ) -> RankSynchronizedSampler:
-    """A bucketing sampler yielding CutSet mini-batches, with `state_dict()`/`load_state_dict()`.
+    """A bucketing sampler yielding CutSet mini-batches (`RankSynchronizedSampler`: `set_epoch`,
+    and `load_state_dict(position)` to resume inside an epoch).
 
     `cuts` should be opened lazily (`asr.data.corpus.load_cuts`). `rank`/`world_size` split
     the data across data-parallel processes. `tokenizer` is needed for 2D bins and TPS
@@ -364,8 +365,6 @@ def build_sampler(
         world_size=1,
         rank=0,
     )
-    if augmented is not None:
-        augmented.sampler = stream  # its epoch, set before each iteration, keys the draws
     cut_filter = CutFilter(
         cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
     )
@@ -384,6 +383,7 @@ def build_sampler(
         world_size=world_size,
         sync=cfg.sync_buckets,
         drop_last=cfg.drop_last,
+        epoch_followers=[augmented] if augmented is not None else [],  # the draws' epoch
     )
     sampler.cut_filter = cut_filter
     return sampler

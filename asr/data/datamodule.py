@@ -47,7 +47,7 @@ class TrainLoader:
         self._resume: dict[str, int] | None = None
 
     def resume_at(self, position: dict[str, int]) -> None:
-        """`position`: the sampler's state ({epoch, steps_done, world_size})."""
+        """`position`: {epoch, steps_done, world_size}, the sampler's `load_state_dict`'s."""
         self._resume = position
 
     def __iter__(self) -> Iterator[Batch]:
@@ -166,6 +166,9 @@ class AsrDataModule(L.LightningDataModule):
         self.subsampling_factor = subsampling_factor
         self._tokenizer: Tokenizer | None = None
         self._resume: dict[str, int] | None = None
+        # (rank, world size) -> the training sampler: made once, so that counting the
+        # epoch's batches and training share it (Shar's bins and schedule computed once)
+        self._samplers: dict[tuple[int, int], RankSynchronizedSampler | SharSampler] = {}
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -186,6 +189,11 @@ class AsrDataModule(L.LightningDataModule):
         )
 
     def _train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler | SharSampler:
+        if (rank, world) not in self._samplers:
+            self._samplers[rank, world] = self._make_train_sampler(rank, world)
+        return self._samplers[rank, world]
+
+    def _make_train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler | SharSampler:
         if not self.train_shar and not self.train_cuts:
             raise ConfigError(
                 "data.train_cuts and data.train_shar are both empty: no training data"
@@ -217,10 +225,15 @@ class AsrDataModule(L.LightningDataModule):
 
         Iterates the sampler over cut metadata only: seconds for LibriSpeech's 281k cuts.
         """
-        sampler = self._train_sampler(rank, world_size)
+        sampler = self._train_sampler(rank, world_size)  # the one training will use
         if isinstance(sampler, SharSampler):
-            return len(sampler)  # from the shards' cut lists: no audio is read
-        return sum(1 for _ in sampler)
+            return len(sampler.schedule(0))  # from the shards' cut lists: no audio is read
+        epoch = sampler.epoch
+        sampler.set_epoch(0)
+        try:
+            return sum(1 for _ in sampler)
+        finally:
+            sampler.set_epoch(epoch)
 
     def _eval_loader(self, paths: Sequence[str]) -> torch.utils.data.DataLoader:
         rank, world = self._rank_and_world()

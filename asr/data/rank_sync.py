@@ -22,7 +22,7 @@ waiting). Ranks left without a batch in the last round get an empty one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from lhotse import CutSet
@@ -45,10 +45,11 @@ class RankSynchronizedSampler:
     `set_epoch` and `epoch`). `bucket_of(batch)` names a batch's bucket; with `sync` each
     step's batches share it, without it rank r simply takes every world_size-th batch.
 
-    `state_dict()` records the epoch and the steps taken; `load_state_dict()` makes the
-    next iteration replay that epoch's batch order and skip those steps (metadata only):
-    the one way a run resumes inside an epoch (the data module hands it the checkpoint's
-    position).
+    `set_epoch(epoch)` passes the epoch down: to `sampler` and to each of `epoch_followers`
+    (what its cuts are drawn from, such as `asr.data.augment.AugmentedCuts`).
+    `load_state_dict(position)` makes the next iteration replay that epoch's batch order
+    and skip the steps already trained (metadata only): the one way a run resumes inside an
+    epoch (the data module hands it the checkpoint's position, counted by Lightning).
     """
 
     def __init__(
@@ -60,12 +61,13 @@ class RankSynchronizedSampler:
         world_size: int = 1,
         sync: bool = True,
         drop_last: bool = False,
+        epoch_followers: Sequence[Any] = (),
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         self.sampler, self.bucket_of = sampler, bucket_of
         self.rank, self.world_size, self.sync, self.drop_last = rank, world_size, sync, drop_last
-        self.steps_done = 0
+        self.epoch_followers = tuple(epoch_followers)
         self._skip = 0
         self.cut_filter: Any = None  # set by build_sampler: counts the dropped cuts
 
@@ -75,6 +77,8 @@ class RankSynchronizedSampler:
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+        for follower in self.epoch_followers:
+            follower.set_epoch(epoch)
 
     def steps(self) -> Iterator[list[CutSet]]:
         """Every step of the epoch as the list of all ranks' batches."""
@@ -97,19 +101,16 @@ class RankSynchronizedSampler:
 
     def __iter__(self) -> Iterator[CutSet]:
         skip, self._skip = self._skip, 0
-        self.steps_done = 0
-        for step in self.steps():
-            self.steps_done += 1
-            if self.steps_done > skip:
+        for taken, step in enumerate(self.steps(), 1):
+            if taken > skip:
                 yield step[self.rank]
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "steps_done": self.steps_done, "world_size": self.world_size}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        check_resumable(state, self.world_size)
-        self.set_epoch(state["epoch"])
-        self._skip = state["steps_done"]
+    def load_state_dict(self, position: dict[str, int]) -> None:
+        """Resume at `position` ({epoch, steps_done, world_size}): the next iteration is
+        that epoch's, without its first `steps_done` steps."""
+        check_resumable(position, self.world_size)
+        self.set_epoch(position["epoch"])
+        self._skip = position["steps_done"]
 
 
 def check_resumable(state: dict[str, int], world_size: int) -> None:

@@ -227,8 +227,8 @@ class SharSampler:
     number per epoch on every rank (empty ones where a rank has run out), drawn at each
     step from one bucket on every rank where each rank's next `window` batches allow it
     (`synchronized_schedule`, computed by every rank from the shards' cut lists alone).
-    `set_epoch`, `state_dict` and `load_state_dict` as
-    `asr.data.rank_sync.RankSynchronizedSampler` has them."""
+    `set_epoch` (passed down to the shard stream and the bucketing sampler) and
+    `load_state_dict(position)` as `asr.data.rank_sync.RankSynchronizedSampler` has them."""
 
     def __init__(
         self,
@@ -256,7 +256,6 @@ class SharSampler:
             CutSet(self.stream), cfg, tokenizer=tokenizer, augmenter=augmenter
         )
         self.cut_filter = self.inner.cut_filter
-        self.steps_done = 0
         self._skip = 0
         self._schedules: dict[int, list[list[int | None]]] = {}  # epoch -> its steps
 
@@ -305,9 +304,7 @@ class SharSampler:
         held: dict[int, CutSet] = {}  # read, not yet used (at most `window`)
         unused = {i for i in mine[skip:] if i is not None}
         next_index = 0
-        self.steps_done = skip
         for index in mine[skip:]:
-            self.steps_done += 1
             if index is None:
                 yield CutSet.from_cuts([])
                 continue
@@ -327,10 +324,9 @@ class SharSampler:
     def __len__(self) -> int:
         return len(self.schedule())
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "steps_done": self.steps_done, "world_size": self.world_size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_resumable(state, self.world_size)
-        self.set_epoch(state["epoch"])
-        self._skip = state["steps_done"]
+    def load_state_dict(self, position: dict[str, Any]) -> None:
+        """Resume at `position` ({epoch, steps_done, world_size}), as
+        `RankSynchronizedSampler.load_state_dict` does."""
+        check_resumable(position, self.world_size)
+        self.set_epoch(position["epoch"])
+        self._skip = position["steps_done"]

