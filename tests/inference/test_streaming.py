@@ -97,11 +97,10 @@ def _streamed(
 # whole utterance's, which rounds differently (within 1e-5: tests/models); greedy search
 # is robust to it, a beam of random-weight hypotheses with near-equal scores is not.
 @pytest.mark.parametrize(
-    "beam,cache",
-    [(1, False), (4, False), (1, True)],
-    ids=["greedy", "beam4", "greedy-subsampling_cache"],
+    "chunk,left,beam,cache",
+    [(2, 6, 1, False), (4, 12, 1, False), (4, 12, 4, False), (2, 6, 1, True)],
+    ids=["2-6-greedy", "4-12-greedy", "4-12-beam4", "2-6-greedy-subsampling_cache"],
 )
-@pytest.mark.parametrize("chunk,left", [(2, 6), (4, 12)])
 def test_streaming_equals_the_whole_utterance_through_the_same_masks(
     tokenizer, audio, chunk, left, beam, cache
 ):
