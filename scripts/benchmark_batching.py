@@ -19,7 +19,9 @@ Per strategy: padding fraction of input frames, of output tokens and of a transd
 T x (U + 1) lattice nodes (1 - real / padded; `asr.data.buckets.padding_stats`), mean audio
 seconds per batch, batches per epoch; for `--ranks` simulated data-parallel
 ranks, with and without `sync_buckets`, the mean over steps of the slowest rank's padded
-frames over the fastest rank's (a proxy for time lost waiting at each all-reduce).
+frames over the fastest rank's (a proxy for time lost waiting at each all-reduce); and the
+same for Shar's per-rank streams (`synchronized_schedule`) on the same cuts, with the share
+of its steps whose ranks drew from one bucket and of its batches that are empty.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from lhotse.dataset import DynamicCutSampler
 
 from asr.data.bins import equal_total_edges, token_sub_bins, write_bins
 from asr.data.buckets import build_sampler, count_tokens, cut_lengths, padding_stats
+from asr.data.shar_sampler import SYNC_WINDOW, synchronized_schedule
 from asr.data.synthetic_cuts import synthetic_cuts
 
 
@@ -44,8 +47,14 @@ def batch_stats(batches: Iterable[CutSet]) -> dict[str, float]:
     return {k: round(v, 4) for k, v in padding_stats(batches).items()}
 
 
+def padded_seconds(batch: CutSet) -> float:
+    return len(batch) * max(c.duration for c in batch)
+
+
 def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
-    """Mean over steps of max/min padded frames across `ranks`, with and without sync."""
+    """Mean over steps of max/min padded frames across `ranks`: one stream split by
+    `RankSynchronizedSampler` (manifests' way) with and without sync, and per-rank streams
+    kept in step by `synchronized_schedule` (Shar's way: each rank its own cuts)."""
     out = {}
     for sync in (True, False):
         per_rank = []
@@ -53,12 +62,42 @@ def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
             sampler = build_sampler(
                 cuts, {**cfg, "sync_buckets": sync}, rank=rank, world_size=ranks
             )
-            per_rank.append([len(b) * max(c.duration for c in b) for b in sampler])
+            per_rank.append([padded_seconds(b) for b in sampler])
         steps = np.array(per_rank)  # (ranks, steps): equal step counts on every rank
         out["imbalance_sync" if sync else "imbalance_no_sync"] = round(
             float(np.mean(steps.max(axis=0) / steps.min(axis=0))), 3
         )
-    return out
+    return out | per_rank_streams(cuts, cfg, ranks)
+
+
+def per_rank_streams(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
+    """Shar's schedule on the same cuts: cut i to rank i mod `ranks` (as shards are dealt),
+    a sampler per rank, steps from `synchronized_schedule`: the imbalance over steps where
+    every rank has a batch, the share of steps whose batches share a bucket, and the share
+    of batches that are empty (a rank that ran out)."""
+    listed = list(cuts)
+    batches, buckets = [], []
+    for rank in range(ranks):
+        sampler = build_sampler(CutSet.from_cuts(listed[rank::ranks]), cfg)
+        made = list(sampler)
+        batches.append(made)
+        buckets.append([sampler.bucket_of(b) for b in made])
+    schedule = synchronized_schedule(buckets, SYNC_WINDOW)
+    full = [s for s in schedule if all(i is not None for i in s)]
+    ratios = [
+        max(padded_seconds(batches[r][i]) for r, i in enumerate(s))
+        / min(padded_seconds(batches[r][i]) for r, i in enumerate(s))
+        for s in full
+    ]
+    same = [len({buckets[r][i] for r, i in enumerate(s) if i is not None}) == 1 for s in schedule]
+    empty = sum(i is None for s in schedule for i in s)
+    return {
+        "imbalance_per_rank_streams": round(float(np.mean(ratios)), 3),
+        "same_bucket_steps_per_rank_streams": round(float(np.mean(same)), 3),
+        "empty_batches_per_rank_streams": round(empty / (len(schedule) * ranks), 4),
+        "steps_sync": sum(1 for _ in build_sampler(cuts, cfg, rank=0, world_size=ranks)),
+        "steps_per_rank_streams": len(schedule),
+    }
 
 
 def load_cuts(args: argparse.Namespace) -> CutSet:
