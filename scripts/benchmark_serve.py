@@ -4,8 +4,10 @@ test utterance at real time, and when it ends connect again with the next one, f
 
 - `finals_equal`: utterances whose final text equals the streaming recognizer's for the same
   file (what `asr-transcribe --streaming` prints), of `utterances`;
-- `latency_ms` p50/p95/max: from sending the piece that completed the decoded audio of a
-  partial result (its `audio_s`) to receiving that result, as the page measures it;
+- `latency_ms` p50/p95/max: from sending the piece that completed the chunk a partial
+  result decoded (the first piece after which the server's feature frames reach its
+  `audio_s`: a frame needs its whole 25 ms window, so a chunk that ends just at a piece's
+  end waits for the next piece) to receiving that result;
 - `chunk_compute_ms`: one stream's model step per chunk, measured alone in this process
   with the server's thread count: the target's yardstick (p95 at N=8 at most 2x it);
 - `server_cpu_rtf`: the server process's CPU seconds (user + system) per second of audio;
@@ -36,6 +38,8 @@ import torch
 import websockets
 
 from asr.data.corpus import load_cuts
+from asr.data.features import OnlineFeatures
+from asr.frames import FRAME_SHIFT_SECONDS
 from asr.inference.streaming import StreamingRecognizer, load_streaming_recognizer
 
 PIECE = 1600  # 0.1 s
@@ -65,9 +69,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
-async def one_utterance(url: str, samples: np.ndarray, latencies: list[float]) -> str:
-    """Stream `samples` at real time -> the final text; each partial's latency appended."""
-    sent: list[tuple[int, float]] = []
+def frames_ready(recognizer: StreamingRecognizer, samples: np.ndarray) -> list[int]:
+    """The feature frames ready after each `PIECE` of `samples`, as the server computes them."""
+    features, ready = OnlineFeatures(recognizer.features), []
+    for at in range(0, len(samples), PIECE):
+        features.accept(samples[at : at + PIECE])
+        ready.append(features.ready)
+    return ready
+
+
+async def one_utterance(
+    url: str, samples: np.ndarray, ready: list[int], latencies: list[float]
+) -> str:
+    """Stream `samples` (`ready`: the frames ready after each piece) at real time -> the
+    final text; each partial's latency appended."""
+    sent: list[float] = []  # when each piece was sent
     async with websockets.connect(url, max_size=None) as ws:
         assert json.loads(await ws.recv())["type"] == "ready"
 
@@ -78,7 +94,7 @@ async def one_utterance(url: str, samples: np.ndarray, latencies: list[float]) -
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await ws.send(samples[at : at + PIECE].tobytes())
-                sent.append((min(at + PIECE, len(samples)), time.perf_counter()))
+                sent.append(time.perf_counter())
             await ws.send(json.dumps({"type": "end"}))
 
         sender = asyncio.create_task(send())
@@ -87,10 +103,10 @@ async def one_utterance(url: str, samples: np.ndarray, latencies: list[float]) -
             now = time.perf_counter()
             message = json.loads(raw)
             if message["type"] == "partial":
-                needed = round(message["audio_s"] * 16000)
-                completing = next((t for n, t in sent if n >= needed), None)
-                if completing is not None and needed < len(samples):
-                    latencies.append((now - completing) * 1000)
+                frames = round(message["audio_s"] / FRAME_SHIFT_SECONDS)
+                piece = next((i for i, n in enumerate(ready) if n >= frames), None)
+                if piece is not None and piece < len(sent):  # not the end-of-stream padding
+                    latencies.append((now - sent[piece]) * 1000)
             elif message["type"] == "final":
                 finals.append(message["text"])
             elif message["type"] == "error":
@@ -102,7 +118,7 @@ async def one_utterance(url: str, samples: np.ndarray, latencies: list[float]) -
 async def client(
     url: str,
     order: list[int],
-    audio: list[np.ndarray],
+    utterances: list[tuple[np.ndarray, list[int]]],
     until: float,
     latencies: list[float],
     texts: list[tuple[int, str]],
@@ -111,12 +127,18 @@ async def client(
     turn = 0
     while time.perf_counter() < until:
         index = order[turn % len(order)]
-        texts.append((index, await one_utterance(url, audio[index], latencies)))
+        samples, ready = utterances[index]
+        texts.append((index, await one_utterance(url, samples, ready, latencies)))
         turn += 1
 
 
 async def load(
-    port: int, pid: int, count: int, seconds: float, audio: list[np.ndarray], rss_every: float
+    port: int,
+    pid: int,
+    count: int,
+    seconds: float,
+    utterances: list[tuple[np.ndarray, list[int]]],
+    rss_every: float,
 ) -> tuple[list[float], list[tuple[int, str]], list[tuple[float, float]], float]:
     """`count` clients for `seconds` -> partial latencies (ms), (utterance, final text) per
     utterance streamed, (seconds, server RSS MiB) samples, and the wall seconds."""
@@ -132,9 +154,10 @@ async def load(
             await asyncio.sleep(rss_every)
 
     sampler = asyncio.create_task(sample_rss())
-    orders = [[(i * 7 + k) % len(audio) for k in range(len(audio))] for i in range(count)]
+    n = len(utterances)
+    orders = [[(i * 7 + k) % n for k in range(n)] for i in range(count)]
     url = f"ws://127.0.0.1:{port}/ws"
-    await asyncio.gather(*(client(url, o, audio, until, latencies, texts) for o in orders))
+    await asyncio.gather(*(client(url, o, utterances, until, latencies, texts) for o in orders))
     await sampler
     return latencies, texts, rss, time.perf_counter() - began
 
@@ -162,6 +185,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="per client count")
     parser.add_argument("--chunk-ms", type=float, default=None)
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    parser.add_argument(
+        "--batch-wait-ms", type=float, default=None, help="the server's (default: its own)"
+    )
     parser.add_argument("--rss-every", type=float, default=10.0, help="seconds between samples")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -170,6 +196,7 @@ def main() -> None:
     recognizer = load_streaming_recognizer(args.model, args.chunk_ms)
     expected = [t.text for t in recognizer.transcribe(audio)]
     per_chunk = chunk_compute_ms(recognizer, audio)
+    utterances = [(samples, frames_ready(recognizer, samples)) for samples in audio]
     port = free_port()
     command = [
         Path(sys.executable).with_name("asr-serve"),
@@ -183,6 +210,8 @@ def main() -> None:
     ]
     if args.chunk_ms is not None:
         command += ["--chunk-ms", str(args.chunk_ms)]
+    if args.batch_wait_ms is not None:
+        command += ["--batch-wait-ms", str(args.batch_wait_ms)]
     server = subprocess.Popen([str(c) for c in command], stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -198,7 +227,7 @@ def main() -> None:
         for count in [int(c) for c in args.clients.split(",")]:
             cpu_before = cpu_seconds(server.pid)
             latencies, texts, rss, wall = asyncio.run(
-                load(port, server.pid, count, args.seconds, audio, args.rss_every)
+                load(port, server.pid, count, args.seconds, utterances, args.rss_every)
             )
             cpu = cpu_seconds(server.pid) - cpu_before
             streamed = sum(len(audio[i]) for i, _ in texts) / 16000
@@ -229,6 +258,7 @@ def main() -> None:
                             "slope_per_10min": round(float(slope) * 600, 2),
                         },
                         "threads": args.threads,
+                        "batch_wait_ms": args.batch_wait_ms,
                     }
                 ),
                 flush=True,
