@@ -5,6 +5,9 @@
 // The protocol is in docs/serving.md.
 
 const RATE = 16000;
+// The samples a chunk's last feature frame needs beyond its audio_s: the 25 ms window is
+// centred on the frame's 10 ms (Kaldi's frames without snip_edges), 200 - 80 = 120 samples.
+const FRAME_LOOKAHEAD = 120;
 const PIECE = 1600; // 100 ms
 const $ = (id) => document.getElementById(id);
 
@@ -66,7 +69,7 @@ class Session {
   }
 
   latency(audioSeconds) {
-    const needed = Math.round(audioSeconds * RATE);
+    const needed = Math.round(audioSeconds * RATE) + FRAME_LOOKAHEAD; // the chunk's last sample
     const now = performance.now();
     while (this.sent.length && this.sent[0][0] < needed) this.sent.shift();
     if (this.sent.length) {
