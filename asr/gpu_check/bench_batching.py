@@ -75,7 +75,7 @@ from asr.data.rank_sync import RankSynchronizedSampler
 from asr.data.synthetic_cuts import synthetic_cuts
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.timing import synchronize
-from asr.gpu_check.training import (
+from asr.gpu_check.train_steps import (
     PRECISION,
     TINY_MODEL,
     random_weights_setup,

@@ -46,15 +46,14 @@ from __future__ import annotations
 import gc
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from asr.gpu_check.environment import device_facts, package_versions, project_commit
-from asr.gpu_check.lattice import loss_and_grads, seeded_joiner
+from asr.gpu_check.facts import device_facts, package_versions, project_commit
+from asr.gpu_check.joiner_loss import Loss, loss_and_grads, seeded_joiner
 from asr.gpu_check.report import Report, SectionOptions
 from asr.losses.samplewise import predicted_peak_bytes
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
@@ -122,9 +121,6 @@ def tensor_bytes(tensors: list[Tensor]) -> int:
 
 def _first(inputs: list[Tensor], n: int) -> list[Tensor]:
     return [x[:n] for x in inputs]
-
-
-Loss = Callable[..., Tensor]
 
 
 def timed(loss_fn: Loss, joiner: Joiner, inputs: list[Tensor], device: str) -> tuple[float, int]:

@@ -7,12 +7,12 @@ docs/streaming.md) with random weights, no data:
 - training: one fresh model per trained chunk size (160, 320, 640 ms and full context),
   each built with that chunk size alone and the largest trained left context, so that
   every step draws it; `TRAIN_STEPS` optimizer steps in bf16 autocast on worst-case batches
-  (`asr.gpu_check.training.train_steps`: `train_batch` utterances of `train_seconds`, 32 x
+  (`asr.gpu_check.train_steps.train_steps`: `train_batch` utterances of `train_seconds`, 32 x
   15 s, with LibriSpeech's token rate); the median step time after two (forward, backward,
   optimizer step), audio seconds per second and peak memory per chunk size.
 - decoding: the model with every chunk size at its largest left context, as
   `StreamingRecognizer` runs it on a GPU (bf16 autocast, greedy search), fed
-  `stream_seconds` of noise per stream in 0.1 s pieces (`asr.gpu_check.streaming.
+  `stream_seconds` of noise per stream in 0.1 s pieces (`asr.gpu_check.streams.
   decode_streams`: all streams decoded after each piece, the device synchronized at the
   end), with 1, 16 and 64 concurrent streams at each chunk size: RTFx (audio seconds of all
   streams over wall seconds, the front end's features included) after one untimed pass
@@ -39,8 +39,8 @@ from asr.data.features import FeatureConfig
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.gpu_check.random_models import TOKENS_PER_SECOND
 from asr.gpu_check.report import Report, SectionOptions
-from asr.gpu_check.streaming import decode_streams
-from asr.gpu_check.training import PRECISION, random_weights_setup, train_steps
+from asr.gpu_check.streams import decode_streams
+from asr.gpu_check.train_steps import PRECISION, random_weights_setup, train_steps
 from asr.inference.streaming import StreamingRecognizer
 from asr.models.build import build_model, count_parameters
 from asr.models.conformer import FULL_CONTEXT, Chunking

@@ -31,12 +31,12 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from asr.gpu_check.joiner_loss import Loss, loss_and_grads, seeded_joiner
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.timing import synchronize
 from asr.losses.lattice_choice import AUTO_ON_CUDA, FallbackLattice
@@ -69,14 +69,6 @@ GPU_CASE = LatticeCase(8, 1000, 150, 1024, 512, 640, 640, repeats=3)
 REHEARSAL_CASE = LatticeCase(3, 20, 6, 33, 16, 12, 16, repeats=1)
 
 
-def seeded_joiner(encoder_dim: int, predictor_dim: int, joint_dim: int, vocab: int) -> Joiner:
-    """A `Joiner` of these sizes with the weights torch's seed 0 gives (on the CPU)."""
-    torch.manual_seed(0)
-    return Joiner(
-        encoder_dim=encoder_dim, predictor_dim=predictor_dim, joint_dim=joint_dim, vocab_size=vocab
-    )
-
-
 def random_batch(case: LatticeCase, device: str) -> tuple[Joiner, list[Tensor]]:
     """The joiner and (encoder_out, predictor_out, targets, encoder_lens, target_lens):
     lengths spread from a quarter of the maximum to the maximum, shuffled so that long
@@ -98,9 +90,6 @@ def random_batch(case: LatticeCase, device: str) -> tuple[Joiner, list[Tensor]]:
     return joiner.to(device), [x.to(device) for x in inputs]
 
 
-Loss = Callable[..., Tensor]
-
-
 def implementations() -> dict[str, Loss]:
     def samplewise(lattice: str) -> Loss:
         return lambda *args: samplewise_transducer_loss(*args, lattice=lattice)
@@ -110,16 +99,6 @@ def implementations() -> dict[str, Loss]:
         "torch": samplewise("torch"),
         "torchaudio": batched_transducer_loss,
     }
-
-
-def loss_and_grads(loss_fn: Loss, joiner: Joiner, inputs: list[Tensor]) -> list[Tensor]:
-    """[loss, d/d encoder_out, d/d predictor_out, d/d joiner parameters...]."""
-    enc, pred, *rest = inputs
-    enc, pred = enc.detach().requires_grad_(True), pred.detach().requires_grad_(True)
-    params = list(joiner.parameters())
-    loss = loss_fn(joiner, enc, pred, *rest)
-    grads = torch.autograd.grad(loss, [enc, pred, *params])
-    return [loss.detach(), *grads]
 
 
 def float64_reference(joiner: Joiner, inputs: list[Tensor]) -> list[Tensor]:

@@ -30,6 +30,7 @@ from asr.data.features import FeatureConfig
 from asr.decoding.transducer import greedy_search_timed
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.streams import decode_streams
 from asr.gpu_check.train_runs import (
     TINY_MODEL,
     TrainRun,
@@ -46,7 +47,6 @@ from asr.models.conformer import Chunking
 from asr.training.metrics_csv import metric_rows
 
 STREAMS = 8
-PIECE = 1600  # samples: 0.1 s
 CHUNKS, LEFT = (2, 4), 8  # encoder frames (x 40 ms)
 BLANK_HANDICAP = 4.0  # subtracted from the blank's logit bias before decoding
 TINY_STREAMING = (  # the ddp section's tiny transducer, streaming
@@ -57,18 +57,6 @@ TINY_STREAMING = (  # the ddp section's tiny transducer, streaming
     f"model.encoder.streaming.left_contexts=[{LEFT}]",
 )
 RUN = TrainRun("streaming", "streaming transducer training, a chunk size drawn per step")
-
-
-def decode_streams(
-    recognizer: StreamingRecognizer, audio: list[np.ndarray]
-) -> tuple[list[list[int]], float]:
-    """All of `audio` as concurrent streams fed `PIECE` samples at a time -> each stream's
-    tokens, and the seconds it took."""
-    began = time.perf_counter()
-    streams = recognizer.feed(audio, PIECE)
-    if recognizer.device.type == "cuda":
-        torch.cuda.synchronize()
-    return [s.tokens for s in streams], time.perf_counter() - began
 
 
 def whole_utterances(recognizer: StreamingRecognizer, audio: list[np.ndarray]) -> list[list[int]]:

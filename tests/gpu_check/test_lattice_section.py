@@ -1,5 +1,6 @@
 """The lattice section's referee and bounds on a small real batch (CPU)."""
 
+from asr.gpu_check.joiner_loss import loss_and_grads
 from asr.gpu_check.lattice import (
     FP32_GRAD_RTOL,
     GRAD_RTOL,
@@ -7,7 +8,6 @@ from asr.gpu_check.lattice import (
     disagreement,
     float64_reference,
     implementations,
-    loss_and_grads,
     padding_gradient,
     random_batch,
 )

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from asr.data.tokenizer import train_tokenizer
-from asr.gpu_check.training import REHEARSAL_CASE, random_weights_setup
+from asr.gpu_check.train_steps import random_weights_setup
+from asr.gpu_check.training import REHEARSAL_CASE
 from asr.training.oomptimizer import compose_config
 from asr.training.probes import ModelSetup
 
