@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
-from asr.decoding.cuda_graphs import KeptBuffers, kept_with, run_steps
+from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.models.aed import EncoderDecoder, StaticDecoderState
 
 
@@ -122,8 +122,13 @@ class StaticGreedySearch:
     ) -> None:
         if not max_tps > 0:
             raise ValueError(f"max_tps must be positive, got {max_tps}")
-        self.model, self.max_tps, self.use_cuda_graphs = model, max_tps, use_cuda_graphs
+        self._model = ModelRef(model)
+        self.max_tps, self.use_cuda_graphs = max_tps, use_cuda_graphs
         self.kept = KeptBuffers(self._step)
+
+    @property
+    def model(self) -> EncoderDecoder:
+        return self._model()
 
     @torch.inference_mode()
     def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[list[int]]:

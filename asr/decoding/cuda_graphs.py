@@ -140,9 +140,23 @@ _KEPT: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 def kept_with(model: nn.Module, key: Hashable, make: Callable[[], Search]) -> Search:
     """The search `make()` built for `model` and `key` the first time, kept with the model
-    (weakly: it goes when the model goes) so its buffers and graph serve every batch that
-    fits them."""
+    (weakly: it goes when the model goes, as long as the search refers to the model only
+    through `ModelRef`) so its buffers and graph serve every batch that fits them."""
     searches = _KEPT.setdefault(model, {})
     if key not in searches:
         searches[key] = make()
     return searches[key]
+
+
+class ModelRef(Generic[Search]):
+    """A search's weak reference to its model: a search kept with its model (`kept_with`)
+    must not keep the model alive. `ref()` is the model, or an error once it is gone."""
+
+    def __init__(self, model: Search) -> None:
+        self._ref = weakref.ref(model)
+
+    def __call__(self) -> Search:
+        model = self._ref()
+        if model is None:
+            raise RuntimeError("the model of this search was freed: build a new search")
+        return model

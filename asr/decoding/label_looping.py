@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
-from asr.decoding.cuda_graphs import KeptBuffers, kept_with, run_steps
+from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.decoding.transducer import GreedyOptions, TimedTokens, _select
 from asr.models.transducer import PredictorState, Transducer
 
@@ -99,8 +99,13 @@ class LabelLoopingGreedy:
             raise ValueError(
                 f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}"
             )
-        self.model, self.options, self.use_cuda_graphs = model, options, use_cuda_graphs
+        self._model = ModelRef(model)
+        self.options, self.use_cuda_graphs = options, use_cuda_graphs
         self.kept = KeptBuffers(self._fused_step)
+
+    @property
+    def model(self) -> Transducer:
+        return self._model()
 
     def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[TimedTokens]:
         graphs = self.use_cuda_graphs and encoder_out.device.type == "cuda"

@@ -68,3 +68,20 @@ def test_one_search_per_model_and_key_gone_with_the_model():
     del model, first
     gc.collect()
     assert search() is None
+
+
+def test_a_real_search_kept_with_its_model_goes_with_it():
+    """The cached searches refer to their model weakly: caching does not keep models alive
+    (a server or a notebook that loads model after model would otherwise keep them all)."""
+    from asr.decoding.label_looping import cached_search
+    from asr.decoding.transducer import GreedyOptions
+    from tests.decoding.test_label_looping import _random_model
+
+    model = _random_model("lstm")
+    search = cached_search(model, GreedyOptions())
+    with torch.inference_mode():
+        assert len(search(torch.randn(2, 5, 6), torch.tensor([5, 3]))) == 2
+    gone = weakref.ref(model), weakref.ref(search)
+    del model, search
+    gc.collect()
+    assert gone[0]() is None and gone[1]() is None
