@@ -34,6 +34,7 @@ REPLAYS_PER_CHECK = 4  # steps between two questions to the GPU (each one waits 
 
 Buffers = TypeVar("Buffers")
 Search = TypeVar("Search")
+Model = TypeVar("Model", bound=nn.Module)
 
 
 class GraphedStep:
@@ -148,14 +149,14 @@ def kept_with(model: nn.Module, key: Hashable, make: Callable[[], Search]) -> Se
     return searches[key]
 
 
-class ModelRef(Generic[Search]):
+class ModelRef(Generic[Model]):
     """A search's weak reference to its model: a search kept with its model (`kept_with`)
     must not keep the model alive. `ref()` is the model, or an error once it is gone."""
 
-    def __init__(self, model: Search) -> None:
+    def __init__(self, model: Model) -> None:
         self._ref = weakref.ref(model)
 
-    def __call__(self) -> Search:
+    def __call__(self) -> Model:
         model = self._ref()
         if model is None:
             raise RuntimeError("the model of this search was freed: build a new search")

@@ -55,6 +55,7 @@ from torch import Tensor
 from asr.gpu_check.facts import device_facts, package_versions, project_commit
 from asr.gpu_check.joiner_loss import Loss, loss_and_grads, seeded_joiner
 from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.timing import clock
 from asr.losses.samplewise import predicted_peak_bytes
 from asr.losses.transducer import batched_transducer_loss, samplewise_transducer_loss
 from asr.models.transducer import Joiner
@@ -129,9 +130,7 @@ def timed(loss_fn: Loss, joiner: Joiner, inputs: list[Tensor], device: str) -> t
     with PeakMemory(device) as memory:  # synchronizes the device on entry and exit
         began = time.perf_counter()
         result = loss_and_grads(loss_fn, joiner, inputs)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - began
+        seconds = clock(device) - began
     if not torch.isfinite(result[0]):
         raise RuntimeError(f"the loss is not finite ({float(result[0])})")
     return seconds, memory.extra_bytes
