@@ -27,7 +27,11 @@ EXTRA_PARTS = ("train-clean-360", "train-other-500", "dev-other", "test-other")
 # Audio without transcripts for self-supervised pre-training (`unlabelled_hours`): new
 # sentences read by new voice settings, in the same layout (LibriSpeech has no such part).
 UNLABELLED_PART = "train-unlabelled"
-ALL_PARTS = PARTS + EXTRA_PARTS + (UNLABELLED_PART,)  # a part's position seeds its audio, ids
+# The context-biasing test sets (`asr.demo.context_sets`): sentences holding names and rare
+# words never seen in training, and their twins with ordinary words in their place.
+CONTEXT_PART, PLAIN_PART = "test-context", "test-plain"
+# A part's position seeds its audio and ids: new parts go at the end.
+ALL_PARTS = PARTS + EXTRA_PARTS + (UNLABELLED_PART, CONTEXT_PART, PLAIN_PART)
 MIN_WORDS, MAX_WORDS = 3, 20
 _TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
 

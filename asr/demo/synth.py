@@ -130,7 +130,8 @@ def _write_json(path: Path, content: dict) -> None:
 
 def _prepare_output(root: Path, params: dict) -> dict | None:
     """The summary of an existing complete corpus with `params`, or None after clearing
-    what an earlier, different or interrupted run of ours left behind."""
+    what an earlier, different or interrupted run of ours left behind (the context sets of
+    `asr.demo.context_sets` too: they are made from the training text it replaces)."""
     marker = root / MARKER
     try:
         previous = json.loads(marker.read_text())
