@@ -71,6 +71,11 @@ class Tokenizer:
     def id_to_piece(self, idx: int) -> str:
         return self._sp.id_to_piece(idx)
 
+    def piece_to_id(self, piece: str) -> int | None:
+        """The id of a piece, or None when the vocabulary has no such piece."""
+        idx = self._sp.piece_to_id(piece)
+        return None if idx == UNK_ID and piece != self._sp.id_to_piece(UNK_ID) else idx
+
 
 def train_tokenizer(
     texts: Iterable[str],

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
+from asr.decoding.context import ContextGraph
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.models.aed import EncoderDecoder, StaticDecoderState
 
@@ -48,15 +49,23 @@ def decode(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: AedSearchOptions = AedSearchOptions(),
+    context: ContextGraph | None = None,
 ) -> list[list[int]]:
     """Greedy search when `options.beam_size` is 1 (on CUDA: `StaticGreedySearch`, the
-    same tokens replayed from a CUDA graph), else beam search."""
-    if options.beam_size == 1:
+    same tokens replayed from a CUDA graph), else beam search; with `context` (phrases to
+    boost), always beam search (of width 1: greedy search with the bonus)."""
+    if options.beam_size == 1 and context is None:
         if encoder_out.is_cuda and isinstance(model, EncoderDecoder):
             return cached_static_search(model, options.max_tps)(encoder_out, encoder_lens)
         return greedy_search(model, encoder_out, encoder_lens, options.max_tps)
     return beam_search(
-        model, encoder_out, encoder_lens, options.beam_size, options.length_penalty, options.max_tps
+        model,
+        encoder_out,
+        encoder_lens,
+        options.beam_size,
+        options.length_penalty,
+        options.max_tps,
+        context,
     )
 
 
@@ -201,10 +210,13 @@ def beam_search(
     beam_size: int = 4,
     length_penalty: float = 1.0,
     max_tps: float = 25.0,
+    context: ContextGraph | None = None,
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> the best hypothesis of each utterance
     (see `beam_search_nbest`)."""
-    nbest = beam_search_nbest(model, encoder_out, encoder_lens, beam_size, length_penalty, max_tps)
+    nbest = beam_search_nbest(
+        model, encoder_out, encoder_lens, beam_size, length_penalty, max_tps, context
+    )
     return [hyps[0][0] if hyps else [] for hyps in nbest]
 
 
@@ -216,6 +228,7 @@ def beam_search_nbest(
     beam_size: int = 4,
     length_penalty: float = 1.0,
     max_tps: float = 25.0,
+    context: ContextGraph | None = None,
 ) -> list[list[tuple[list[int], float]]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> per utterance its finished hypotheses
     (at most `beam_size`) as (tokens, length-penalized log-probability), best first.
@@ -225,6 +238,10 @@ def beam_search_nbest(
     (scored with the length penalty), the first K others go on. An utterance stops when
     it has K finished hypotheses, or at its length limit, where only EOS is allowed.
     With K = 1 this is exactly greedy search.
+
+    With `context`, every token adds its gain in the graph (`ContextGraph.gain`) to the
+    hypothesis's score; EOS, which matches no phrase, gives back what a partial match
+    holds. Finished scores include the bonus.
     """
     check_encoder_output(encoder_out, encoder_lens)
     k, eos = beam_size, model.eos_id
@@ -239,12 +256,17 @@ def beam_search_nbest(
     scores[:, 0] = 0.0  # one live hypothesis at the start; the copies are -inf
     history = torch.empty((batch * k, 0), dtype=torch.long, device=device)
     tokens = torch.full((batch * k,), model.bos_id, dtype=torch.long, device=device)
+    nodes = torch.zeros(batch * k, dtype=torch.long, device=device)  # in the context graph
+    if context is not None:
+        context = context.to(device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     for step in range(int(limits.max()) + 1):
         logits, state = model.decoder.step(tokens, state)
         b, vocab = len(utts), logits.size(-1)
         log_probs = torch.log_softmax(logits.float(), dim=-1).view(b, k, vocab)
         candidates = scores[:, :, None] + log_probs  # (b, K, V)
+        if context is not None:
+            candidates = candidates + context.gain.index_select(0, nodes).view(b, k, vocab)
         at_limit = step >= limits  # (b,): only EOS may follow
         if bool(at_limit.any()):
             only_eos = torch.full_like(candidates[0, 0], -math.inf)
@@ -282,6 +304,8 @@ def beam_search_nbest(
             state = state.select(source.reshape(-1), same_memory=True)
         rows = source.reshape(-1)
         history = torch.cat([history.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
+        if context is not None:
+            nodes = context.next[nodes.index_select(0, rows), new_tokens.reshape(-1)]
         tokens, scores = new_tokens.reshape(-1), new_scores
     return [
         [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])]

@@ -16,7 +16,13 @@ the same tokens and frames (tested on CPU): at frame t, a blank moves to t + 1; 
 emitted and the utterance stays on t, until `max_symbols_per_frame` labels there move it
 to t + 1 (a guard against a joiner that never emits blank).
 
-Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 label slots.
+A context graph (`asr.decoding.context`, phrases to boost) is read the same way: its
+tables are copied into static buffers of the search (`biased=True`, at least as many
+states), each row keeps its state, and the inner step adds what each token earns to the
+log-probabilities, as the frame-looping search does: the same tokens again.
+
+Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 label slots,
+N context states, V vocabulary.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
+from asr.decoding.confidence import token_confidence
+from asr.decoding.context import ContextGraph
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.decoding.transducer import GreedyOptions, TimedTokens, _select
 from asr.models.transducer import PredictorState, Transducer
@@ -56,8 +64,11 @@ class _Buffers:
     `frame` (B,) each row's current frame; `symbols` (B,) labels emitted at it; `label`
     (B,) the label found by the inner loop; `need` (B,) still looking for a label;
     `active` (B,) frames left; `pred` (B, D) projected predictor output and `state` the
-    predictor state after each row's last label; `labels`, `frames` (B, S) what was
-    emitted and where; `count` (B,) how many.
+    predictor state after each row's last label; `labels`, `frames`, `confidences`
+    (B, S) what was emitted, where and how surely; `count` (B,) how many; `confidence`
+    (B,) that of the label found by the inner loop. A biased search also has `node` (B,)
+    each row's context state and the graph's tables `context_next`, `context_advance`
+    (N, V); None otherwise.
     """
 
     enc: Tensor
@@ -72,7 +83,12 @@ class _Buffers:
     state: PredictorState
     labels: Tensor
     frames: Tensor
+    confidences: Tensor
     count: Tensor
+    confidence: Tensor
+    node: Tensor | None = None
+    context_next: Tensor | None = None
+    context_advance: Tensor | None = None
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -86,7 +102,8 @@ class LabelLoopingGreedy:
     step of the rows that found a label) and replay it, `REPLAYS_PER_CHECK` times between
     checks; buffers are kept and reused for batches that fit (`KeptBuffers`). Elsewhere,
     or with False, the steps run eagerly: inner steps until every row has found its label,
-    then one outer step (fewest predictor calls).
+    then one outer step (fewest predictor calls). `biased`: every call passes a
+    `ContextGraph` (its own search and graph: an unbiased search keeps its exact steps).
     """
 
     def __init__(
@@ -94,43 +111,58 @@ class LabelLoopingGreedy:
         model: Transducer,
         options: GreedyOptions = GreedyOptions(),
         use_cuda_graphs: bool = True,
+        biased: bool = False,
     ) -> None:
         if options.max_symbols_per_frame < 1:
             raise ValueError(
                 f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}"
             )
         self._model = ModelRef(model)
-        self.options, self.use_cuda_graphs = options, use_cuda_graphs
+        self.options, self.use_cuda_graphs, self.biased = options, use_cuda_graphs, biased
         self.kept = KeptBuffers(self._fused_step)
 
     @property
     def model(self) -> Transducer:
         return self._model()
 
-    def __call__(self, encoder_out: Tensor, encoder_lens: Tensor) -> list[TimedTokens]:
+    def __call__(
+        self, encoder_out: Tensor, encoder_lens: Tensor, context: ContextGraph | None = None
+    ) -> list[TimedTokens]:
         graphs = self.use_cuda_graphs and encoder_out.device.type == "cuda"
-        return self._decode(encoder_out, encoder_lens, fused=graphs)
+        return self._decode(encoder_out, encoder_lens, fused=graphs, context=context)
 
     @torch.inference_mode()
-    def _decode(self, encoder_out: Tensor, encoder_lens: Tensor, fused: bool) -> list[TimedTokens]:
+    def _decode(
+        self,
+        encoder_out: Tensor,
+        encoder_lens: Tensor,
+        fused: bool,
+        context: ContextGraph | None = None,
+    ) -> list[TimedTokens]:
         """`fused`: the graph's loop (replayed on CUDA with graphs, its body run eagerly
         elsewhere: how a CPU tests it), else the eager loops."""
         check_encoder_output(encoder_out, encoder_lens)
+        if self.biased != (context is not None):
+            raise ValueError(
+                "a biased search decodes with a context graph, an unbiased one without: "
+                "use cached_search(model, options, biased=context is not None)"
+            )
         batch, frames = encoder_out.size(0), encoder_out.size(1)
         if batch == 0:
             return []
         if frames == 0:
-            return [TimedTokens([], []) for _ in range(batch)]
+            return [TimedTokens([], [], []) for _ in range(batch)]
         enc = self.model.joiner.project_encoder(encoder_out)
         graphs = self.use_cuda_graphs and enc.device.type == "cuda"
+        sizes = (batch, frames) if context is None else (batch, frames, context.num_states)
         buffers, step = self.kept.get(
-            (batch, frames),
+            sizes,
             (enc.device, enc.dtype),
-            lambda sizes: self._allocate(*sizes, enc),
+            lambda sizes: self._allocate(enc, *sizes),
             enc.device,
             graphs,
         )
-        self._reset(buffers, enc, encoder_lens)
+        self._reset(buffers, enc, encoder_lens, context)
         if fused:
             run_steps(step, lambda: not bool(buffers.active.any()))
         else:
@@ -139,7 +171,7 @@ class LabelLoopingGreedy:
 
     # -- buffers ----------------------------------------------------------------------
 
-    def _allocate(self, batch: int, frames: int, enc: Tensor) -> _Buffers:
+    def _allocate(self, enc: Tensor, batch: int, frames: int, states: int = 0) -> _Buffers:
         device, slots = enc.device, frames * self.options.max_symbols_per_frame + 1
         predictor, joiner, blank = self.model.predictor, self.model.joiner, self.model.blank_id
         blanks = torch.full((batch,), blank, dtype=torch.long, device=device)
@@ -152,6 +184,14 @@ class LabelLoopingGreedy:
         def flags() -> Tensor:
             return torch.zeros(batch, dtype=torch.bool, device=device)
 
+        vocab = joiner.joint(enc[:1, 0], pred[:1]).size(-1)
+        biased = {}
+        if self.biased:
+            biased = {
+                "node": longs(batch),
+                "context_next": longs(states, vocab),
+                "context_advance": torch.zeros(states, vocab, device=device),
+            }
         return _Buffers(
             enc=enc.new_zeros((batch, frames, enc.size(2))),
             lens=longs(batch),
@@ -165,11 +205,17 @@ class LabelLoopingGreedy:
             state=_empty_like_state(state, batch),
             labels=longs(batch, slots),
             frames=longs(batch, slots),
+            confidences=torch.zeros(batch, slots, device=device),
             count=longs(batch),
+            confidence=torch.zeros(batch, device=device),
+            **biased,
         )
 
-    def _reset(self, b: _Buffers, enc: Tensor, encoder_lens: Tensor) -> None:
-        """The state before the first frame, for the utterances of `enc` in the first rows."""
+    def _reset(
+        self, b: _Buffers, enc: Tensor, encoder_lens: Tensor, context: ContextGraph | None
+    ) -> None:
+        """The state before the first frame, for the utterances of `enc` in the first rows
+        (and `context`'s tables in the first rows of the biased search's)."""
         batch, frames = enc.size(0), enc.size(1)
         rows = b.capacity[0]
         predictor, joiner, blank = self.model.predictor, self.model.joiner, self.model.blank_id
@@ -185,6 +231,14 @@ class LabelLoopingGreedy:
         _copy_state(b.state, state)
         torch.lt(b.frame, b.lens, out=b.active)
         b.need.copy_(b.active)
+        if context is not None:
+            context = context.to(enc.device)
+            states = context.num_states
+            b.node.zero_()
+            b.context_next.zero_()
+            b.context_advance.zero_()
+            b.context_next[:states].copy_(context.next)
+            b.context_advance[:states].copy_(context.advance)
 
     # -- the steps ----------------------------------------------------------------------
 
@@ -192,10 +246,17 @@ class LabelLoopingGreedy:
         """Rows looking for a label: the joiner at their frame; a blank moves them on."""
         last = b.enc.size(1) - 1
         enc = b.enc[b.rows, b.frame.clamp(max=last)]  # (B, D)
-        best = self.model.joiner.joint(enc, b.pred).argmax(dim=-1)
+        logits = self.model.joiner.joint(enc, b.pred)
+        log_probs = logits.float().log_softmax(dim=-1)
+        if b.node is None:
+            best = logits.argmax(dim=-1)
+        else:
+            best = (log_probs + b.context_advance.index_select(0, b.node)).argmax(dim=-1)
         is_blank = best == self.model.blank_id
         moves = b.need & is_blank
-        b.label.copy_(torch.where(b.need & ~is_blank, best, b.label))
+        found = b.need & ~is_blank
+        b.label.copy_(torch.where(found, best, b.label))
+        b.confidence.copy_(torch.where(found, token_confidence(log_probs), b.confidence))
         b.frame.add_(moves.long())
         b.symbols.masked_fill_(moves, 0)
         torch.lt(b.frame, b.lens, out=b.active)
@@ -209,7 +270,10 @@ class LabelLoopingGreedy:
         slot = torch.where(ready, b.count, slots - 1)[:, None]  # the last slot is scratch
         b.labels.scatter_(1, slot, b.label[:, None])
         b.frames.scatter_(1, slot, b.frame[:, None])
+        b.confidences.scatter_(1, slot, b.confidence[:, None])
         b.count.add_(ready.long())
+        if b.node is not None:
+            b.node.copy_(torch.where(ready, b.context_next[b.node, b.label], b.node))
         out, state = model.predictor.step(b.label, b.state)
         _copy_state(b.state, _select(ready, state, b.state))
         b.pred.copy_(torch.where(ready[:, None], model.joiner.project_predictor(out), b.pred))
@@ -239,12 +303,20 @@ class LabelLoopingGreedy:
         width = max(counts)
         labels = b.labels[:batch, :width].cpu().tolist()
         frames = b.frames[:batch, :width].cpu().tolist()
-        return [TimedTokens(labels[i][:n], frames[i][:n]) for i, n in enumerate(counts)]
+        sure = b.confidences[:batch, :width].cpu().tolist()
+        return [
+            TimedTokens(labels[i][:n], frames[i][:n], sure[i][:n]) for i, n in enumerate(counts)
+        ]
 
 
-def cached_search(model: Transducer, options: GreedyOptions) -> LabelLoopingGreedy:
-    """The model's label-looping search for `options`, kept with the model so that its
-    buffers and CUDA graph serve every batch that fits them."""
+def cached_search(
+    model: Transducer, options: GreedyOptions, biased: bool = False
+) -> LabelLoopingGreedy:
+    """The model's label-looping search for `options` (`biased`: one that takes a context
+    graph), kept with the model so that its buffers and CUDA graph serve every batch that
+    fits them."""
     return kept_with(
-        model, (LabelLoopingGreedy, options), lambda: LabelLoopingGreedy(model, options)
+        model,
+        (LabelLoopingGreedy, options, biased),
+        lambda: LabelLoopingGreedy(model, options, biased=biased),
     )

@@ -7,6 +7,7 @@ import dataclasses
 from torch import Tensor
 
 from asr.decoding import aed, label_looping, transducer
+from asr.decoding.context import ContextGraph
 from asr.models.aed import EncoderDecoder
 from asr.models.build import Model
 from asr.models.transducer import Transducer
@@ -43,16 +44,22 @@ def default_options(
 
 
 def decode(
-    model: Model, encoder_out: Tensor, encoder_lens: Tensor, options: SearchOptions | None = None
+    model: Model,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: SearchOptions | None = None,
+    context: ContextGraph | None = None,
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (the best hypothesis),
-    with the search of the model's kind (greedy by default)."""
+    with the search of the model's kind (greedy by default); `context`: phrases to boost
+    (`asr.decoding.context`)."""
     options = options or default_options(model)
     if is_attention_decoder(model):
         if not isinstance(options, aed.AedSearchOptions):
             raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
-        return aed.decode(model, encoder_out, encoder_lens, options)
-    return [hyp.tokens for hyp in decode_timed(model, encoder_out, encoder_lens, options)]
+        return aed.decode(model, encoder_out, encoder_lens, options, context)
+    hyps = decode_timed(model, encoder_out, encoder_lens, options, context)
+    return [hyp.tokens for hyp in hyps]
 
 
 NO_TOKEN_TIMES = (
@@ -67,35 +74,48 @@ def has_token_times(model: Model) -> bool:
 
 
 def decode_timed(
-    model: Model, encoder_out: Tensor, encoder_lens: Tensor, options: SearchOptions | None = None
+    model: Model,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: SearchOptions | None = None,
+    context: ContextGraph | None = None,
 ) -> list[transducer.TimedTokens]:
-    """`decode`'s best hypotheses with the encoder frame of each token (transducers; an
-    attention decoder raises ValueError)."""
+    """`decode`'s best hypotheses with the encoder frame and the confidence of each token
+    (transducers; an attention decoder raises ValueError)."""
     options = options or default_options(model)
     if not has_token_times(model):
         raise ValueError(NO_TOKEN_TIMES)
     if isinstance(options, transducer.BeamOptions):
-        hyps = transducer.beam_search(model, encoder_out, encoder_lens, options)
+        hyps = transducer.beam_search(model, encoder_out, encoder_lens, options, context)
         return [
-            transducer.TimedTokens(list(best[0].tokens), list(best[0].frames))
+            transducer.TimedTokens(
+                list(best[0].tokens), list(best[0].frames), list(best[0].confidences)
+            )
             if best
-            else transducer.TimedTokens([], [])
+            else transducer.TimedTokens([], [], [])
             for best in hyps
         ]
     if not isinstance(options, transducer.GreedyOptions):
         raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
     if encoder_out.is_cuda and isinstance(model, Transducer):
         # The same tokens and frames; on a GPU without a round trip per frame (CUDA graphs).
-        return label_looping.cached_search(model, options)(encoder_out, encoder_lens)
-    return transducer.greedy_search_timed(model, encoder_out, encoder_lens, options)
+        search = label_looping.cached_search(model, options, biased=context is not None)
+        return search(encoder_out, encoder_lens, context)
+    return transducer.greedy_search_timed(model, encoder_out, encoder_lens, options, context)
 
 
 def decode_nbest(
-    model: Model, encoder_out: Tensor, encoder_lens: Tensor, options: SearchOptions, nbest: int
+    model: Model,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: SearchOptions,
+    nbest: int,
+    context: ContextGraph | None = None,
 ) -> list[list[tuple[list[int], float]]]:
     """Per utterance its `nbest` best hypotheses as (token ids, score), best first, from the
     beam search of `options` (a beam at least `nbest` wide). Scores are log-probabilities
-    (attention decoders: divided by the length penalty)."""
+    (attention decoders: divided by the length penalty), plus the context bonus of the
+    phrases they completed where `context` is given."""
     beam = getattr(options, "beam_size", 1)
     if not 1 <= nbest <= beam:
         raise ValueError(
@@ -105,7 +125,7 @@ def decode_nbest(
         if not isinstance(options, aed.AedSearchOptions):
             raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
         hyps = aed.beam_search_nbest(
-            model, encoder_out, encoder_lens, beam, options.length_penalty, options.max_tps
+            model, encoder_out, encoder_lens, beam, options.length_penalty, options.max_tps, context
         )
         return [h[:nbest] for h in hyps]
     if not isinstance(options, transducer.BeamOptions):
@@ -113,5 +133,5 @@ def decode_nbest(
     wide = dataclasses.replace(options, nbest=nbest)
     return [
         [(list(h.tokens), h.score) for h in hyps]
-        for hyps in transducer.beam_search(model, encoder_out, encoder_lens, wide)
+        for hyps in transducer.beam_search(model, encoder_out, encoder_lens, wide, context)
     ]

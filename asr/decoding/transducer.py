@@ -6,6 +6,10 @@ chunk of encoder output (streaming): `GreedyProgress` and `BeamProgress` hold a 
 search between chunks, and rows of different streams can be stacked (`cat`) and taken
 apart (`select`).
 
+Both take an optional `ContextGraph` (`asr.decoding.context`): phrases whose tokens earn a
+bonus, each hypothesis (or greedy row) carrying its state in the graph. Each emitted token
+also gets a confidence from the distribution it was taken from (`asr.decoding.confidence`).
+
 Legend: B batch, K beam size, T frames, V vocabulary, D width. Call ``model.eval()``
 first: decoding does not change the model's mode, and dropout would make the predictor
 random.
@@ -21,6 +25,8 @@ import torch
 from torch import Tensor
 
 from asr.decoding.checks import check_encoder_output
+from asr.decoding.confidence import token_confidence
+from asr.decoding.context import ContextGraph
 from asr.models.transducer import PredictorState, Transducer
 
 
@@ -41,10 +47,19 @@ def _select(mask: Tensor, new: PredictorState, old: PredictorState) -> Predictor
 
 @dataclass(frozen=True)
 class TimedTokens:
-    """A hypothesis's token ids (no blanks) and the encoder frame each was emitted at."""
+    """A hypothesis's token ids (no blanks), the encoder frame each was emitted at and
+    the search's confidence in each (`asr.decoding.confidence`)."""
 
     tokens: list[int]
     frames: list[int]
+    confidences: list[float]
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.frames) == len(self.confidences):
+            raise ValueError(
+                f"{len(self.tokens)} tokens, {len(self.frames)} frames and "
+                f"{len(self.confidences)} confidences"
+            )
 
 
 def greedy_search(
@@ -52,10 +67,12 @@ def greedy_search(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: GreedyOptions = GreedyOptions(),
+    context: ContextGraph | None = None,
 ) -> list[list[int]]:
     """encoder_out (B, T, D_enc), encoder_lens (B,) -> B token-id lists without blanks
     (`greedy_search_timed`'s tokens)."""
-    return [hyp.tokens for hyp in greedy_search_timed(model, encoder_out, encoder_lens, options)]
+    hyps = greedy_search_timed(model, encoder_out, encoder_lens, options, context)
+    return [hyp.tokens for hyp in hyps]
 
 
 @torch.inference_mode()
@@ -64,26 +81,35 @@ def greedy_search_timed(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: GreedyOptions = GreedyOptions(),
+    context: ContextGraph | None = None,
 ) -> list[TimedTokens]:
     """encoder_out (B, T, D_enc), encoder_lens (B,) -> per utterance its tokens without
-    blanks and the frame each was emitted at (`greedy_continue` from the start)."""
+    blanks, the frame each was emitted at and its confidence (`greedy_continue` from the
+    start)."""
     check_encoder_output(encoder_out, encoder_lens)
     progress = greedy_start(model, encoder_out.size(0), encoder_out.device)
-    greedy_continue(model, progress, encoder_out, encoder_lens, options)
-    return [TimedTokens(t, f) for t, f in zip(progress.tokens, progress.frames, strict=True)]
+    greedy_continue(model, progress, encoder_out, encoder_lens, options, context)
+    return progress.results()
 
 
 @dataclass
 class GreedyProgress:
     """Greedy search of a batch between chunks: the projected predictor output
-    (B, D_joint) and the predictor's state after each utterance's last token, its tokens
-    and their frames, and the frames it has consumed."""
+    (B, D_joint) and the predictor's state after each utterance's last token, its tokens,
+    their frames and confidences, the frames it has consumed, and its state in the
+    context graph (B,) (0 without one)."""
 
     pred: Tensor
     state: PredictorState
     tokens: list[list[int]]
     frames: list[list[int]]
+    confidences: list[list[float]]
     consumed: list[int]
+    nodes: Tensor
+
+    def results(self) -> list[TimedTokens]:
+        parts = zip(self.tokens, self.frames, self.confidences, strict=True)
+        return [TimedTokens(list(t), list(f), list(c)) for t, f, c in parts]
 
     def select(self, index: list[int]) -> GreedyProgress:
         at = torch.tensor(index, device=self.pred.device)
@@ -92,7 +118,9 @@ class GreedyProgress:
             _take(self.state, at),
             [self.tokens[i] for i in index],
             [self.frames[i] for i in index],
+            [self.confidences[i] for i in index],
             [self.consumed[i] for i in index],
+            self.nodes.index_select(0, at),
         )
 
     @staticmethod
@@ -102,7 +130,9 @@ class GreedyProgress:
             _cat([p.state for p in parts]),
             [t for p in parts for t in p.tokens],
             [f for p in parts for f in p.frames],
+            [c for p in parts for c in p.confidences],
             [c for p in parts for c in p.consumed],
+            torch.cat([p.nodes for p in parts]),
         )
 
 
@@ -113,8 +143,10 @@ def greedy_start(model: Transducer, batch: int, device: torch.device | str) -> G
     blanks = torch.full((batch,), model.blank_id, device=device, dtype=torch.long)
     pred_out, state = predictor.step(blanks, predictor.init_state(batch, device))
     pred = joiner.project_predictor(pred_out)  # (B, D_joint)
+    empty = [[] for _ in range(batch)]
+    nodes = torch.zeros(batch, dtype=torch.long, device=device)
     return GreedyProgress(
-        pred, state, [[] for _ in range(batch)], [[] for _ in range(batch)], [0] * batch
+        pred, state, empty, [[] for _ in empty], [[] for _ in empty], [0] * batch, nodes
     )
 
 
@@ -125,43 +157,60 @@ def greedy_continue(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: GreedyOptions = GreedyOptions(),
+    context: ContextGraph | None = None,
 ) -> None:
     """Search the next frames, encoder_out (B, T, D_enc) with encoder_lens (B,) valid,
     updating `progress` in place; token frames count from each utterance's start.
 
     One joiner call per (frame, symbol) step for the whole batch. A sample that emits a
     non-blank token advances its predictor and stays on the frame; the others keep their
-    predictor state. Each sample stops at its own length.
+    predictor state. Each sample stops at its own length. With `context`, each row picks
+    the best of log P + what the token earns in the graph (`ContextGraph.advance`).
     """
     if options.max_symbols_per_frame < 1:
         raise ValueError(f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}")
     predictor, joiner, blank = model.predictor, model.joiner, model.blank_id
     enc = joiner.project_encoder(encoder_out)  # (B, T, D_joint), all frames at once
-    pred, state = progress.pred, progress.state
+    pred, state, nodes = progress.pred, progress.state, progress.nodes
+    if context is not None:
+        context = context.to(encoder_out.device)
     emitted: list[Tensor] = []  # per step: token id, or -1 where nothing was emitted
+    confidences: list[Tensor] = []  # per step: the confidence of each row's choice
     step_frames: list[int] = []  # per step: its frame
     lens = encoder_lens.to(encoder_out.device)
     for t in range(int(lens.max()) if len(lens) else 0):
         active = t < lens
         for _ in range(options.max_symbols_per_frame):
-            tokens = joiner.joint(enc[:, t], pred).argmax(dim=-1)  # (B,)
+            logits = joiner.joint(enc[:, t], pred)
+            log_probs = logits.float().log_softmax(dim=-1)
+            if context is None:
+                tokens = logits.argmax(dim=-1)  # (B,)
+            else:
+                bonus = context.advance.index_select(0, nodes)
+                bonus[:, blank] = 0.0
+                tokens = (log_probs + bonus).argmax(dim=-1)
             emit = active & (tokens != blank)
             if not bool(emit.any()):
                 break
             emitted.append(torch.where(emit, tokens, -1))
+            confidences.append(token_confidence(log_probs))
             step_frames.append(t)
             new_out, new_state = predictor.step(tokens, state)
             state = _select(emit, new_state, state)
             pred = torch.where(emit[:, None], joiner.project_predictor(new_out), pred)
+            if context is not None:
+                nodes = torch.where(emit, context.next[nodes, tokens.clamp(min=0)], nodes)
             active = emit
-    progress.pred, progress.state = pred, state
+    progress.pred, progress.state, progress.nodes = pred, state, nodes
     if emitted:
         steps = torch.stack(emitted, dim=1).cpu()  # (B, steps)
+        sureness = torch.stack(confidences, dim=1).cpu()
         frames = torch.tensor(step_frames)
         for b, row in enumerate(steps):
             kept = row >= 0
             progress.tokens[b] += row[kept].tolist()
             progress.frames[b] += (frames[kept] + progress.consumed[b]).tolist()
+            progress.confidences[b] += sureness[b][kept].tolist()
     for b, n in enumerate(encoder_lens.tolist()):
         progress.consumed[b] += n
 
@@ -190,12 +239,13 @@ class BeamOptions:
 @dataclass(frozen=True)
 class Hypothesis:
     """A token sequence (no blanks), its log-probability summed over the alignments that
-    were merged into it, and the frame each token was emitted at in the most probable of
-    them."""
+    were merged into it (plus its context bonus, where a graph was given), and the frame
+    each token was emitted at and its confidence in the most probable of them."""
 
     tokens: tuple[int, ...]
     score: float
     frames: tuple[int, ...] = ()
+    confidences: tuple[float, ...] = ()
 
 
 def _log_add(a: float, b: float) -> float:
@@ -227,7 +277,7 @@ def _put(state: PredictorState, index: Tensor, rows: PredictorState) -> Predicto
 
 # A candidate hypothesis of one round: [score, the row it continues, the token it appends
 # (-1: none, its predictor state is that row's), its tokens' frames, the score of the
-# alignment those frames come from], keyed by its tokens.
+# alignment those frames come from, its tokens' confidences], keyed by its tokens.
 Candidates = dict[tuple[int, ...], list]
 
 
@@ -238,15 +288,17 @@ def _add(
     row: int,
     token: int,
     frames: tuple[int, ...],
+    confidences: tuple[float, ...],
 ) -> None:
     """Add a candidate; one with the same tokens is merged (scores log-added), keeping the
-    row of one that needs no predictor step and the frames of the more probable."""
+    row of one that needs no predictor step and the frames (and confidences) of the more
+    probable."""
     kept = candidates.get(seq)
     if kept is None:
-        candidates[seq] = [score, row, token, frames, score]
+        candidates[seq] = [score, row, token, frames, score, confidences]
         return
     if score > kept[4]:
-        kept[3:5] = [frames, score]
+        kept[3:6] = [frames, score, confidences]
     kept[0] = _log_add(kept[0], score)
     if token < 0:
         kept[1:3] = [row, token]
@@ -261,10 +313,11 @@ class _Beam:
     tokens: list[tuple[int, ...]]
     ended: list[bool]
     frames: list[tuple[int, ...]]
+    confidences: list[tuple[float, ...]]
 
     @classmethod
     def start(cls, k: int) -> _Beam:
-        return cls([0.0] + [-math.inf] * (k - 1), [()] * k, [True] * k, [()] * k)
+        return cls([0.0] + [-math.inf] * (k - 1), [()] * k, [True] * k, [()] * k, [()] * k)
 
     def start_frame(self, active: bool) -> None:
         """At a new frame every hypothesis is in it (none when the utterance has ended)."""
@@ -281,24 +334,27 @@ class _Beam:
         vocab: int,
         last_round: bool,
         frame: int,
+        confidence: list[float],
     ) -> list[tuple[int, int]]:
         """Keep the K best of a round's candidates: the hypotheses that ended the frame,
         those in it ending it with blank (`with_blank`: each row's score so), and the K
         best token extensions (`best`, `where`: their scores and row * vocab + token),
-        which end the frame only in the last round; an appended token is at `frame`. Per
-        new row: (the row it continues, the token it appends or -1)."""
+        which end the frame only in the last round; an appended token is at `frame`, with
+        the `confidence` of its row's distribution. Per new row: (the row it continues,
+        the token it appends or -1)."""
         done: Candidates = {}
         going: Candidates = {}
         for j, score in enumerate(self.scores):
             if self.ended[j] and score > -math.inf:
-                _add(done, self.tokens[j], score, j, -1, self.frames[j])
+                _add(done, self.tokens[j], score, j, -1, self.frames[j], self.confidences[j])
         for j in self.in_frame():
-            _add(done, self.tokens[j], with_blank[j], j, -1, self.frames[j])
+            _add(done, self.tokens[j], with_blank[j], j, -1, self.frames[j], self.confidences[j])
         for score, flat in zip(best, where, strict=True):
             if score > -math.inf:
                 row, token = divmod(flat, vocab)
                 extended, frames = (*self.tokens[row], token), (*self.frames[row], frame)
-                _add(done if last_round else going, extended, score, row, token, frames)
+                sure = (*self.confidences[row], confidence[row])
+                _add(done if last_round else going, extended, score, row, token, frames, sure)
         ranked = [(entry, seq, True) for seq, entry in done.items()]
         ranked += [(entry, seq, False) for seq, entry in going.items()]
         k = len(self.scores)
@@ -308,6 +364,7 @@ class _Beam:
         self.tokens = [seq for _, seq, _ in ranked] + [()] * empty
         self.ended = [ended for _, _, ended in ranked] + [True] * empty
         self.frames = [entry[3] for entry, _, _ in ranked] + [()] * empty
+        self.confidences = [entry[5] for entry, _, _ in ranked] + [()] * empty
         moves = [(entry[1], entry[2]) for entry, _, _ in ranked]
         return moves + [(j, -1) for j in range(len(ranked), k)]
 
@@ -318,6 +375,7 @@ def beam_search(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: BeamOptions = BeamOptions(),
+    context: ContextGraph | None = None,
 ) -> list[list[Hypothesis]]:
     """Frame-synchronous beam search, batched over the utterances: encoder_out
     (B, T, D_enc), encoder_lens (B,) -> per utterance its `options.nbest` best hypotheses,
@@ -327,44 +385,61 @@ def beam_search(
     if encoder_out.size(0) == 0:
         return []
     progress = beam_start(model, encoder_out.size(0), options.beam_size, encoder_out.device)
-    beam_continue(model, progress, encoder_out, encoder_lens, options)
+    beam_continue(model, progress, encoder_out, encoder_lens, options, context)
     return progress.hypotheses(options.nbest)
 
 
 @dataclass
 class BeamProgress:
     """Beam search of a batch between chunks: per utterance its `_Beam` of K rows, the
-    predictor's state and projected output of every row (B * K first), and the frames it
-    has consumed."""
+    predictor's state and projected output of every row (B * K first), the frames it
+    has consumed, each row's state in the context graph (0 without one) and the bonus it
+    would give back if the utterance ended now (`held`)."""
 
     beams: list[_Beam]
     state: PredictorState
     pred: Tensor
     consumed: list[int]
+    nodes: Tensor
+    held: list[float]
 
     @property
     def beam_size(self) -> int:
         return len(self.beams[0].scores) if self.beams else 0
 
     def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
-        """Per utterance its `nbest` best hypotheses so far, best first."""
-        return [
-            [
-                Hypothesis(seq, score, frames)
-                for seq, score, frames in zip(beam.tokens, beam.scores, beam.frames, strict=True)
+        """Per utterance its `nbest` best hypotheses so far, best first, scored as if the
+        utterance ended here (a partial match of a context phrase gives its bonus back)."""
+        k = self.beam_size
+        results = []
+        for b, beam in enumerate(self.beams):
+            rows = zip(
+                beam.tokens,
+                beam.scores,
+                beam.frames,
+                beam.confidences,
+                self.held[b * k : b * k + k],
+                strict=True,
+            )
+            hyps = [
+                Hypothesis(seq, score - held, frames, sure)
+                for seq, score, frames, sure, held in rows
                 if score > -math.inf
-            ][:nbest]
-            for beam in self.beams
-        ]
+            ]
+            results.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+        return results
 
     def select(self, index: list[int]) -> BeamProgress:
         k = self.beam_size
-        rows = torch.tensor([i * k + j for i in index for j in range(k)], device=self.pred.device)
+        rows = [i * k + j for i in index for j in range(k)]
+        at = torch.tensor(rows, device=self.pred.device)
         return BeamProgress(
             [copy.deepcopy(self.beams[i]) for i in index],
-            _take(self.state, rows),
-            self.pred.index_select(0, rows),
+            _take(self.state, at),
+            self.pred.index_select(0, at),
             [self.consumed[i] for i in index],
+            self.nodes.index_select(0, at),
+            [self.held[r] for r in rows],
         )
 
     @staticmethod
@@ -374,6 +449,8 @@ class BeamProgress:
             _cat([p.state for p in parts]),
             torch.cat([p.pred for p in parts]),
             [c for p in parts for c in p.consumed],
+            torch.cat([p.nodes for p in parts]),
+            [h for p in parts for h in p.held],
         )
 
 
@@ -384,7 +461,9 @@ def beam_start(model: Transducer, batch: int, k: int, device: torch.device | str
     blanks = torch.full((batch * k,), model.blank_id, device=device, dtype=torch.long)
     pred_out, state = predictor.step(blanks, predictor.init_state(batch * k, device))
     pred = joiner.project_predictor(pred_out)  # (B*K, D_joint)
-    return BeamProgress([_Beam.start(k) for _ in range(batch)], state, pred, [0] * batch)
+    nodes = torch.zeros(batch * k, dtype=torch.long, device=device)
+    beams = [_Beam.start(k) for _ in range(batch)]
+    return BeamProgress(beams, state, pred, [0] * batch, nodes, [0.0] * (batch * k))
 
 
 @torch.inference_mode()
@@ -394,6 +473,7 @@ def beam_continue(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: BeamOptions = BeamOptions(),
+    context: ContextGraph | None = None,
 ) -> None:
     """Search the next frames, encoder_out (B, T, D_enc) with encoder_lens (B,) valid,
     updating `progress` in place; token frames count from each utterance's start.
@@ -408,9 +488,15 @@ def beam_continue(
     merged into one whose score is the log-sum of theirs. The predictor runs once per
     appended token; the other hypotheses keep their cached state and output. With K = 1
     this is greedy search. An utterance stops at its own length.
+
+    With `context`, a token extension scores log P + its gain in the graph
+    (`ContextGraph.gain`: the bonus it earns, or gives back when it breaks a partial
+    match), blank none; `hypotheses` gives back what a partial match still holds.
     """
     predictor, joiner, blank = model.predictor, model.joiner, model.blank_id
-    beams, state, pred = progress.beams, progress.state, progress.pred
+    beams, state, pred, nodes = progress.beams, progress.state, progress.pred, progress.nodes
+    if context is not None:
+        context = context.to(encoder_out.device)
     batch, device, k = encoder_out.size(0), encoder_out.device, progress.beam_size
     if k != options.beam_size:
         raise ValueError(f"the search was started with beam size {k}, not {options.beam_size}")
@@ -434,6 +520,11 @@ def beam_continue(
             at = torch.tensor(live, device=device)
             base = torch.tensor(scores, device=device, dtype=log_probs.dtype)[at, None]
             totals[at] = base + log_probs[at]
+            if context is not None:
+                bonus = context.gain.index_select(0, nodes[at])
+                bonus[:, blank] = 0.0
+                totals[at] += bonus
+            confidence = token_confidence(log_probs).tolist()
             with_blank = totals[:, blank].tolist()
             totals[:, blank] = -math.inf
             best, where = totals.view(batch, k * vocab).topk(k, dim=-1)
@@ -447,19 +538,30 @@ def beam_continue(
                 rows_b = slice(b * k, (b + 1) * k)
                 frame = progress.consumed[b] + t
                 moves = beam.advance(
-                    with_blank[rows_b], best[b], where[b], vocab, last_round, frame
+                    with_blank[rows_b],
+                    best[b],
+                    where[b],
+                    vocab,
+                    last_round,
+                    frame,
+                    confidence[rows_b],
                 )
                 for j, (row, token) in enumerate(moves):
                     source[b * k + j], appended[b * k + j] = b * k + row, token
             index = torch.tensor(source, device=device)
             state, pred = _take(state, index), pred.index_select(0, index)
+            nodes = nodes.index_select(0, index)
             emitting = [i for i, token in enumerate(appended) if token >= 0]
             if emitting:
                 at = torch.tensor(emitting, device=device)
                 last = torch.tensor([appended[i] for i in emitting], device=device)
+                if context is not None:
+                    nodes = nodes.index_copy(0, at, context.next[nodes[at], last])
                 out, new_state = predictor.step(last, _take(state, at))
                 state = _put(state, at, new_state)
                 pred = pred.index_copy(0, at, joiner.project_predictor(out).to(pred.dtype))
-    progress.state, progress.pred = state, pred
+    progress.state, progress.pred, progress.nodes = state, pred, nodes
+    if context is not None:
+        progress.held = context.held[nodes].tolist()
     for b, n in enumerate(lens):
         progress.consumed[b] += n

@@ -6,6 +6,7 @@
     asr-export exp/demo/checkpoints/last.ckpt --format onnx -o exp/demo/onnx
     asr-transcribe --onnx exp/demo/onnx a.flac --max-symbols-per-frame 1
     asr-transcribe exp/demo/model.bundle.pt meeting.wav --timestamps --output-format srt
+    asr-transcribe exp/demo/model.bundle.pt a.flac --context-phrases names.txt --context-score 2
     arecord -f S16_LE -r 16000 -c 1 -t raw | asr-transcribe --streaming --chunk-ms 320 \
         exp/demo_streaming/model.bundle.pt -
 
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from asr.cli import command
+from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
 from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.bundle import (
@@ -102,6 +104,37 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--int8", action="store_true", help="--onnx: the *.int8.onnx files")
     parser.add_argument("--num-threads", type=int, default=1, help="--onnx: onnxruntime's threads")
+    parser.add_argument(
+        "--context-phrases",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="phrases to boost (names, jargon), one per line, each optionally followed by "
+        "' :SCORE' (docs/decoding.md#context-biasing)",
+    )
+    parser.add_argument(
+        "--context-score",
+        type=float,
+        default=DEFAULT_CONTEXT_SCORE,
+        metavar="S",
+        help=f"--context-phrases: the bonus per token of a phrase without its own score "
+        f"(default {DEFAULT_CONTEXT_SCORE:g})",
+    )
+
+
+def _context(args: argparse.Namespace, tokenizer) -> ContextGraph | None:
+    """The graph of `--context-phrases` with `--context-score`, or None."""
+    if args.context_phrases is None:
+        if args.context_score != DEFAULT_CONTEXT_SCORE:
+            raise ValueError("--context-score goes with --context-phrases FILE")
+        return None
+    if not hasattr(tokenizer, "encode"):  # an ONNX export's tokens.txt
+        raise ValueError(
+            "--context-phrases tokenizes with the model's SentencePiece model, which an ONNX "
+            "export does not hold: decode the bundle (sherpa-onnx takes --hotwords-file)"
+        )
+    phrases = read_context_phrases(args.context_phrases)
+    return ContextGraph.from_phrases(phrases, tokenizer, args.context_score)
 
 
 def _recognizer(
@@ -322,6 +355,7 @@ def _transcribe_streaming(
     transcript on stderr when it is a terminal, the final one on stdout; the number of
     inputs that could not be read."""
     piece_samples = max(1, int(args.piece_ms * SAMPLE_RATE / 1000))
+    context = _context(args, recognizer.tokenizer)
     live = sys.stderr.isatty()
     failed = 0
     for path in inputs:
@@ -332,7 +366,7 @@ def _transcribe_streaming(
                 if path == STDIN
                 else _file_pieces(path, piece_samples)
             )
-            stream = recognizer.create_stream()
+            stream = recognizer.create_stream(context)
             shown = ""
             for piece in pieces:
                 stream.accept_waveform(piece)
@@ -422,9 +456,12 @@ def transcribe_main(argv: list[str] | None = None) -> None:
         twice = sorted({stem for stem in stems if stems.count(stem) > 1})
         parser.error(f"--output-dir: several inputs are named {', '.join(twice)} (one file each)")
     recognizer = _recognizer(args, model, windows)
+    context = _context(args, recognizer.tokenizer)
     paths, failed = _readable(inputs)
-    transcripts = recognizer.transcribe(paths, timestamps=True) if timestamps else None
-    texts = None if timestamps else recognizer.transcribe(paths)
+    transcripts = (
+        recognizer.transcribe(paths, timestamps=True, context=context) if timestamps else None
+    )
+    texts = None if timestamps else recognizer.transcribe(paths, context=context)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     for i, path in enumerate(paths):
@@ -490,6 +527,9 @@ def decode_main(argv: list[str] | None = None) -> None:
     if args.max_symbols_per_frame is not None:
         name += f"-sym{args.max_symbols_per_frame}"
     recognizer = _recognizer(args, source)
+    context = _context(args, recognizer.tokenizer)
+    if context is not None:
+        name += f"-context-{args.context_phrases.stem}-score{args.context_score:g}"
     if _chunking_given(args):
         if args.onnx is not None:
             parser.error("--chunk-ms decodes a bundle or checkpoint, not an ONNX export")
@@ -505,6 +545,7 @@ def decode_main(argv: list[str] | None = None) -> None:
         output_dir,
         args.max_duration,
         args.nbest,
+        context,
     )
     print(json.dumps(summary))
     print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")

@@ -22,6 +22,7 @@ from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS
 from asr.data.features import check_sample_rate
+from asr.decoding.context import ContextGraph
 from asr.errors import first_line
 from asr.inference.recognizer import Recognizer
 from asr.metrics import ErrorCounts, word_errors
@@ -58,14 +59,18 @@ def _read_batch(
 
 
 def _recognize(
-    recognizer: Recognizer, feats: list[torch.Tensor], kept: list[Cut], nbest: int
+    recognizer: Recognizer,
+    feats: list[torch.Tensor],
+    kept: list[Cut],
+    nbest: int,
+    context: ContextGraph | None,
 ) -> tuple[list[str], dict[str, list[tuple[str, float]]]]:
     """The best hypothesis of each kept cut and, with `nbest` > 1, its n best by cut id."""
     if nbest > 1:
-        lists = recognizer.nbest_features(feats, nbest) if kept else []
+        lists = recognizer.nbest_features(feats, nbest, context) if kept else []
         hyps = [h[0][0] if h else "" for h in lists]
     else:
-        lists, hyps = [], recognizer.transcribe_features(feats) if kept else []
+        lists, hyps = [], recognizer.transcribe_features(feats, context) if kept else []
     return hyps, dict(zip([cut.id for cut in kept], lists, strict=False))
 
 
@@ -90,10 +95,12 @@ def decode_manifest(
     output_dir: str | Path,
     max_duration: float = 200.0,
     nbest: int = 1,
+    context: ContextGraph | None = None,
 ) -> dict:
     """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals.
     With `nbest` > 1 each line of hyps.jsonl also lists the n best hypotheses and their
-    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first)."""
+    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first). `context`:
+    phrases to boost (`asr.decoding.context`)."""
     cuts = load_cuts(manifest)
     sampler = build_eval_sampler(cuts, max_duration)
     output_dir = Path(output_dir)
@@ -105,7 +112,7 @@ def decode_manifest(
         for batch in sampler:
             feats, kept, lines = _read_batch(recognizer, batch)
             skipped += len(lines)
-            hyps, alternatives = _recognize(recognizer, feats, kept, nbest)
+            hyps, alternatives = _recognize(recognizer, feats, kept, nbest, context)
             lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
             for line in lines:
                 cut, hyp, unreadable = line

@@ -2,7 +2,8 @@
 
 Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`
 (`asr-transcribe BUNDLE a.flac b.wav` on the command line). Recordings of any length
-(`asr.inference.longform`) and word timestamps (`asr.inference.timestamps`).
+(`asr.inference.longform`), word timestamps and confidences (`asr.inference.timestamps`),
+and phrases to boost (`context=`, `asr.decoding.context`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
+from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
 from asr.decoding.search import (
     NO_TOKEN_TIMES,
     SearchOptions,
@@ -40,7 +42,10 @@ from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_
 from asr.models.build import Model
 from asr.models.conformer import Chunking
 
-__all__ = ["AudioInput", "Recognizer", "load_recognizer", "read_audio"]
+__all__ = ["AudioInput", "Context", "Recognizer", "load_recognizer", "read_audio"]
+
+# Phrases to boost: a built graph, or phrases ("TEXT", "TEXT :SCORE", (text, score)).
+Context = ContextGraph | Sequence[str | tuple[str, float] | ContextPhrase] | None
 
 MIN_SAMPLES = 400  # one 25 ms feature frame: shorter audio is transcribed as nothing
 
@@ -85,24 +90,41 @@ class Recognizer:
         feats = compute_features(padded, self.features, self._extractor)
         return torch.from_numpy(feats[:frames])
 
+    def context_graph(
+        self, context: Context, score: float = DEFAULT_CONTEXT_SCORE
+    ) -> ContextGraph | None:
+        """`context` as a graph over this model's tokens (phrases without their own score
+        earn `score` per token); None stays None."""
+        if context is None or isinstance(context, ContextGraph):
+            return context
+        if isinstance(context, str | Path):
+            raise TypeError(
+                "context is a list of phrases (asr.decoding.context.read_context_phrases "
+                f"reads a file), not {context!r}"
+            )
+        return ContextGraph.from_phrases(context, self.tokenizer, score)
+
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
         padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
         return self.model.encode(padded, lens, self.chunking)
 
     @torch.inference_mode()
-    def transcribe_features(self, feats: Sequence[torch.Tensor]) -> list[str]:
-        """Texts of per-utterance (T, F) feature matrices, decoded as one batch."""
-        ids = decode(self.model, *self._encode(feats), self.options)
+    def transcribe_features(
+        self, feats: Sequence[torch.Tensor], context: ContextGraph | None = None
+    ) -> list[str]:
+        """Texts of per-utterance (T, F) feature matrices, decoded as one batch
+        (`context`: phrases to boost, `context_graph`)."""
+        ids = decode(self.model, *self._encode(feats), self.options, context)
         return [self.tokenizer.decode(i) for i in ids]
 
     @torch.inference_mode()
     def nbest_features(
-        self, feats: Sequence[torch.Tensor], nbest: int
+        self, feats: Sequence[torch.Tensor], nbest: int, context: ContextGraph | None = None
     ) -> list[list[tuple[str, float]]]:
         """Per utterance its `nbest` best (text, score), best first (a beam search at least
         `nbest` wide)."""
-        hyps = decode_nbest(self.model, *self._encode(feats), self.options, nbest)
+        hyps = decode_nbest(self.model, *self._encode(feats), self.options, nbest, context)
         return [[(self.tokenizer.decode(ids), score) for ids, score in h] for h in hyps]
 
     @torch.inference_mode()
@@ -111,29 +133,35 @@ class Recognizer:
         feats: Sequence[torch.Tensor],
         offsets: Sequence[float] | None = None,
         ends: Sequence[float] | None = None,
+        context: ContextGraph | None = None,
     ) -> list[Transcript]:
         """Per utterance its text and words, with their times in seconds from its offset
-        in `offsets` where the model gives token times (without times otherwise); no word
-        ends after its audio's end in `ends` (default: its last feature frame's)."""
+        in `offsets` and their confidences where the model gives token times (without
+        either otherwise); no word ends after its audio's end in `ends` (default: its last
+        feature frame's)."""
         offsets = offsets or [0.0] * len(feats)
         if ends is None:
             ends = [o + f.shape[0] / FRAMES_PER_SECOND for o, f in zip(offsets, feats, strict=True)]
         encoded = self._encode(feats)
         if not has_token_times(self.model):
-            texts = [self.tokenizer.decode(i) for i in decode(self.model, *encoded, self.options)]
+            ids = decode(self.model, *encoded, self.options, context)
+            texts = [self.tokenizer.decode(i) for i in ids]
             return [Transcript(text, words_of_text(text)) for text in texts]
         seconds = self.model.frame_seconds
-        hyps = decode_timed(self.model, *encoded, self.options)
+        hyps = decode_timed(self.model, *encoded, self.options, context)
         transcripts = []
         for hyp, offset, end in zip(hyps, offsets, ends, strict=True):
             starts = [offset + frame * seconds for frame in hyp.frames]
             pieces = [self.tokenizer.id_to_piece(i) for i in hyp.tokens]
-            words = words_from_tokens(pieces, starts, seconds, end)
+            words = words_from_tokens(pieces, starts, seconds, end, hyp.confidences)
             transcripts.append(Transcript(self.tokenizer.decode(hyp.tokens), words))
         return transcripts
 
     def words_of_samples(
-        self, samples: Sequence[np.ndarray], offsets: Sequence[float]
+        self,
+        samples: Sequence[np.ndarray],
+        offsets: Sequence[float],
+        context: ContextGraph | None = None,
     ) -> list[list[Word]]:
         """The words of each piece of audio (times from its offset); audio too short for
         one feature frame has none."""
@@ -143,7 +171,7 @@ class Recognizer:
             feats = [self.features_of(samples[i]) for i in kept]
             starts = [offsets[i] for i in kept]
             ends = [offsets[i] + len(samples[i]) / SAMPLE_RATE for i in kept]
-            done = self.transcripts_of_features(feats, starts, ends)
+            done = self.transcripts_of_features(feats, starts, ends, context)
             for i, transcript in zip(kept, done, strict=True):
                 results[i] = transcript.words
         return results
@@ -153,6 +181,8 @@ class Recognizer:
         audio: AudioInput | Sequence[AudioInput],
         batch_size: int = 16,
         timestamps: bool = False,
+        context: Context = None,
+        context_score: float = DEFAULT_CONTEXT_SCORE,
     ) -> list[str] | list[Transcript]:
         """Texts of audio files or 16 kHz mono float arrays (one per input), of any length.
 
@@ -161,17 +191,20 @@ class Recognizer:
         the inputs are decoded in batches of at most `batch_size` pieces and
         `self.windows.batch_seconds` of audio, and a long file is read a piece at a time.
         With `timestamps`, a `Transcript` per input: its text and its words, each with its
-        start and end in seconds."""
+        start and end in seconds and its confidence. `context`: phrases to boost (a list
+        of "TEXT", "TEXT :SCORE" or (text, score), or a `ContextGraph`), each earning
+        `context_score` per token unless it has its own (docs/decoding.md)."""
         timed = has_token_times(self.model)
         if timestamps and not timed:
             raise ValueError(NO_TOKEN_TIMES)
+        graph = self.context_graph(context, context_score)
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
         pieces = pieces_of(audio, self.windows)
         decoded: list[tuple[int, Segment, list[Word]]] = []  # no samples: they go with the batch
         for batch in batches_of(pieces, self.windows.batch_seconds, batch_size):
             words = self.words_of_samples(
-                [p.samples for p in batch], [p.segment.start for p in batch]
+                [p.samples for p in batch], [p.segment.start for p in batch], graph
             )
             decoded += [(p.recording, p.segment, w) for p, w in zip(batch, words, strict=True)]
             release_freed_memory()

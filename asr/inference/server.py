@@ -13,12 +13,14 @@ The protocol (docs/serving.md has an example exchange), at ``ws://HOST:PORT/ws``
 - the server says ``{"type": "ready", "sample_rate": 16000, "format": "f32le",
   "chunk_ms": ..., "left_context_ms": ..., "max_frame_bytes": ...}`` on connecting;
 - the client may first send ``{"type": "start", "sample_rate": 16000, "format":
-  "s16le"}`` (format ``f32le``, the default, or ``s16le``; only 16 kHz mono), then binary
+  "s16le"}`` (format ``f32le``, the default, or ``s16le``; only 16 kHz mono; optionally
+  ``"context": ["PHRASE", "PHRASE :SCORE", ...]`` and ``"context_score": S``, phrases this
+  connection's search boosts, at most `ServeConfig.max_context_phrases`), then binary
   frames of PCM in that format, then ``{"type": "end"}``;
 - the server answers ``{"type": "partial", "segment": N, "text": ..., "audio_s": ...}``
   after each chunk it decodes (``audio_s``: the seconds of the stream decoded so far),
   ``{"type": "final", "segment": N, "text": ..., "start": ..., "end": ..., "words":
-  [{"word", "start", "end"}], "audio_s": ...}`` at each endpoint (times in seconds of
+  [{"word", "start", "end", "confidence"}], "audio_s": ...}`` at each endpoint (times in seconds of
   the stream), and after ``end`` the last final (if any words) and ``{"type": "end"}``,
   then closes; a fault in the client's input gets ``{"type": "error", "message": ...}``
   and a closed connection, and no other connection notices.
@@ -50,6 +52,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph
+from asr.decoding.transducer import TimedTokens
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
 from asr.inference.streaming import Stream, StreamingRecognizer
 from asr.inference.timestamps import words_from_tokens
@@ -93,13 +97,15 @@ class ServeConfig:
       piece arrives, so that the connections' chunks share one model step;
     - `max_frame_bytes`: the largest binary frame (a longer one is an error);
     - `idle_timeout_s`: a connection that sends nothing for this long is closed;
-    - `endpoints`: `EndpointRules`."""
+    - `endpoints`: `EndpointRules`;
+    - `max_context_phrases`: the most phrases a connection may ask to boost."""
 
     max_streams: int = 32
     batch_wait_ms: float = 10.0
     max_frame_bytes: int = 2 * SAMPLE_RATE * 4  # 2 s of float32
     idle_timeout_s: float = 30.0
     endpoints: EndpointRules = field(default_factory=EndpointRules)
+    max_context_phrases: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:
@@ -131,9 +137,12 @@ class Connection:
     """One client's stream: audio received and not yet fed, the current segment, and the
     messages its decoded chunks produce."""
 
-    def __init__(self, recognizer: StreamingRecognizer, rules: EndpointRules) -> None:
+    def __init__(
+        self, recognizer: StreamingRecognizer, rules: EndpointRules, max_phrases: int = 1000
+    ) -> None:
         self.recognizer = recognizer
         self.rules = rules
+        self.max_phrases = max_phrases
         self.stream: Stream = recognizer.create_stream()
         self.format = "f32le"
         self.started = False  # audio or a start message received: the format is fixed
@@ -169,8 +178,26 @@ class Connection:
         form = message.get("format", "f32le")
         if form not in FORMATS:
             raise ClientFault(f"format {form!r} is not served: f32le or s16le")
+        if "context" in message:
+            self.stream.context = self._context(message["context"], message)
         self.format = form
         self.started = True
+
+    def _context(self, phrases: Any, message: dict[str, Any]) -> ContextGraph:
+        """The start message's phrases as this connection's graph, or a ClientFault."""
+        if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
+            raise ClientFault('"context" must be a list of phrases (strings)')
+        if len(phrases) > self.max_phrases:
+            raise ClientFault(
+                f"{len(phrases)} context phrases is over the limit of {self.max_phrases}"
+            )
+        score = message.get("context_score", DEFAULT_CONTEXT_SCORE)
+        if not isinstance(score, int | float) or isinstance(score, bool):
+            raise ClientFault(f'"context_score" must be a number, got {score!r}')
+        try:
+            return ContextGraph.from_phrases(phrases, self.recognizer.tokenizer, float(score))
+        except ValueError as err:
+            raise ClientFault(str(err)) from None
 
     def audio(self, data: bytes) -> None:
         """A binary frame of PCM."""
@@ -221,7 +248,8 @@ class Connection:
         if total == self.decoded_frames and not self.stream.done:
             return []
         self.decoded_frames = total
-        tokens, frames = self.stream.best()
+        best = self.stream.best()
+        tokens, frames = best.tokens, best.frames
         text = self.recognizer.tokenizer.decode(tokens)
         messages = [self._message("partial", text)]
         frame_s = self.recognizer.model.frame_seconds
@@ -233,7 +261,7 @@ class Connection:
             or silent * frame_s >= rules.silence_after_speech_s
             or consumed * frame_s >= rules.max_segment_s
         ):
-            messages.append(self._final(text, tokens, frames))
+            messages.append(self._final(text, best))
             self._next_segment(consumed)
         elif not text.strip() and (
             silent * frame_s >= rules.silence_s or consumed * frame_s >= rules.max_segment_s
@@ -255,18 +283,20 @@ class Connection:
             "audio_s": self._audio_s(),
         }
 
-    def _final(self, text: str, tokens: list[int], frames: list[int]) -> dict[str, Any]:
+    def _final(self, text: str, best: TimedTokens) -> dict[str, Any]:
         recognizer = self.recognizer
         frame_s = recognizer.model.frame_seconds
         offset = self.segment.first_frame
-        pieces = [recognizer.tokenizer.id_to_piece(i) for i in tokens]
-        words = words_from_tokens(
-            pieces, [(offset + f) * frame_s for f in frames], frame_s, self._audio_s()
-        )
+        pieces = [recognizer.tokenizer.id_to_piece(i) for i in best.tokens]
+        starts = [(offset + f) * frame_s for f in best.frames]
+        words = words_from_tokens(pieces, starts, frame_s, self._audio_s(), best.confidences)
         message = self._message("final", text)
         message["start"] = words[0].start if words else round(offset * frame_s, 3)
         message["end"] = words[-1].end if words else message["start"]
-        message["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+        message["words"] = [
+            {"word": w.word, "start": w.start, "end": w.end, "confidence": w.confidence}
+            for w in words
+        ]
         return message
 
     def _next_segment(self, consumed: int, advance: bool = True) -> None:
@@ -308,7 +338,9 @@ class LiveDecoder:
                 "try again later",
                 CLOSE_TRY_LATER,
             )
-        connection = Connection(self.recognizer, self.config.endpoints)
+        connection = Connection(
+            self.recognizer, self.config.endpoints, self.config.max_context_phrases
+        )
         self.connections.add(connection)
         return connection
 

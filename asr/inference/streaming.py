@@ -8,7 +8,9 @@ the search (the predictor's state and the tokens so far). ``decode(streams)`` en
 every chunk that is ready, of all the streams in one batch (streams that started at
 different times included), and continues each one's search; a finished stream's last,
 shorter chunk is encoded as it is. Memory stays flat: the frontend frees encoded frames
-and the caches have a fixed size.
+and the caches have a fixed size. Each stream may have its own phrases to boost
+(`create_stream(context=...)`, `asr.decoding.context`): the chunks of all streams share
+one encoder step, and the streams with the same phrases one search step.
 
     recognizer = asr.load_model("exp/demo_streaming/model.bundle.pt", streaming=True, chunk_ms=320)
     stream = recognizer.create_stream()
@@ -32,11 +34,13 @@ import torch
 
 from asr.data.features import FeatureConfig, OnlineFeatures, to_mono
 from asr.data.tokenizer import Tokenizer
+from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
 from asr.decoding.transducer import (
     BeamOptions,
     BeamProgress,
     GreedyOptions,
     GreedyProgress,
+    TimedTokens,
     beam_continue,
     beam_start,
     greedy_continue,
@@ -56,10 +60,14 @@ Search = GreedyProgress | BeamProgress
 
 class Stream:
     """One live recording: ``accept_waveform`` pieces of 16 kHz mono float samples, then
-    ``finish``; ``text`` and ``transcript()`` hold what has been decoded so far."""
+    ``finish``; ``text`` and ``transcript()`` hold what has been decoded so far.
+    `context`: its phrases to boost (None: none)."""
 
-    def __init__(self, recognizer: StreamingRecognizer) -> None:
+    def __init__(
+        self, recognizer: StreamingRecognizer, context: ContextGraph | None = None
+    ) -> None:
         self._recognizer = recognizer
+        self.context = context
         self.features = OnlineFeatures(recognizer.features)
         self.state = recognizer.model.encoder.initial_state(
             1, recognizer.chunking, recognizer.device
@@ -114,32 +122,35 @@ class Stream:
             return frames
         return None
 
-    def best(self) -> tuple[list[int], list[int]]:
-        """The tokens of the best hypothesis so far and the frame of each (encoder frames
-        since the search started)."""
+    def best(self) -> TimedTokens:
+        """The tokens of the best hypothesis so far, the frame of each (encoder frames
+        since the search started) and its confidence."""
         if isinstance(self.search, GreedyProgress):
-            return self.search.tokens[0], self.search.frames[0]
+            return self.search.results()[0]
         best = self.search.hypotheses(1)[0]
-        return (list(best[0].tokens), list(best[0].frames)) if best else ([], [])
+        if not best:
+            return TimedTokens([], [], [])
+        return TimedTokens(list(best[0].tokens), list(best[0].frames), list(best[0].confidences))
 
     @property
     def tokens(self) -> list[int]:
-        return self.best()[0]
+        return self.best().tokens
 
     @property
     def text(self) -> str:
         return self._recognizer.tokenizer.decode(self.tokens)
 
     def transcript(self) -> Transcript:
-        """The text so far and its words, with times in seconds from the stream's start."""
+        """The text so far and its words, with times in seconds from the stream's start
+        and confidences."""
         recognizer = self._recognizer
-        tokens, frames = self.best()
+        best = self.best()
         seconds = recognizer.model.frame_seconds
-        pieces = [recognizer.tokenizer.id_to_piece(i) for i in tokens]
-        words = words_from_tokens(
-            pieces, [f * seconds for f in frames], seconds, self.samples / SAMPLE_RATE
-        )
-        return Transcript(recognizer.tokenizer.decode(tokens), words)
+        pieces = [recognizer.tokenizer.id_to_piece(i) for i in best.tokens]
+        starts = [f * seconds for f in best.frames]
+        end = self.samples / SAMPLE_RATE
+        words = words_from_tokens(pieces, starts, seconds, end, best.confidences)
+        return Transcript(recognizer.tokenizer.decode(best.tokens), words)
 
 
 class StreamingRecognizer:
@@ -192,8 +203,17 @@ class StreamingRecognizer:
         """Audio per chunk: the algorithmic latency (the encoder has no look-ahead)."""
         return self.span / FRAMES_PER_SECOND
 
-    def create_stream(self) -> Stream:
-        return Stream(self)
+    def create_stream(
+        self,
+        context: ContextGraph | Sequence[str | tuple[str, float] | ContextPhrase] | None = None,
+        context_score: float = DEFAULT_CONTEXT_SCORE,
+    ) -> Stream:
+        """A new stream; `context`: its phrases to boost (a `ContextGraph`, or phrases
+        "TEXT", "TEXT :SCORE" or (text, score), each earning `context_score` per token
+        unless it has its own)."""
+        if context is not None and not isinstance(context, ContextGraph):
+            context = ContextGraph.from_phrases(context, self.tokenizer, context_score)
+        return Stream(self, context)
 
     def start_search(self) -> Search:
         if self.beam is None:
@@ -223,7 +243,6 @@ class StreamingRecognizer:
             features[i, : len(chunk)] = torch.from_numpy(chunk)
         lens = torch.tensor([len(c) for c in chunks], device=self.device)
         state = StreamingState.cat([s.state for s in streams])
-        search = type(streams[0].search).cat([s.search for s in streams])
         autocast = (
             torch.autocast(self.device.type, dtype=self._autocast)
             if self._autocast
@@ -233,13 +252,23 @@ class StreamingRecognizer:
             out, out_lens, state = self.model.encoder.step(
                 features.to(self.device), lens, state, self.chunking
             )
-            if isinstance(search, GreedyProgress):
-                greedy_continue(self.model, search, out, out_lens, self.greedy)
-            else:
-                beam_continue(self.model, search, out, out_lens, self.beam)
+            # One search step for the streams of each phrase list (usually all: none).
+            groups: dict[int, list[int]] = {}
+            for i, stream in enumerate(streams):
+                groups.setdefault(id(stream.context), []).append(i)
+            for rows in groups.values():
+                context = streams[rows[0]].context
+                search = type(streams[rows[0]].search).cat([streams[i].search for i in rows])
+                at = torch.tensor(rows, device=self.device)
+                enc, enc_lens = out.index_select(0, at), out_lens.index_select(0, at)
+                if isinstance(search, GreedyProgress):
+                    greedy_continue(self.model, search, enc, enc_lens, self.greedy, context)
+                else:
+                    beam_continue(self.model, search, enc, enc_lens, self.beam, context)
+                for j, i in enumerate(rows):
+                    streams[i].search = search.select([j])
         for i, stream in enumerate(streams):
             stream.state = state.select(torch.tensor([i], device=self.device))
-            stream.search = search.select([i])
 
     def feed(self, audio: Sequence[np.ndarray], piece: int = 1600) -> list[Stream]:
         """Each recording (16 kHz samples) as a concurrent stream fed `piece` samples at a

@@ -4,7 +4,8 @@ and the output formats of `asr-transcribe --timestamps` (text, json, srt, ctm).
 A word begins at a SentencePiece piece that starts with "▁". It starts when its first
 token was emitted (the start of that encoder frame) and ends one frame after its last
 token, but never after the next word starts. Times are in seconds from the start of the
-audio.
+audio. Its confidence is its least confident token's (`asr.decoding.confidence`): it is a
+field of the word, so words and confidences never differ in number.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from asr.decoding.confidence import word_confidence
+
 SPACE_PIECE = "\u2581"  # SentencePiece's word boundary, "▁"
 OUTPUT_FORMATS = ("text", "json", "srt", "ctm")
 SRT_MAX_WORDS, SRT_MAX_SECONDS = 12, 5.0  # one subtitle cue at most
@@ -22,11 +25,13 @@ SRT_PAUSE_SECONDS = 0.8  # a pause this long starts a new cue
 
 @dataclass(frozen=True)
 class Word:
-    """A word and when it was said, in seconds (None: the model gives no times)."""
+    """A word, when it was said, in seconds, and the search's confidence in it, in [0, 1]
+    (None: the model gives no times)."""
 
     word: str
     start: float | None = None
     end: float | None = None
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,26 +51,32 @@ def words_from_tokens(
     starts: Sequence[float],
     token_seconds: float,
     audio_end: float = math.inf,
+    confidences: Sequence[float] | None = None,
 ) -> list[Word]:
     """Words of a hypothesis's `pieces` (SentencePiece pieces, one per token) emitted at
     `starts` seconds, each token lasting `token_seconds` (an encoder frame), in audio that
-    ends at `audio_end` seconds (no word ends later)."""
+    ends at `audio_end` seconds (no word ends later); with the tokens' `confidences`, each
+    word's (its least confident token's)."""
     if len(pieces) != len(starts):
         raise ValueError(f"{len(pieces)} pieces but {len(starts)} times")
-    groups: list[tuple[str, float, float]] = []  # (text, first token's start, last's)
-    for piece, start in zip(pieces, starts, strict=True):
+    if confidences is not None and len(confidences) != len(pieces):
+        raise ValueError(f"{len(pieces)} pieces but {len(confidences)} confidences")
+    sure = confidences if confidences is not None else [None] * len(pieces)
+    groups: list[tuple[str, float, float, list]] = []  # (text, first start, last's, confidences)
+    for piece, start, confidence in zip(pieces, starts, sure, strict=True):
         if piece.startswith(SPACE_PIECE) or not groups:
-            groups.append((piece.lstrip(SPACE_PIECE), start, start))
+            groups.append((piece.lstrip(SPACE_PIECE), start, start, [confidence]))
         else:
-            text, first, _ = groups[-1]
-            groups[-1] = (text + piece, first, start)
+            text, first, _, tokens = groups[-1]
+            groups[-1] = (text + piece, first, start, [*tokens, confidence])
     groups = [g for g in groups if g[0]]  # a lone "▁" that nothing followed
     words = []
-    for i, (text, first, last) in enumerate(groups):
+    for i, (text, first, last, tokens) in enumerate(groups):
         end = min(last + token_seconds, audio_end)
         if i + 1 < len(groups):
             end = min(end, groups[i + 1][1])
-        words.append(Word(text, round(first, 3), round(max(end, first), 3)))
+        confidence = None if confidences is None else round(word_confidence(tokens), 4)
+        words.append(Word(text, round(first, 3), round(max(end, first), 3), confidence))
     return words
 
 
@@ -113,15 +124,23 @@ def to_srt(transcript: Transcript, name: str = "audio") -> str:
 
 
 def to_ctm(transcript: Transcript, name: str) -> str:
-    """NIST CTM: `name channel start duration word` per word (channel 1)."""
-    return "".join(
-        f"{name} 1 {w.start:.3f} {w.end - w.start:.3f} {w.word}\n" for w in _timed(transcript, name)
-    )
+    """NIST CTM: `name channel start duration word confidence` per word (channel 1; the
+    confidence column where the search gave one)."""
+    lines = []
+    for w in _timed(transcript, name):
+        confidence = "" if w.confidence is None else f" {w.confidence:.3f}"
+        lines.append(f"{name} 1 {w.start:.3f} {w.end - w.start:.3f} {w.word}{confidence}\n")
+    return "".join(lines)
 
 
 def to_json(transcript: Transcript, name: str) -> str:
-    """One JSON object: audio, text and (where known) words with start and end."""
-    words = [asdict(w) for w in transcript.words if w.start is not None]
+    """One JSON object: audio, text and (where known) words with start, end and
+    confidence."""
+    words = [
+        {key: value for key, value in asdict(w).items() if value is not None}
+        for w in transcript.words
+        if w.start is not None
+    ]
     out: dict = {"audio": name, "text": transcript.text}
     if words:
         out["words"] = words

@@ -72,8 +72,8 @@ def test_buffers_are_updated_in_place():
     search = LabelLoopingGreedy(model)
     enc = model.joiner.project_encoder(torch.randn(3, 12, 6))
     with torch.inference_mode():
-        buffers = search._allocate(3, 12, enc)
-        search._reset(buffers, enc, torch.tensor([12, 5, 9]))
+        buffers = search._allocate(enc, 3, 12)
+        search._reset(buffers, enc, torch.tensor([12, 5, 9]), None)
         before = {name: t.data_ptr() for name, t in vars(buffers).items() if torch.is_tensor(t)}
         states = [s.data_ptr() for s in buffers.state]
         for _ in range(30):

@@ -70,14 +70,20 @@ def status(base: str) -> dict:
 
 
 async def stream(
-    base: str, samples: np.ndarray, fmt: str = "f32le", pace: float = 0.0
+    base: str,
+    samples: np.ndarray,
+    fmt: str = "f32le",
+    pace: float = 0.0,
+    context: list[str] | None = None,
 ) -> list[dict]:
-    """Send `samples` in 0.1 s pieces (`pace` seconds apart), then end -> every message."""
+    """Send `samples` in 0.1 s pieces (`pace` seconds apart), then end -> every message;
+    `context`: the connection's phrases to boost."""
     async with websockets.connect(base.replace("http", "ws") + "/ws") as ws:
         messages = [json.loads(await ws.recv())]
         assert messages[0]["type"] == "ready"
-        if fmt != "f32le":
-            await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "format": fmt}))
+        if fmt != "f32le" or context is not None:
+            start = {"type": "start", "sample_rate": 16000, "format": fmt}
+            await ws.send(json.dumps(start | ({} if context is None else {"context": context})))
         for at in range(0, len(samples), PIECE):
             piece = samples[at : at + PIECE]
             if fmt == "s16le":
@@ -115,10 +121,13 @@ def test_concurrent_streams_get_the_recognizers_text_with_partials_and_word_time
     with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
 
         async def everyone() -> list[list[dict]]:
+            # the second asks to boost an empty list of phrases: the same text
+            contexts = [None, [], None, None]
+            formats = ["f32le", "f32le", "f32le", "s16le"]
             return await asyncio.gather(
                 *(
-                    stream(base, a, fmt)
-                    for a, fmt in zip(audio, ["f32le", "f32le", "f32le", "s16le"], strict=True)
+                    stream(base, a, fmt, context=c)
+                    for a, fmt, c in zip(audio, formats, contexts, strict=True)
                 )
             )
 
@@ -133,6 +142,7 @@ def test_concurrent_streams_get_the_recognizers_text_with_partials_and_word_time
         (final,) = [m for m in messages if m["type"] == "final"]
         assert final["segment"] == 0 and " ".join(w["word"] for w in final["words"]) == text
         times = [t for w in final["words"] for t in (w["start"], w["end"])]
+        assert all(0.0 <= w["confidence"] <= 1.0 for w in final["words"])
         # a token may come in the silence that ends the stream (Stream.finish)
         assert times == sorted(times)
         assert times[-1] <= len(samples) / 16000 + recognizer.tail_seconds
@@ -172,6 +182,8 @@ def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio)
                     base, json.dumps({"type": "start", "format": "s16le"}), b"\x00" * 3
                 ),
                 await misbehave(base, json.dumps({"type": "start", "format": "mp3"})),
+                await misbehave(base, json.dumps({"type": "start", "context": "ZORVAK"})),
+                await misbehave(base, json.dumps({"type": "start", "context": ["CAFÉ"]})),
             ]
             return await good, bad
 
@@ -186,6 +198,8 @@ def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio)
     assert "8004 bytes is over the limit of 8000" in texts[2] and errors[2][1] == 1009
     assert "3 bytes is not a whole number of s16le samples" in texts[3]
     assert "format 'mp3' is not served" in texts[4]
+    assert '"context" must be a list of phrases' in texts[5]
+    assert "context phrase 'CAFÉ' cannot be tokenized" in texts[6]
     assert all(code == 1008 for i, (_, code) in enumerate(errors) if i != 2)
 
 

@@ -1,0 +1,248 @@
+"""Context biasing: phrases a search should prefer (names, product words, jargon), as an
+automaton over token ids that every search consults.
+
+The phrases are tokenized with the model's SentencePiece model (`ContextGraph.from_phrases`)
+into a trie, and the trie into an Aho-Corasick automaton: each state is a partial match
+(a trie node), and every token moves a state to the longest partial match that still
+holds after it. A hypothesis carries its state and earns `score` for every token that
+advances a match; when a match fails, the bonus of the part no longer matched is given
+back (icefall's rule), and when the utterance ends inside a partial match, that is given
+back too. So a near-miss ends with no net gain, and only completed phrases keep theirs:
+a completed phrase's bonus is banked, and a longer phrase that continues it earns on top.
+
+In numbers, per state n: `held[n]`, the bonus earned since the last completed phrase on
+its path (0 at a phrase's end: banked), and for every token t the next state
+`next[n, t]` and the gain `gain[n, t] = earned[next] - held[n]`, where `earned[m]` is the
+bonus along m's path since the last completed phrase before m. Both tables are dense
+(states x vocabulary), built once, so that a batched search reads its rows with one
+gather (`gain.index_select(0, nodes)`) and a CUDA graph can replay it.
+
+Beam searches add `gain` to every non-blank extension and `-held` when a hypothesis ends
+(`final_gain`); greedy searches, which cannot take a decision back, add only what a token
+earns (`advance`: gains below zero count as zero), so that leaving a partial match costs
+nothing against blank. Scores are per token: a phrase of k tokens earns k x its score.
+docs/decoding.md, "Context biasing", says how to choose it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from asr.data.tokenizer import Tokenizer
+from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, UNK_ID
+
+# The bonus per token of a phrase without its own score: the sweep of
+# recipes/demo/RESULTS.md, "Context biasing" (scripts/benchmark_context.py).
+DEFAULT_CONTEXT_SCORE = 1.5
+MAX_TABLE_ENTRIES = 1 << 27  # states x vocabulary: 1 GiB of tables at most
+SPACE_PIECE = "\u2581"  # SentencePiece's word start, "▁"
+_SCORED = re.compile(r"^(?P<text>.*?)\s+:(?P<score>\S+)\s*$")  # "PHRASE :2.5"
+
+
+@dataclass(frozen=True)
+class ContextPhrase:
+    """A phrase to boost and its bonus per token (None: the list's score)."""
+
+    text: str
+    score: float | None = None
+
+
+def parse_phrase(item: str | tuple[str, float] | ContextPhrase, where: str = "") -> ContextPhrase:
+    """A phrase from a string (`"TEXT"`, or `"TEXT :SCORE"`: sherpa-onnx's hotwords
+    format), a (text, score) pair or a `ContextPhrase`; a one-line ValueError names an
+    empty phrase or a bad or negative score (`where`: e.g. "phrases.txt line 3")."""
+    at = f"{where}: " if where else ""
+    if isinstance(item, ContextPhrase):
+        text, score = item.text, item.score
+    elif isinstance(item, tuple):
+        text, score = item
+    else:
+        text, score = item, None
+        if match := _SCORED.match(item):
+            try:
+                text, score = match["text"], float(match["score"])
+            except ValueError:
+                raise ValueError(f"{at}bad score {match['score']!r} in {item.strip()!r}") from None
+    text = " ".join(str(text).split())
+    if not text:
+        raise ValueError(f"{at}an empty context phrase")
+    if score is not None:
+        score = float(score)
+        if not score >= 0 or score == float("inf"):
+            raise ValueError(f"{at}context score of {text!r} must be >= 0, got {score}")
+    return ContextPhrase(text, score)
+
+
+def read_context_phrases(path: str | Path) -> list[ContextPhrase]:
+    """The phrases of a file: one per line, optionally followed by ` :SCORE`; blank lines
+    and lines starting with # are skipped. Errors name the file and line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read context phrases from {path}: {err}") from None
+    return [
+        parse_phrase(line, f"{path} line {number}")
+        for number, line in enumerate(lines, 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def tokenize_phrase(text: str, tokenizer: Tokenizer) -> list[list[int]]:
+    """The token sequences a model may emit for `text`: SentencePiece's segmentation, and
+    the variants where a word starts with a lone "▁" piece followed by the rest of its
+    first piece (what a model emits when it starts a word it rarely saw). The text is
+    taken as written, else upper- or lower-cased when only that has every character in
+    the vocabulary (a LibriSpeech model knows upper case only); a ValueError names a
+    phrase that cannot be tokenized."""
+    for form in (text, text.upper(), text.lower()):
+        ids = tokenizer.encode(form)
+        if ids and UNK_ID not in ids:
+            break
+    else:
+        unknown = sorted(
+            c
+            for c in set(text.replace(" ", ""))
+            if all(UNK_ID in tokenizer.encode(form) for form in (c, c.upper(), c.lower()))
+        )
+        raise ValueError(
+            f"context phrase {text!r} cannot be tokenized: the model's vocabulary lacks "
+            f"{' '.join(map(repr, unknown)) or 'its characters'}"
+        )
+    space = tokenizer.piece_to_id(SPACE_PIECE)
+    words = _split_words(ids, tokenizer)
+    variants = [[]]
+    for word in words:
+        forms = [word]
+        first = tokenizer.id_to_piece(word[0])
+        if space is not None and first.startswith(SPACE_PIECE) and len(first) > 1:
+            rest = tokenizer.piece_to_id(first[1:])
+            if rest is not None:
+                forms.append([space, rest, *word[1:]])
+        variants = [v + f for v in variants for f in forms][:8]
+    return variants
+
+
+def _split_words(ids: list[int], tokenizer: Tokenizer) -> list[list[int]]:
+    """`ids` cut before every piece that starts a word."""
+    words: list[list[int]] = []
+    for i in ids:
+        if tokenizer.id_to_piece(i).startswith(SPACE_PIECE) or not words:
+            words.append([i])
+        else:
+            words[-1].append(i)
+    return words
+
+
+class ContextGraph:
+    """The automaton of a phrase list (see the module's docstring): `next` and `gain`
+    (states x vocabulary), `held` (states,), state 0 the root (no partial match).
+
+    Build it with `from_phrases` (text, with the model's tokenizer) or `from_tokens`
+    (token-id sequences). An empty list gives one state and zero gains: searching with it
+    gives what searching without biasing gives.
+    """
+
+    def __init__(self, next_: Tensor, gain: Tensor, held: Tensor, phrases: int) -> None:
+        self.next, self.gain, self.held = next_, gain, held
+        self.advance = gain.clamp(min=0)
+        self.num_phrases = phrases
+        self._on: dict[torch.device, ContextGraph] = {next_.device: self}
+
+    @property
+    def num_states(self) -> int:
+        return self.next.size(0)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.next.size(1)
+
+    def to(self, device: torch.device | str) -> ContextGraph:
+        """The same graph with its tables on `device` (kept, so moving twice is free)."""
+        device = torch.device(device)
+        if device not in self._on:
+            moved = ContextGraph(
+                self.next.to(device), self.gain.to(device), self.held.to(device), self.num_phrases
+            )
+            moved._on = self._on
+            self._on[device] = moved
+        return self._on[device]
+
+    @classmethod
+    def from_phrases(
+        cls,
+        phrases: Iterable[str | tuple[str, float] | ContextPhrase],
+        tokenizer: Tokenizer,
+        score: float = DEFAULT_CONTEXT_SCORE,
+    ) -> ContextGraph:
+        """The graph of `phrases` (see `parse_phrase`), each earning its own score per
+        token or else `score`, tokenized with `tokenizer` (`tokenize_phrase`)."""
+        if not score >= 0 or score == float("inf"):
+            raise ValueError(f"--context-score must be >= 0, got {score}")
+        sequences = []
+        parsed = [parse_phrase(p) for p in phrases]
+        for phrase in parsed:
+            bonus = score if phrase.score is None else phrase.score
+            sequences += [(ids, bonus) for ids in tokenize_phrase(phrase.text, tokenizer)]
+        return cls.from_tokens(sequences, tokenizer.vocab_size, len(parsed))
+
+    @classmethod
+    def from_tokens(
+        cls,
+        sequences: Sequence[tuple[Sequence[int], float]],
+        vocab_size: int,
+        num_phrases: int | None = None,
+    ) -> ContextGraph:
+        """The graph of token-id sequences, each with its bonus per token."""
+        children: list[dict[int, int]] = [{}]
+        step_score: list[float] = [0.0]  # the bonus of the token that enters each state
+        is_end: list[bool] = [False]
+        for tokens, bonus in sequences:
+            if not tokens:
+                raise ValueError("an empty context phrase (no tokens)")
+            node = 0
+            for token in tokens:
+                if not 0 <= token < vocab_size or token in (BLANK_ID, UNK_ID, BOS_ID, EOS_ID):
+                    raise ValueError(f"context token {token} is not a text token of the model")
+                if token not in children[node]:
+                    children[node][token] = len(children)
+                    children.append({})
+                    step_score.append(bonus)
+                    is_end.append(False)
+                node = children[node][token]
+                step_score[node] = max(step_score[node], bonus)  # shared prefixes: the largest
+            is_end[node] = True
+        states = len(children)
+        if states * vocab_size > MAX_TABLE_ENTRIES:
+            raise ValueError(
+                f"{states} context states x {vocab_size} tokens is over the limit of "
+                f"{MAX_TABLE_ENTRIES} table entries: use fewer or shorter phrases"
+            )
+        # Breadth-first: a state's failure state (and its row of `next`) is ready before
+        # its children need it.
+        next_ = torch.zeros(states, vocab_size, dtype=torch.long)
+        earned = [0.0] * states
+        held = [0.0] * states
+        fail = [0] * states
+        order = [0]
+        for node in order:
+            if node:
+                next_[node] = next_[fail[node]]
+            for token, child in children[node].items():
+                fail[child] = int(next_[fail[node], token]) if node else 0
+                earned[child] = (0.0 if is_end[node] else earned[node]) + step_score[child]
+                held[child] = 0.0 if is_end[child] else earned[child]
+                order.append(child)
+            for token, child in children[node].items():
+                next_[node, token] = child
+        earned_t = torch.tensor(earned)
+        held_t = torch.tensor(held)
+        gain = earned_t[next_] - held_t[:, None]
+        count = len(sequences) if num_phrases is None else num_phrases
+        return cls(next_, gain, held_t, count)

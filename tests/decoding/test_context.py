@@ -1,0 +1,242 @@
+"""Context biasing: the automaton's bonus (earned along a phrase, given back when the
+match fails or the utterance ends inside it, kept for completed phrases), every search
+recovering a phrase on a hand-built joiner that it misses without biasing, and an empty
+phrase list changing nothing in any search."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from asr.decoding import aed
+from asr.decoding.context import (
+    ContextGraph,
+    ContextPhrase,
+    parse_phrase,
+    read_context_phrases,
+    tokenize_phrase,
+)
+from asr.decoding.label_looping import LabelLoopingGreedy
+from asr.decoding.search import decode_nbest
+from asr.decoding.transducer import (
+    BeamOptions,
+    GreedyOptions,
+    beam_continue,
+    beam_search,
+    beam_start,
+    greedy_continue,
+    greedy_search_timed,
+    greedy_start,
+)
+from asr.models.transducer import Transducer
+from tests.decoding.test_aed import VOCAB, encoded, trained_looking_aed
+from tests.decoding.test_transducer import CountingPredictor
+from tests.decoding.test_transducer_beam import _random_model
+
+V = 10  # ids 0-3 are special (blank, unk, BOS, EOS): text tokens 4-9
+
+
+def _bonus(graph: ContextGraph, tokens: list[int]) -> float:
+    """What a hypothesis of `tokens` keeps in the end: the gains of its tokens, then what
+    it still holds given back."""
+    node, total = 0, 0.0
+    for token in tokens:
+        total += float(graph.gain[node, token])
+        node = int(graph.next[node, token])
+    return total - float(graph.held[node])
+
+
+def test_a_completed_phrase_keeps_its_bonus_and_a_near_miss_ends_with_none():
+    graph = ContextGraph.from_tokens([([4, 5, 6], 1.0), ([7, 8], 2.0)], V)
+    assert _bonus(graph, [4, 5, 6]) == pytest.approx(3.0)  # 1 per token, kept
+    assert _bonus(graph, [9, 4, 5, 6, 9]) == pytest.approx(3.0)
+    assert _bonus(graph, [7, 8, 4, 5, 6]) == pytest.approx(4.0 + 3.0)
+    # Near-misses: the match fails (4 5 then 9), or the utterance ends inside it.
+    assert _bonus(graph, [4, 5, 9]) == pytest.approx(0.0)
+    assert _bonus(graph, [4, 5]) == pytest.approx(0.0)
+    assert _bonus(graph, [4, 5, 9, 7]) == pytest.approx(0.0)
+    # Along the way the partial match holds what it earned, and gives it back at the miss.
+    assert float(graph.gain[0, 4]) == 1.0 and float(graph.held[graph.next[0, 4]]) == 1.0
+    at = int(graph.next[graph.next[0, 4], 5])
+    assert float(graph.gain[at, 9]) == pytest.approx(-2.0)
+
+
+def test_a_failed_match_falls_back_to_the_longest_partial_match_that_still_holds():
+    # "4 4 5": after 4 4 4 the match "4 4" still holds (Aho-Corasick's failure link).
+    graph = ContextGraph.from_tokens([([4, 4, 5], 1.0)], V)
+    assert _bonus(graph, [4, 4, 4, 5]) == pytest.approx(3.0)
+    assert _bonus(graph, [4, 4, 4]) == pytest.approx(0.0)
+
+
+def test_a_longer_phrase_continues_a_completed_one():
+    graph = ContextGraph.from_tokens([([4, 5], 1.0), ([4, 5, 6, 7], 1.0)], V)
+    assert _bonus(graph, [4, 5]) == pytest.approx(2.0)
+    assert _bonus(graph, [4, 5, 6]) == pytest.approx(2.0)  # the short one kept, "6" given back
+    assert _bonus(graph, [4, 5, 6, 7]) == pytest.approx(4.0)
+
+
+def test_special_tokens_and_bad_scores_are_refused():
+    with pytest.raises(ValueError, match="not a text token"):
+        ContextGraph.from_tokens([([0, 4], 1.0)], V)
+    with pytest.raises(ValueError, match="empty"):
+        ContextGraph.from_tokens([([], 1.0)], V)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        parse_phrase("NAME :-1")
+    with pytest.raises(ValueError, match="empty context phrase"):
+        parse_phrase("  :2")
+    with pytest.raises(ValueError, match="bad score"):
+        parse_phrase("NAME :two")
+    assert parse_phrase("NEW  YORK :2.5") == ContextPhrase("NEW YORK", 2.5)
+    assert parse_phrase(("NEW YORK", 1)) == ContextPhrase("NEW YORK", 1.0)
+
+
+def test_phrase_files_and_tokenization(tmp_path, tokenizer):
+    path = tmp_path / "phrases.txt"
+    path.write_text("# names\nZANZIBAR\n\nDOCTOR ZORVAK :3\n")
+    assert read_context_phrases(path) == [
+        ContextPhrase("ZANZIBAR"),
+        ContextPhrase("DOCTOR ZORVAK", 3.0),
+    ]
+    path.write_text("ZANZIBAR\nBAD :-2\n")
+    with pytest.raises(ValueError, match=r"phrases.txt line 2: context score of 'BAD'"):
+        read_context_phrases(path)
+    variants = tokenize_phrase("zanzibar", tokenizer)  # the demo's vocabulary is upper case
+    assert tokenizer.decode(variants[0]) == "ZANZIBAR"
+    assert all(tokenizer.decode(v) == "ZANZIBAR" for v in variants)
+    with pytest.raises(ValueError, match="lacks 'É'$"):
+        tokenize_phrase("CAFÉ", tokenizer)
+    graph = ContextGraph.from_phrases(["ZANZIBAR", ("ZORVAK", 3.0)], tokenizer)
+    assert graph.num_phrases == 2 and graph.vocab_size == tokenizer.vocab_size
+    with pytest.raises(ValueError, match="--context-score must be >= 0"):
+        ContextGraph.from_phrases(["ZANZIBAR"], tokenizer, score=-1.0)
+
+
+# -- searches on a hand-built joiner ---------------------------------------------------
+# Each encoder frame is the joiner's log-probabilities (the predictor plays no part), so
+# each frame's choice is plain: frame 0 favours 4 over 5, frame 1 says 6.
+class FramePredictor(CountingPredictor):
+    vocab_size = V
+
+
+class FrameJoiner(nn.Module):
+    vocab_size = V
+
+    def project_encoder(self, x):
+        return x
+
+    def project_predictor(self, x):
+        return x
+
+    def joint(self, enc, pred):
+        return enc
+
+
+def _frames(*rows: dict[int, float]) -> torch.Tensor:
+    """(1, T, V) log-probabilities: each frame's named tokens, the rest sharing what is left."""
+    out = torch.full((len(rows), V), -30.0, dtype=torch.float64)
+    for t, row in enumerate(rows):
+        for token, p in row.items():
+            out[t, token] = math.log(p)
+    return out.log_softmax(-1)[None]
+
+
+FRAMES = _frames({4: 0.55, 5: 0.4, 0: 0.05}, {6: 0.9, 0: 0.1}, {0: 1.0})
+LENS = torch.tensor([3])
+ONE = 1  # one token per frame: each frame's choice is the joiner's only
+
+
+def _hand_model() -> Transducer:
+    return Transducer(nn.Identity(), FramePredictor(), FrameJoiner())
+
+
+def test_every_transducer_search_recovers_the_phrase_it_misses_without_biasing():
+    model = _hand_model()
+    phrase = ContextGraph.from_tokens([([5, 6], 1.0)], V)
+    greedy = GreedyOptions(max_symbols_per_frame=ONE)
+    beam = BeamOptions(beam_size=3, max_symbols_per_frame=ONE)
+    assert greedy_search_timed(model, FRAMES, LENS, greedy)[0].tokens == [4, 6]
+    assert greedy_search_timed(model, FRAMES, LENS, greedy, phrase)[0].tokens == [5, 6]
+    assert beam_search(model, FRAMES, LENS, beam)[0][0].tokens == (4, 6)
+    best = beam_search(model, FRAMES, LENS, beam, phrase)[0][0]
+    assert best.tokens == (5, 6)
+    assert best.score == pytest.approx(math.log(0.4 * 0.9) + 2.0)  # the bonus kept
+    for fused in (False, True):  # label looping: its eager loops, and the CUDA graph's body
+        search = LabelLoopingGreedy(model, greedy, biased=True)
+        assert search._decode(FRAMES, LENS, fused=fused, context=phrase)[0].tokens == [5, 6]
+
+
+def test_a_near_miss_gains_nothing_in_beam_search():
+    """Phrase 5 7: the hypothesis 5 6 starts it and misses; it ends with its plain score."""
+    model = _hand_model()
+    miss = ContextGraph.from_tokens([([5, 7], 1.0)], V)
+    options = BeamOptions(beam_size=3, max_symbols_per_frame=ONE, nbest=3)
+    plain = {h.tokens: h.score for h in beam_search(model, FRAMES, LENS, options)[0]}
+    biased = {h.tokens: h.score for h in beam_search(model, FRAMES, LENS, options, miss)[0]}
+    assert biased[(4, 6)] == pytest.approx(plain[(4, 6)])
+    assert biased[(5, 6)] == pytest.approx(plain[(5, 6)])
+    assert max(biased, key=biased.get) == (4, 6)
+
+
+def test_streaming_search_recovers_the_phrase_chunk_by_chunk():
+    """The phrase starts in one chunk and ends in the next: the state goes with the search."""
+    model = _hand_model()
+    phrase = ContextGraph.from_tokens([([5, 6], 1.0)], V)
+    greedy = GreedyOptions(max_symbols_per_frame=ONE)
+    progress = greedy_start(model, 1, "cpu")
+    beam = BeamOptions(beam_size=3, max_symbols_per_frame=ONE)
+    beams = beam_start(model, 1, 3, "cpu")
+    for t in range(3):
+        chunk = FRAMES[:, t : t + 1]
+        greedy_continue(model, progress, chunk, torch.tensor([1]), greedy, phrase)
+        beam_continue(model, beams, chunk, torch.tensor([1]), beam, phrase)
+    assert progress.tokens == [[5, 6]] and progress.frames == [[0, 1]]
+    assert beams.hypotheses(1)[0][0].tokens == (5, 6)
+
+
+# -- an empty list changes nothing ---------------------------------------------------------
+def test_an_empty_phrase_list_gives_what_no_biasing_gives():
+    model = _random_model(9)
+    torch.manual_seed(3)
+    enc = 3 * torch.randn(4, 12, 6, dtype=torch.float64)
+    lens = torch.tensor([12, 7, 1, 10])
+    empty = ContextGraph.from_tokens([], 9)
+    for symbols in (1, 3):
+        greedy = GreedyOptions(max_symbols_per_frame=symbols)
+        plain = greedy_search_timed(model, enc, lens, greedy)
+        assert sum(len(h.tokens) for h in plain) > 5
+        assert greedy_search_timed(model, enc, lens, greedy, empty) == plain
+        for fused in (False, True):
+            search = LabelLoopingGreedy(model, greedy, biased=True)
+            hyps = search._decode(enc, lens, fused=fused, context=empty)
+            assert [(h.tokens, h.frames) for h in hyps] == [(h.tokens, h.frames) for h in plain]
+        beam = BeamOptions(beam_size=4, max_symbols_per_frame=symbols, nbest=4)
+        assert beam_search(model, enc, lens, beam, empty) == beam_search(model, enc, lens, beam)
+        # chunk by chunk (streaming's way): 5 frames, then the rest
+        progress = greedy_start(model, 4, "cpu")
+        for chunk in (slice(0, 5), slice(5, 12)):
+            part = (lens - chunk.start).clamp(0, chunk.stop - chunk.start)
+            greedy_continue(model, progress, enc[:, chunk], part, greedy, empty)
+        assert progress.results() == plain
+
+
+def test_the_attention_decoder_beam_recovers_a_phrase_and_an_empty_list_changes_nothing():
+    model = trained_looking_aed()
+    enc, lens = encoded(model, [30, 22, 9])
+    plain = aed.beam_search_nbest(model, enc, lens, 4)
+    empty = ContextGraph.from_tokens([], VOCAB)
+    assert aed.beam_search_nbest(model, enc, lens, 4, context=empty) == plain
+    assert aed.decode(model, enc, lens, aed.AedSearchOptions(), empty) == aed.greedy_search(
+        model, enc, lens
+    )
+    # A phrase the model never says, boosted: each utterance's best now holds it.
+    phrase = ContextGraph.from_tokens([([10, 11], 6.0)], VOCAB)
+
+    def holds(tokens: list[int]) -> bool:
+        return any(tokens[i : i + 2] == [10, 11] for i in range(len(tokens)))
+
+    assert not any(holds(hyps[0][0]) for hyps in plain)
+    biased = aed.beam_search_nbest(model, enc, lens, 4, context=phrase)
+    assert all(holds(hyps[0][0]) for hyps in biased)
+    options = aed.AedSearchOptions(beam_size=4)
+    assert decode_nbest(model, enc, lens, options, 2, phrase)[0][0] == biased[0][0]
