@@ -18,7 +18,7 @@ from asr.inference.recognizer import Recognizer
 
 
 def utterance_features(recognizer: Recognizer, manifest: Path, limit: int | None) -> list[dict]:
-    """Features, duration and reference of the first `limit` cuts (longest first)."""
+    """Id, features, duration and reference of the first `limit` cuts (longest first)."""
     cuts = list(load_cuts(manifest))[:limit]
     extractor = recognizer.features.extractor()
     out = []
@@ -26,7 +26,9 @@ def utterance_features(recognizer: Recognizer, manifest: Path, limit: int | None
         feats = extractor.extract(cut.load_audio()[0], cut.sampling_rate)
         feats = normalize_features(feats, recognizer.features.normalize)
         text = " ".join(s.text for s in cut.supervisions if s.text)
-        out.append({"feats": torch.from_numpy(feats), "seconds": cut.duration, "text": text})
+        out.append(
+            {"id": cut.id, "feats": torch.from_numpy(feats), "seconds": cut.duration, "text": text}
+        )
     return sorted(out, key=lambda u: -u["seconds"])
 
 

@@ -5,23 +5,28 @@ The phrases are tokenized with the model's SentencePiece model (`ContextGraph.fr
 into a trie, and the trie into an Aho-Corasick automaton: each state is a partial match
 (a trie node), and every token moves a state to the longest partial match that still
 holds after it. A hypothesis carries its state and earns `score` for every token that
-advances a match; when a match fails, the bonus of the part no longer matched is given
+advances a match, from a phrase's second token on (the first is a piece that starts many
+ordinary words); when a match fails, the bonus of the part no longer matched is given
 back (icefall's rule), and when the utterance ends inside a partial match, that is given
-back too. So a near-miss ends with no net gain, and only completed phrases keep theirs:
-a completed phrase's bonus is banked, and a longer phrase that continues it earns on top.
+back too. So a near-miss ends with no net gain. A completed phrase banks its bonus once a
+new word starts after it (or the utterance ends): a phrase heard as the start of a longer
+word ("QUEBROS" in "QUEBROSS") gives it back, and a longer phrase that continues it
+("NEW YORK CITY" after "NEW YORK") goes on earning.
 
-In numbers, per state n: `held[n]`, the bonus earned since the last completed phrase on
-its path (0 at a phrase's end: banked), and for every token t the next state
-`next[n, t]` and the gain `gain[n, t] = earned[next] - held[n]`, where `earned[m]` is the
-bonus along m's path since the last completed phrase before m. Both tables are dense
-(states x vocabulary), built once, so that a batched search reads its rows with one
-gather (`gain.index_select(0, nodes)`) and a CUDA graph can replay it.
+In numbers, per state n: `held[n]`, what a hypothesis in n gives back if the utterance
+ends (the bonus since the last banked phrase; 0 at a phrase's end), and for every token t
+the next state `next[n, t]` and the gain `gain[n, t]`: what the token earns, or gives
+back (negative), with what a completed phrase banks. Both tables are dense (states x
+vocabulary), built once, so that a batched search reads its rows with one gather
+(`gain.index_select(0, nodes)`) and a CUDA graph can replay it.
 
-Beam searches add `gain` to every non-blank extension and `-held` when a hypothesis ends
-(`final_gain`); greedy searches, which cannot take a decision back, add only what a token
-earns (`advance`: gains below zero count as zero), so that leaving a partial match costs
-nothing against blank. Scores are per token: a phrase of k tokens earns k x its score.
-docs/decoding.md, "Context biasing", says how to choose it.
+Beam searches add `gain` to every non-blank extension and give back `held` when a
+hypothesis ends; they keep half their beam for the best hypotheses as if every partial
+match ended there (`asr.decoding.transducer._keep`), so that the plain hypotheses are
+still there when a match fails. Greedy searches, which cannot take a decision back, add
+only what a token earns (`advance`: gains below zero count as zero), so that leaving a
+partial match costs nothing against blank. Scores are per token: a phrase of k tokens
+earns (k - 1) x its score. docs/decoding.md, "Context biasing", says how to choose it.
 """
 
 from __future__ import annotations
@@ -37,9 +42,9 @@ from torch import Tensor
 from asr.data.tokenizer import Tokenizer
 from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, UNK_ID
 
-# The bonus per token of a phrase without its own score: the sweep of
+# The bonus per token of a phrase without its own score, for a beam of 8: the sweep of
 # recipes/demo/RESULTS.md, "Context biasing" (scripts/benchmark_context.py).
-DEFAULT_CONTEXT_SCORE = 1.5
+DEFAULT_CONTEXT_SCORE = 4.5
 MAX_TABLE_ENTRIES = 1 << 27  # states x vocabulary: 1 GiB of tables at most
 SPACE_PIECE = "\u2581"  # SentencePiece's word start, "▁"
 _SCORED = re.compile(r"^(?P<text>.*?)\s+:(?P<score>\S+)\s*$")  # "PHRASE :2.5"
@@ -190,7 +195,10 @@ class ContextGraph:
         for phrase in parsed:
             bonus = score if phrase.score is None else phrase.score
             sequences += [(ids, bonus) for ids in tokenize_phrase(phrase.text, tokenizer)]
-        return cls.from_tokens(sequences, tokenizer.vocab_size, len(parsed))
+        starts = [
+            tokenizer.id_to_piece(i).startswith(SPACE_PIECE) for i in range(tokenizer.vocab_size)
+        ]
+        return cls.from_tokens(sequences, tokenizer.vocab_size, len(parsed), starts)
 
     @classmethod
     def from_tokens(
@@ -198,8 +206,13 @@ class ContextGraph:
         sequences: Sequence[tuple[Sequence[int], float]],
         vocab_size: int,
         num_phrases: int | None = None,
+        word_starts: Sequence[bool] | None = None,
     ) -> ContextGraph:
-        """The graph of token-id sequences, each with its bonus per token."""
+        """The graph of token-id sequences, each with its bonus per token. `word_starts`:
+        per token id, whether it starts a word (SentencePiece's "▁" pieces); a completed
+        phrase keeps its bonus only when a word starts after it (or the utterance ends),
+        so that a phrase heard as the start of a longer word earns nothing. None: every
+        token starts a word."""
         children: list[dict[int, int]] = [{}]
         step_score: list[float] = [0.0]  # the bonus of the token that enters each state
         is_end: list[bool] = [False]
@@ -207,16 +220,19 @@ class ContextGraph:
             if not tokens:
                 raise ValueError("an empty context phrase (no tokens)")
             node = 0
-            for token in tokens:
+            for depth, token in enumerate(tokens):
                 if not 0 <= token < vocab_size or token in (BLANK_ID, UNK_ID, BOS_ID, EOS_ID):
                     raise ValueError(f"context token {token} is not a text token of the model")
                 if token not in children[node]:
                     children[node][token] = len(children)
                     children.append({})
-                    step_score.append(bonus)
+                    step_score.append(0.0)
                     is_end.append(False)
                 node = children[node][token]
-                step_score[node] = max(step_score[node], bonus)  # shared prefixes: the largest
+                # The first token starts many ordinary words: it earns nothing (unless it
+                # is the whole phrase).
+                earns = bonus if depth or len(tokens) == 1 else 0.0
+                step_score[node] = max(step_score[node], earns)
             is_end[node] = True
         states = len(children)
         if states * vocab_size > MAX_TABLE_ENTRIES:
@@ -224,11 +240,16 @@ class ContextGraph:
                 f"{states} context states x {vocab_size} tokens is over the limit of "
                 f"{MAX_TABLE_ENTRIES} table entries: use fewer or shorter phrases"
             )
+        starts = torch.ones(vocab_size, dtype=torch.bool)
+        if word_starts is not None:
+            starts = torch.as_tensor(list(word_starts), dtype=torch.bool)
+            starts[[BLANK_ID, UNK_ID, BOS_ID, EOS_ID]] = True  # none continues a word
         # Breadth-first: a state's failure state (and its row of `next`) is ready before
-        # its children need it.
+        # its children need it. `at_risk[n]`: what a hypothesis in n would give back on a
+        # failed match, the bonus since the last phrase it completed and followed by a
+        # new word (banked).
         next_ = torch.zeros(states, vocab_size, dtype=torch.long)
-        earned = [0.0] * states
-        held = [0.0] * states
+        at_risk = [0.0] * states
         fail = [0] * states
         order = [0]
         for node in order:
@@ -236,13 +257,16 @@ class ContextGraph:
                 next_[node] = next_[fail[node]]
             for token, child in children[node].items():
                 fail[child] = int(next_[fail[node], token]) if node else 0
-                earned[child] = (0.0 if is_end[node] else earned[node]) + step_score[child]
-                held[child] = 0.0 if is_end[child] else earned[child]
+                banked = is_end[node] and bool(starts[token])
+                at_risk[child] = (0.0 if banked else at_risk[node]) + step_score[child]
                 order.append(child)
             for token, child in children[node].items():
                 next_[node, token] = child
-        earned_t = torch.tensor(earned)
-        held_t = torch.tensor(held)
-        gain = earned_t[next_] - held_t[:, None]
+        risk = torch.tensor(at_risk)
+        ends = torch.tensor(is_end)
+        held = torch.where(ends, 0.0, risk)  # what ending the utterance here gives back
+        # A completed phrase followed by a word start banks what it holds.
+        banks = torch.where(ends[:, None] & starts[None, :], risk[:, None], 0.0)
+        gain = banks + risk[next_] - risk[:, None]
         count = len(sequences) if num_phrases is None else num_phrases
-        return cls(next_, gain, held_t, count)
+        return cls(next_, gain, held, count)

@@ -277,7 +277,8 @@ def _put(state: PredictorState, index: Tensor, rows: PredictorState) -> Predicto
 
 # A candidate hypothesis of one round: [score, the row it continues, the token it appends
 # (-1: none, its predictor state is that row's), its tokens' frames, the score of the
-# alignment those frames come from, its tokens' confidences], keyed by its tokens.
+# alignment those frames come from, its tokens' confidences, the context bonus it would
+# give back if the utterance ended here], keyed by its tokens.
 Candidates = dict[tuple[int, ...], list]
 
 
@@ -289,13 +290,14 @@ def _add(
     token: int,
     frames: tuple[int, ...],
     confidences: tuple[float, ...],
+    held: float = 0.0,
 ) -> None:
     """Add a candidate; one with the same tokens is merged (scores log-added), keeping the
     row of one that needs no predictor step and the frames (and confidences) of the more
     probable."""
     kept = candidates.get(seq)
     if kept is None:
-        candidates[seq] = [score, row, token, frames, score, confidences]
+        candidates[seq] = [score, row, token, frames, score, confidences, held]
         return
     if score > kept[4]:
         kept[3:6] = [frames, score, confidences]
@@ -335,30 +337,36 @@ class _Beam:
         last_round: bool,
         frame: int,
         confidence: list[float],
+        held_rows: list[float],
+        held_best: list[float],
     ) -> list[tuple[int, int]]:
         """Keep the K best of a round's candidates: the hypotheses that ended the frame,
-        those in it ending it with blank (`with_blank`: each row's score so), and the K
+        those in it ending it with blank (`with_blank`: each row's score so), and the
         best token extensions (`best`, `where`: their scores and row * vocab + token),
         which end the frame only in the last round; an appended token is at `frame`, with
-        the `confidence` of its row's distribution. Per new row: (the row it continues,
-        the token it appends or -1)."""
+        the `confidence` of its row's distribution. `held_rows`, `held_best`: the context
+        bonus each row and each extension would give back if the utterance ended (see
+        `_keep`). Per new row: (the row it continues, the token it appends or -1)."""
         done: Candidates = {}
         going: Candidates = {}
         for j, score in enumerate(self.scores):
             if self.ended[j] and score > -math.inf:
-                _add(done, self.tokens[j], score, j, -1, self.frames[j], self.confidences[j])
+                sure = self.confidences[j]
+                _add(done, self.tokens[j], score, j, -1, self.frames[j], sure, held_rows[j])
         for j in self.in_frame():
-            _add(done, self.tokens[j], with_blank[j], j, -1, self.frames[j], self.confidences[j])
-        for score, flat in zip(best, where, strict=True):
+            sure, score = self.confidences[j], with_blank[j]
+            _add(done, self.tokens[j], score, j, -1, self.frames[j], sure, held_rows[j])
+        for score, flat, held in zip(best, where, held_best, strict=True):
             if score > -math.inf:
                 row, token = divmod(flat, vocab)
                 extended, frames = (*self.tokens[row], token), (*self.frames[row], frame)
                 sure = (*self.confidences[row], confidence[row])
-                _add(done if last_round else going, extended, score, row, token, frames, sure)
+                into = done if last_round else going
+                _add(into, extended, score, row, token, frames, sure, held)
         ranked = [(entry, seq, True) for seq, entry in done.items()]
         ranked += [(entry, seq, False) for seq, entry in going.items()]
         k = len(self.scores)
-        ranked = sorted(ranked, key=lambda item: -item[0][0])[:k]
+        ranked = _keep(ranked, k)
         empty = k - len(ranked)
         self.scores = [entry[0] for entry, _, _ in ranked] + [-math.inf] * empty
         self.tokens = [seq for _, seq, _ in ranked] + [()] * empty
@@ -367,6 +375,18 @@ class _Beam:
         self.confidences = [entry[5] for entry, _, _ in ranked] + [()] * empty
         moves = [(entry[1], entry[2]) for entry, _, _ in ranked]
         return moves + [(j, -1) for j in range(len(ranked), k)]
+
+
+def _keep(ranked: list[tuple[list, tuple[int, ...], bool]], k: int) -> list:
+    """The K candidates a beam keeps: the best half by score, the rest by score without
+    what a partial match of a context phrase holds (as if the utterance ended here). A
+    hypothesis that earns a phrase's bonus token by token would otherwise crowd out the
+    plain hypotheses, which must still be there when its match fails. Without a context
+    graph both orders are the same: the K best."""
+    by_score = sorted(ranked, key=lambda item: -item[0][0])
+    half = (k + 1) // 2
+    rest = sorted(by_score[half:], key=lambda item: -(item[0][0] - item[0][6]))
+    return by_score[:half] + rest[: k - half]
 
 
 @torch.inference_mode()
@@ -454,6 +474,28 @@ class BeamProgress:
         )
 
 
+def _with_plain_best(
+    totals: Tensor, where: Tensor, context: ContextGraph, nodes: Tensor, k: int
+) -> tuple[list[list[float]], list[list[int]], list[list[float]]]:
+    """Per utterance the token extensions of `where` (the K best by score) and the K best
+    by score less the bonus their state would give back (`ContextGraph.held`), without
+    repeats: (scores, row * vocab + token, what each would give back)."""
+    batch, vocab = totals.size(0) // k, totals.size(1)
+    held = context.held[context.next[nodes]]  # (B*K, V)
+    plain = (totals - held).view(batch, k * vocab).topk(k, dim=-1).indices
+    flat = torch.cat([where, plain], dim=1)
+    scores = totals.view(batch, -1).gather(1, flat).tolist()
+    gives = held.view(batch, -1).gather(1, flat).tolist()
+    best, at, back = [], [], []
+    for row_scores, row_flat, row_gives in zip(scores, flat.tolist(), gives, strict=True):
+        seen = dict.fromkeys(row_flat)  # in order, without repeats
+        keep = [row_flat.index(f) for f in seen]
+        best.append([row_scores[i] for i in keep])
+        at.append(list(seen))
+        back.append([row_gives[i] for i in keep])
+    return best, at, back
+
+
 @torch.inference_mode()
 def beam_start(model: Transducer, batch: int, k: int, device: torch.device | str) -> BeamProgress:
     """The beam search of `batch` utterances, `k` hypotheses each, before their first frame."""
@@ -520,15 +562,21 @@ def beam_continue(
             at = torch.tensor(live, device=device)
             base = torch.tensor(scores, device=device, dtype=log_probs.dtype)[at, None]
             totals[at] = base + log_probs[at]
+            held_rows = [0.0] * rows
             if context is not None:
                 bonus = context.gain.index_select(0, nodes[at])
                 bonus[:, blank] = 0.0
                 totals[at] += bonus
+                held_rows = context.held[nodes].tolist()
             confidence = token_confidence(log_probs).tolist()
             with_blank = totals[:, blank].tolist()
             totals[:, blank] = -math.inf
             best, where = totals.view(batch, k * vocab).topk(k, dim=-1)
-            best, where = best.tolist(), where.tolist()
+            if context is None:
+                best, where = best.tolist(), where.tolist()
+                held_best = [[0.0] * k for _ in range(batch)]
+            else:  # also the K best as if every partial match ended here (`_keep`)
+                best, where, held_best = _with_plain_best(totals, where, context, nodes, k)
             source = list(range(rows))  # the row each new row continues
             appended = [-1] * rows  # the token it appends (-1: none)
             last_round = round_ == options.max_symbols_per_frame
@@ -545,6 +593,8 @@ def beam_continue(
                     last_round,
                     frame,
                     confidence[rows_b],
+                    held_rows[rows_b],
+                    held_best[b],
                 )
                 for j, (row, token) in enumerate(moves):
                     source[b * k + j], appended[b * k + j] = b * k + row, token

@@ -48,32 +48,46 @@ def _bonus(graph: ContextGraph, tokens: list[int]) -> float:
 
 
 def test_a_completed_phrase_keeps_its_bonus_and_a_near_miss_ends_with_none():
+    # The first token of a phrase earns nothing; each further one earns the score.
     graph = ContextGraph.from_tokens([([4, 5, 6], 1.0), ([7, 8], 2.0)], V)
-    assert _bonus(graph, [4, 5, 6]) == pytest.approx(3.0)  # 1 per token, kept
-    assert _bonus(graph, [9, 4, 5, 6, 9]) == pytest.approx(3.0)
-    assert _bonus(graph, [7, 8, 4, 5, 6]) == pytest.approx(4.0 + 3.0)
+    assert _bonus(graph, [4, 5, 6]) == pytest.approx(2.0)
+    assert _bonus(graph, [9, 4, 5, 6, 9]) == pytest.approx(2.0)
+    assert _bonus(graph, [7, 8, 4, 5, 6]) == pytest.approx(2.0 + 2.0)
     # Near-misses: the match fails (4 5 then 9), or the utterance ends inside it.
     assert _bonus(graph, [4, 5, 9]) == pytest.approx(0.0)
     assert _bonus(graph, [4, 5]) == pytest.approx(0.0)
     assert _bonus(graph, [4, 5, 9, 7]) == pytest.approx(0.0)
     # Along the way the partial match holds what it earned, and gives it back at the miss.
-    assert float(graph.gain[0, 4]) == 1.0 and float(graph.held[graph.next[0, 4]]) == 1.0
     at = int(graph.next[graph.next[0, 4], 5])
-    assert float(graph.gain[at, 9]) == pytest.approx(-2.0)
+    assert float(graph.gain[0, 4]) == 0.0 and float(graph.held[at]) == 1.0
+    assert float(graph.gain[at, 9]) == pytest.approx(-1.0)
+    # A one-token phrase earns its score.
+    assert _bonus(ContextGraph.from_tokens([([4], 3.0)], V), [9, 4]) == pytest.approx(3.0)
 
 
 def test_a_failed_match_falls_back_to_the_longest_partial_match_that_still_holds():
-    # "4 4 5": after 4 4 4 the match "4 4" still holds (Aho-Corasick's failure link).
-    graph = ContextGraph.from_tokens([([4, 4, 5], 1.0)], V)
-    assert _bonus(graph, [4, 4, 4, 5]) == pytest.approx(3.0)
-    assert _bonus(graph, [4, 4, 4]) == pytest.approx(0.0)
+    # "4 4 4 5": after 4 4 4 4 the match "4 4 4" still holds (Aho-Corasick's failure link).
+    graph = ContextGraph.from_tokens([([4, 4, 4, 5], 1.0)], V)
+    assert _bonus(graph, [4, 4, 4, 4, 5]) == pytest.approx(3.0)
+    assert _bonus(graph, [4, 4, 4, 4]) == pytest.approx(0.0)
 
 
 def test_a_longer_phrase_continues_a_completed_one():
     graph = ContextGraph.from_tokens([([4, 5], 1.0), ([4, 5, 6, 7], 1.0)], V)
-    assert _bonus(graph, [4, 5]) == pytest.approx(2.0)
-    assert _bonus(graph, [4, 5, 6]) == pytest.approx(2.0)  # the short one kept, "6" given back
-    assert _bonus(graph, [4, 5, 6, 7]) == pytest.approx(4.0)
+    assert _bonus(graph, [4, 5]) == pytest.approx(1.0)
+    assert _bonus(graph, [4, 5, 6]) == pytest.approx(1.0)  # the short one kept, "6" given back
+    assert _bonus(graph, [4, 5, 6, 7]) == pytest.approx(3.0)  # the longer one's bonus
+
+
+def test_a_phrase_that_a_word_goes_on_after_keeps_nothing():
+    """Tokens 4-7 start words, 8-9 continue them: "4 5" then 8 is a longer word."""
+    starts = [i < 8 for i in range(V)]
+    graph = ContextGraph.from_tokens([([4, 5], 1.0), ([6, 5, 9], 1.0)], V, word_starts=starts)
+    assert _bonus(graph, [4, 5]) == pytest.approx(1.0)  # the utterance ends after it
+    assert _bonus(graph, [4, 5, 7]) == pytest.approx(1.0)  # a new word after it
+    assert _bonus(graph, [4, 5, 8]) == pytest.approx(0.0)  # the word goes on
+    assert _bonus(graph, [4, 5, 8, 7]) == pytest.approx(0.0)
+    assert _bonus(graph, [6, 5, 9, 4]) == pytest.approx(2.0)  # continued inside its word
 
 
 def test_special_tokens_and_bad_scores_are_refused():
@@ -114,7 +128,7 @@ def test_phrase_files_and_tokenization(tmp_path, tokenizer):
 
 # -- searches on a hand-built joiner ---------------------------------------------------
 # Each encoder frame is the joiner's log-probabilities (the predictor plays no part), so
-# each frame's choice is plain: frame 0 favours 4 over 5, frame 1 says 6.
+# each frame's choice is plain: frame 0 says 4, frame 1 favours 6 over 5.
 class FramePredictor(CountingPredictor):
     vocab_size = V
 
@@ -141,7 +155,7 @@ def _frames(*rows: dict[int, float]) -> torch.Tensor:
     return out.log_softmax(-1)[None]
 
 
-FRAMES = _frames({4: 0.55, 5: 0.4, 0: 0.05}, {6: 0.9, 0: 0.1}, {0: 1.0})
+FRAMES = _frames({4: 0.9, 0: 0.1}, {6: 0.55, 5: 0.4, 0: 0.05}, {0: 1.0})
 LENS = torch.tensor([3])
 ONE = 1  # one token per frame: each frame's choice is the joiner's only
 
@@ -152,36 +166,37 @@ def _hand_model() -> Transducer:
 
 def test_every_transducer_search_recovers_the_phrase_it_misses_without_biasing():
     model = _hand_model()
-    phrase = ContextGraph.from_tokens([([5, 6], 1.0)], V)
+    phrase = ContextGraph.from_tokens([([4, 5], 1.0)], V)
     greedy = GreedyOptions(max_symbols_per_frame=ONE)
     beam = BeamOptions(beam_size=3, max_symbols_per_frame=ONE)
     assert greedy_search_timed(model, FRAMES, LENS, greedy)[0].tokens == [4, 6]
-    assert greedy_search_timed(model, FRAMES, LENS, greedy, phrase)[0].tokens == [5, 6]
+    assert greedy_search_timed(model, FRAMES, LENS, greedy, phrase)[0].tokens == [4, 5]
     assert beam_search(model, FRAMES, LENS, beam)[0][0].tokens == (4, 6)
     best = beam_search(model, FRAMES, LENS, beam, phrase)[0][0]
-    assert best.tokens == (5, 6)
-    assert best.score == pytest.approx(math.log(0.4 * 0.9) + 2.0)  # the bonus kept
+    assert best.tokens == (4, 5)
+    assert best.score == pytest.approx(math.log(0.9 * 0.4) + 1.0)  # the bonus kept
     for fused in (False, True):  # label looping: its eager loops, and the CUDA graph's body
         search = LabelLoopingGreedy(model, greedy, biased=True)
-        assert search._decode(FRAMES, LENS, fused=fused, context=phrase)[0].tokens == [5, 6]
+        assert search._decode(FRAMES, LENS, fused=fused, context=phrase)[0].tokens == [4, 5]
 
 
 def test_a_near_miss_gains_nothing_in_beam_search():
-    """Phrase 5 7: the hypothesis 5 6 starts it and misses; it ends with its plain score."""
+    """Phrase 4 6 7: the hypothesis 4 6 earns a bonus for 6, then the utterance ends
+    inside the phrase: it ends with its plain score."""
     model = _hand_model()
-    miss = ContextGraph.from_tokens([([5, 7], 1.0)], V)
+    miss = ContextGraph.from_tokens([([4, 6, 7], 1.0)], V)
     options = BeamOptions(beam_size=3, max_symbols_per_frame=ONE, nbest=3)
     plain = {h.tokens: h.score for h in beam_search(model, FRAMES, LENS, options)[0]}
     biased = {h.tokens: h.score for h in beam_search(model, FRAMES, LENS, options, miss)[0]}
     assert biased[(4, 6)] == pytest.approx(plain[(4, 6)])
-    assert biased[(5, 6)] == pytest.approx(plain[(5, 6)])
+    assert biased[(4, 5)] == pytest.approx(plain[(4, 5)])
     assert max(biased, key=biased.get) == (4, 6)
 
 
 def test_streaming_search_recovers_the_phrase_chunk_by_chunk():
     """The phrase starts in one chunk and ends in the next: the state goes with the search."""
     model = _hand_model()
-    phrase = ContextGraph.from_tokens([([5, 6], 1.0)], V)
+    phrase = ContextGraph.from_tokens([([4, 5], 1.0)], V)
     greedy = GreedyOptions(max_symbols_per_frame=ONE)
     progress = greedy_start(model, 1, "cpu")
     beam = BeamOptions(beam_size=3, max_symbols_per_frame=ONE)
@@ -190,8 +205,8 @@ def test_streaming_search_recovers_the_phrase_chunk_by_chunk():
         chunk = FRAMES[:, t : t + 1]
         greedy_continue(model, progress, chunk, torch.tensor([1]), greedy, phrase)
         beam_continue(model, beams, chunk, torch.tensor([1]), beam, phrase)
-    assert progress.tokens == [[5, 6]] and progress.frames == [[0, 1]]
-    assert beams.hypotheses(1)[0][0].tokens == (5, 6)
+    assert progress.tokens == [[4, 5]] and progress.frames == [[0, 1]]
+    assert beams.hypotheses(1)[0][0].tokens == (4, 5)
 
 
 # -- an empty list changes nothing ---------------------------------------------------------
@@ -229,14 +244,19 @@ def test_the_attention_decoder_beam_recovers_a_phrase_and_an_empty_list_changes_
     assert aed.decode(model, enc, lens, aed.AedSearchOptions(), empty) == aed.greedy_search(
         model, enc, lens
     )
-    # A phrase the model never says, boosted: each utterance's best now holds it.
-    phrase = ContextGraph.from_tokens([([10, 11], 6.0)], VOCAB)
+    # A phrase the model never says, boosted: utterance 0's best now holds it. Its first
+    # token (which earns nothing) is the text token the model likes best to start with.
+    state = model.decoder.init_state(enc[:1], lens[:1])
+    logits, _ = model.decoder.step(torch.tensor([model.bos_id]), state)
+    first = 4 + int(logits[0, 4:].argmax())
+    words = [first, 11, 12] if first != 11 else [first, 12, 13]
+    phrase = ContextGraph.from_tokens([(words, 6.0)], VOCAB)
 
     def holds(tokens: list[int]) -> bool:
-        return any(tokens[i : i + 2] == [10, 11] for i in range(len(tokens)))
+        return any(tokens[i : i + 3] == words for i in range(len(tokens)))
 
     assert not any(holds(hyps[0][0]) for hyps in plain)
     biased = aed.beam_search_nbest(model, enc, lens, 4, context=phrase)
-    assert all(holds(hyps[0][0]) for hyps in biased)
+    assert holds(biased[0][0][0])
     options = aed.AedSearchOptions(beam_size=4)
     assert decode_nbest(model, enc, lens, options, 2, phrase)[0][0] == biased[0][0]
