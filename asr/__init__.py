@@ -24,10 +24,11 @@ def load_model(
 ) -> Recognizer | StreamingRecognizer:
     """Load an exported bundle (or a training checkpoint, or the directory of an ONNX export,
     decoded with onnxruntime on the CPU) of any model kind; `.transcribe(audio) -> list[str]`
-    takes file paths or 16 kHz mono arrays of any length, and with `timestamps=True` gives
-    each word's start and end (transducers; docs/transcribe.md). `beam_size` above 1: beam
-    search (for transducers up to 3 tokens per frame, as greedy search). Needs neither
-    Hydra nor Lightning.
+    takes file paths or 16 kHz mono arrays of any length, with `timestamps=True` gives
+    each word's start, end and confidence (transducers; docs/transcribe.md), and with
+    `context=[...]` boosts phrases (docs/decoding.md). `beam_size` above 1: beam search
+    (for transducers up to 3 tokens per frame, as greedy search). Needs neither Hydra nor
+    Lightning.
 
     `streaming=True` (a streaming transducer, docs/streaming.md): a `StreamingRecognizer`
     whose streams take audio pieces as they arrive (`create_stream`, `decode`), at a

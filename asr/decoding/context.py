@@ -190,6 +190,12 @@ class ContextGraph:
         token or else `score`, tokenized with `tokenizer` (`tokenize_phrase`)."""
         if not score >= 0 or score == float("inf"):
             raise ValueError(f"--context-score must be >= 0, got {score}")
+        if not isinstance(tokenizer, Tokenizer):  # e.g. an ONNX export's tokens.txt
+            raise ValueError(
+                "context phrases are tokenized with the model's SentencePiece model, which an "
+                "ONNX export does not hold: decode the bundle (sherpa-onnx takes "
+                "--hotwords-file)"
+            )
         sequences = []
         parsed = [parse_phrase(p) for p in phrases]
         for phrase in parsed:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 
 from torch import Tensor
 
@@ -11,6 +13,8 @@ from asr.decoding.context import ContextGraph
 from asr.models.aed import EncoderDecoder
 from asr.models.build import Model
 from asr.models.transducer import Transducer
+
+log = logging.getLogger(__name__)
 
 SearchOptions = transducer.GreedyOptions | transducer.BeamOptions | aed.AedSearchOptions
 
@@ -97,11 +101,23 @@ def decode_timed(
         ]
     if not isinstance(options, transducer.GreedyOptions):
         raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
+    if context is not None and context.num_phrases:
+        _greedy_biasing_warning()
     if encoder_out.is_cuda and isinstance(model, Transducer):
         # The same tokens and frames; on a GPU without a round trip per frame (CUDA graphs).
         search = label_looping.cached_search(model, options, biased=context is not None)
         return search(encoder_out, encoder_lens, context)
     return transducer.greedy_search_timed(model, encoder_out, encoder_lens, options, context)
+
+
+@functools.cache
+def _greedy_biasing_warning() -> None:
+    log.warning(
+        "context phrases with greedy search: it can only add a bonus as tokens come, never "
+        "take one back, and gains little (recipes/demo/RESULTS.md, 'Context biasing'); a "
+        "beam search (--beam-size 8) compares hypotheses and gives back what a failed match "
+        "earned"
+    )
 
 
 def decode_nbest(

@@ -128,11 +128,6 @@ def _context(args: argparse.Namespace, tokenizer) -> ContextGraph | None:
         if args.context_score != DEFAULT_CONTEXT_SCORE:
             raise ValueError("--context-score goes with --context-phrases FILE")
         return None
-    if not hasattr(tokenizer, "encode"):  # an ONNX export's tokens.txt
-        raise ValueError(
-            "--context-phrases tokenizes with the model's SentencePiece model, which an ONNX "
-            "export does not hold: decode the bundle (sherpa-onnx takes --hotwords-file)"
-        )
     phrases = read_context_phrases(args.context_phrases)
     return ContextGraph.from_phrases(phrases, tokenizer, args.context_score)
 
@@ -618,6 +613,13 @@ def serve_main(argv: list[str] | None = None) -> None:
         help=f"the largest binary frame a client may send (default {defaults.max_frame_bytes})",
     )
     parser.add_argument(
+        "--max-context-phrases",
+        type=int,
+        default=defaults.max_context_phrases,
+        help="the most phrases a connection may ask to boost in its start message "
+        f"(default {defaults.max_context_phrases})",
+    )
+    parser.add_argument(
         "--num-threads", type=int, default=None, help="torch's intra-op threads (default: its own)"
     )
     args = parser.parse_args(argv)
@@ -627,6 +629,7 @@ def serve_main(argv: list[str] | None = None) -> None:
         max_frame_bytes=args.max_frame_bytes,
         idle_timeout_s=args.idle_timeout,
         endpoints=EndpointRules(args.silence_after_speech, args.silence, args.max_segment),
+        max_context_phrases=args.max_context_phrases,
     )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)

@@ -124,6 +124,8 @@ def test_phrase_files_and_tokenization(tmp_path, tokenizer):
     assert graph.num_phrases == 2 and graph.vocab_size == tokenizer.vocab_size
     with pytest.raises(ValueError, match="--context-score must be >= 0"):
         ContextGraph.from_phrases(["ZANZIBAR"], tokenizer, score=-1.0)
+    with pytest.raises(ValueError, match="an ONNX export does not hold"):
+        ContextGraph.from_phrases(["ZANZIBAR"], object())  # type: ignore[arg-type]
 
 
 # -- searches on a hand-built joiner ---------------------------------------------------
