@@ -2,6 +2,10 @@
 
     asr-make-context-sets data/demo          # test-context, test-plain and the phrase lists
     python scripts/benchmark_context.py exp/demo/model.bundle.pt [--scores 1,2,3,4,4.5,5,6]
+    python scripts/benchmark_context.py exp/demo_streaming/model.bundle.pt --chunk-ms 640
+
+With `--chunk-ms` (a streaming model) utterances are encoded whole through the chunked
+masks of that chunk, which gives exactly what streaming them gives (docs/streaming.md).
 
 The sets (`asr.demo.context_sets`): test-context holds 50 names and rare words absent from
 the training text, each in 2-3 sentences; test-plain is each sentence's twin with a
@@ -34,14 +38,31 @@ import torch
 from rich.progress import track
 
 from asr.benchmarks.rtfx import batches, utterance_features
-from asr.data.corpus import cuts_path
+from asr.data.corpus import cut_text, cuts_path, load_cuts
 from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
 from asr.decoding.search import SearchOptions, decode_timed
 from asr.decoding.transducer import BeamOptions, GreedyOptions
 from asr.inference.recognizer import Recognizer, load_recognizer
+from asr.inference.streaming import chunking_of_ms
 from asr.metrics import corpus_errors
 
 CONFIDENCE_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def set_features(recognizer: Recognizer, manifest: Path) -> list[dict]:
+    """`utterance_features`, or with a streaming chunk each utterance's features as a
+    stream of it ends (`Recognizer.features_of`)."""
+    if recognizer.chunking is None:
+        return utterance_features(recognizer, manifest, None)
+    return [
+        {
+            "id": cut.id,
+            "feats": recognizer.features_of(cut.load_audio()[0]),
+            "seconds": cut.duration,
+            "text": cut_text(cut),
+        }
+        for cut in load_cuts(manifest)
+    ]
 
 
 @torch.inference_mode()
@@ -178,10 +199,14 @@ def main() -> None:
     parser.add_argument("--beams", default="4,8", help="beam sizes besides greedy search")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--chunk-ms", type=float, default=None, help="a streaming model's chunk")
+    parser.add_argument("--skip-cost", action="store_true", help="no cost lines")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     recognizer = load_recognizer(args.model)
+    if args.chunk_ms is not None:
+        recognizer.chunking = chunking_of_ms(recognizer.model, args.chunk_ms, None)
     phrases_file = args.manifests / "context_phrases.json"
     if not phrases_file.is_file():
         raise SystemExit(
@@ -195,7 +220,7 @@ def main() -> None:
     }
     unsaid = made["distractors"]
     sets = {
-        name: utterance_features(recognizer, cuts_path(args.manifests, name), None)
+        name: set_features(recognizer, cuts_path(args.manifests, name))
         for name in ("test-context", "test-plain")
     }
     encoded = {name: encode_all(recognizer, utts, args.batch_size) for name, utts in sets.items()}
@@ -241,7 +266,7 @@ def main() -> None:
     audio = sum(u["seconds"] for utts in sets.values() for u in utts)
     count = sum(len(utts) for utts in sets.values())
     encoder_s = sum(b["seconds"] for batches_ in encoded.values() for b in batches_)
-    for search, options in searches.items():
+    for search, options in searches.items() if not args.skip_cost else ():
         for size in (0, 10, 100, 1000):
             start = time.perf_counter()
             graph = ContextGraph.from_phrases(lists[size], recognizer.tokenizer) if size else None
@@ -264,7 +289,7 @@ def main() -> None:
                 flush=True,
             )
     # Confidence on the plain test set of the demo corpus.
-    test = utterance_features(recognizer, cuts_path(args.manifests, "test-clean"), None)
+    test = set_features(recognizer, cuts_path(args.manifests, "test-clean"))
     test_encoded = encode_all(recognizer, test, args.batch_size)
     for search, options in track(list(searches.items()), description="confidence", transient=True):
         hyps, _ = search_all(recognizer, test_encoded, options, None)

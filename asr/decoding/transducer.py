@@ -474,6 +474,60 @@ class BeamProgress:
         )
 
 
+@dataclass
+class _Round:
+    """A round's candidates (see `_Beam.advance`): per row its score with blank, its
+    confidence and what it would give back; per utterance its best extensions' scores,
+    places (row * vocab + token) and what each would give back."""
+
+    with_blank: list[float]
+    confidence: list[float]
+    held_rows: list[float]
+    best: list[list[float]]
+    where: list[list[int]]
+    held_best: list[list[float]]
+    vocab: int
+
+
+def _score_round(
+    logits: Tensor,
+    beams: list[_Beam],
+    live: list[int],
+    nodes: Tensor,
+    context: ContextGraph | None,
+    blank: int,
+) -> _Round:
+    """Score the V extensions of the rows `live` (B*K logits): each hypothesis's score +
+    log P (+ the token's gain in `context`, blank none), the K best per utterance (with a
+    context graph, also the K best as if every partial match ended: `_keep`)."""
+    k = len(beams[0].scores)
+    batch, device = len(beams), logits.device
+    log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
+    vocab = log_probs.size(-1)
+    scores = [score for beam in beams for score in beam.scores]
+    totals = torch.full_like(log_probs, -math.inf)
+    at = torch.tensor(live, device=device)
+    base = torch.tensor(scores, device=device, dtype=log_probs.dtype)[at, None]
+    totals[at] = base + log_probs[at]
+    held_rows = [0.0] * (batch * k)
+    if context is not None:
+        bonus = context.gain.index_select(0, nodes[at])
+        bonus[:, blank] = 0.0
+        totals[at] += bonus
+        held_rows = context.held[nodes].tolist()
+    confidence = token_confidence(log_probs).tolist()
+    with_blank = totals[:, blank].tolist()
+    totals[:, blank] = -math.inf
+    best, where = totals.view(batch, k * vocab).topk(k, dim=-1)
+    if context is None:
+        held_best = [[0.0] * k for _ in range(batch)]
+        return _Round(
+            with_blank, confidence, held_rows, best.tolist(), where.tolist(), held_best, vocab
+        )
+    best_, where_, held_best = _with_plain_best(totals, where, context, nodes, k)
+    return _Round(with_blank, confidence, held_rows, best_, where_, held_best, vocab)
+
+
 def _with_plain_best(
     totals: Tensor, where: Tensor, context: ContextGraph, nodes: Tensor, k: int
 ) -> tuple[list[list[float]], list[list[int]], list[list[float]]]:
@@ -554,29 +608,7 @@ def beam_continue(
             if not live:
                 break
             logits = joiner.joint(enc_t, pred)  # (B*K, V)
-            log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            log_probs = log_probs.log_softmax(dim=-1)
-            vocab = log_probs.size(-1)
-            scores = [score for beam in beams for score in beam.scores]
-            totals = torch.full_like(log_probs, -math.inf)
-            at = torch.tensor(live, device=device)
-            base = torch.tensor(scores, device=device, dtype=log_probs.dtype)[at, None]
-            totals[at] = base + log_probs[at]
-            held_rows = [0.0] * rows
-            if context is not None:
-                bonus = context.gain.index_select(0, nodes[at])
-                bonus[:, blank] = 0.0
-                totals[at] += bonus
-                held_rows = context.held[nodes].tolist()
-            confidence = token_confidence(log_probs).tolist()
-            with_blank = totals[:, blank].tolist()
-            totals[:, blank] = -math.inf
-            best, where = totals.view(batch, k * vocab).topk(k, dim=-1)
-            if context is None:
-                best, where = best.tolist(), where.tolist()
-                held_best = [[0.0] * k for _ in range(batch)]
-            else:  # also the K best as if every partial match ended here (`_keep`)
-                best, where, held_best = _with_plain_best(totals, where, context, nodes, k)
+            found = _score_round(logits, beams, live, nodes, context, blank)
             source = list(range(rows))  # the row each new row continues
             appended = [-1] * rows  # the token it appends (-1: none)
             last_round = round_ == options.max_symbols_per_frame
@@ -586,15 +618,15 @@ def beam_continue(
                 rows_b = slice(b * k, (b + 1) * k)
                 frame = progress.consumed[b] + t
                 moves = beam.advance(
-                    with_blank[rows_b],
-                    best[b],
-                    where[b],
-                    vocab,
+                    found.with_blank[rows_b],
+                    found.best[b],
+                    found.where[b],
+                    found.vocab,
                     last_round,
                     frame,
-                    confidence[rows_b],
-                    held_rows[rows_b],
-                    held_best[b],
+                    found.confidence[rows_b],
+                    found.held_rows[rows_b],
+                    found.held_best[b],
                 )
                 for j, (row, token) in enumerate(moves):
                     source[b * k + j], appended[b * k + j] = b * k + row, token

@@ -16,7 +16,9 @@ commands load a model, timed at batch 32 (every utterance) and batch 1 (the firs
   commands use on CUDA) and without them, and beam search (4). Random weights would emit
   at a random rate: the blank logit's bias is set (bisection) so that greedy search emits
   LibriSpeech's 3.8 tokens per second, and every search decodes the same model. The
-  label-looping search must give the frame-looping one's tokens and frames exactly.
+  label-looping search must give the frame-looping one's tokens and frames exactly, and
+  again with a context graph (phrases: token trigrams of the frame-looping hypotheses), its
+  tables in the graph's static buffers.
 - AED flash/deep (`librispeech_aed_flash` against `librispeech_aed_deep`, as the GPU
   check's `aed` section): EOS suppressed, so each utterance decodes exactly its length
   limit at 3.8 tokens per second with either model; greedy search with a growing cache
@@ -37,6 +39,7 @@ from torch import Tensor
 
 from asr.decoding import transducer
 from asr.decoding.aed import StaticGreedySearch, greedy_search
+from asr.decoding.context import ContextGraph
 from asr.decoding.label_looping import LabelLoopingGreedy
 from asr.frames import FRAMES_PER_SECOND
 from asr.gpu_check.random_models import (
@@ -261,6 +264,9 @@ def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], d
                 differ = sum(a != b for a, b in zip(lines[name][0].hyps, frame, strict=True))
                 report.fail(f"batch {size}: {name} differs from frame-looping greedy search "
                             f"on {differ} of {len(frame)} utterances")  # fmt: skip
+        if size == case.batch_sizes[0]:
+            with blank_shift(model, shift_of["greedy_frame_looping"]):
+                check_biased_label_looping(report, model, batched, frame)
         base = rate_record(lines["greedy_frame_looping"], seconds)["rtfx"]
         report.record(
             "speedup", model="transducer", batch_size=size,
@@ -269,6 +275,50 @@ def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], d
             label_looping_eager=rate_record(lines["greedy_label_looping_eager"], seconds)["rtfx"]
             / base,
         )  # fmt: skip
+
+
+CONTEXT_SCORE = 2.0  # per token: enough to change some random-weight hypotheses
+
+
+def check_biased_label_looping(
+    report: Report,
+    model: Transducer,
+    batched: Sequence[tuple[Tensor, Tensor]],
+    hyps: list[list[int]],
+) -> None:
+    """With a context graph of token trigrams taken from `hyps`, the label-looping search
+    (CUDA graphs on CUDA) must give frame-looping greedy search's tokens and frames."""
+    phrases = [
+        (h[i : i + 3], CONTEXT_SCORE)
+        for h in hyps
+        for i in range(0, len(h) - 2, 4)
+        if min(h[i : i + 3]) > 3  # text tokens only
+    ][:200]
+    graph = ContextGraph.from_tokens(
+        phrases or [([4, 5, 6], CONTEXT_SCORE)], model.joiner.vocab_size
+    )
+    search = LabelLoopingGreedy(model, biased=True)
+    differ = changed = 0
+    with torch.inference_mode():
+        for features, lens in batched:
+            out, out_lens = model.encode(features, lens)
+            frame = transducer.greedy_search_timed(model, out, out_lens, context=graph)
+            plain = transducer.greedy_search_timed(model, out, out_lens)
+            label = search(out, out_lens, graph)
+            differ += sum(
+                (a.tokens, a.frames) != (b.tokens, b.frames)
+                for a, b in zip(label, frame, strict=True)
+            )
+            changed += sum(a.tokens != b.tokens for a, b in zip(frame, plain, strict=True))
+    report.record(
+        "context_biasing", phrases=graph.num_phrases, states=graph.num_states,
+        utterances_changed_by_biasing=changed, label_looping_differs=differ,
+    )  # fmt: skip
+    if differ:
+        report.fail(
+            f"with a context graph, label looping differs from frame-looping greedy search "
+            f"on {differ} utterances"
+        )
 
 
 def bench_aed(report: Report, case: DecodeCase, features: list[Tensor], device: str) -> None:

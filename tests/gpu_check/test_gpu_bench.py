@@ -71,6 +71,10 @@ def test_every_section_passes_and_streams_to_stdout_and_the_file(rehearsal: dict
     for name in GPU_BENCH.section_names:
         (status,) = records(rehearsal, name, "status")
         assert status["seconds"] < status["limit_s"]
+    # label looping with a context graph gave frame-looping's tokens, on a graph that did
+    # change some hypotheses
+    (biasing,) = records(rehearsal, "decode", "context_biasing")
+    assert biasing["label_looping_differs"] == 0 and biasing["states"] > 1
 
 
 @pytest.mark.slow
