@@ -241,7 +241,8 @@ def beam_search_nbest(
 
     With `context`, every token adds its gain in the graph (`ContextGraph.gain`) to the
     hypothesis's score; EOS, which matches no phrase, gives back what a partial match
-    holds. Finished scores include the bonus.
+    holds. Finished scores include the bonus. Half the hypotheses that go on are the best
+    as if every partial match ended (`_keep_plain_half`, as the transducer's beam).
     """
     check_encoder_output(encoder_out, encoder_lens)
     k, eos = beam_size, model.eos_id
@@ -286,9 +287,12 @@ def beam_search_nbest(
                     finished[utt].append((float(top_scores[g, c]) / penalty, prefix))
         # The first K candidates that are not EOS go on (at least K exist among 2K).
         order = (is_eos.long() * top.size(1) + rank).argsort(dim=-1)[:, :k]  # (b, K)
-        new_scores = top_scores.gather(1, order)
-        source = top_beam.gather(1, order) + torch.arange(b, device=device)[:, None] * k
-        new_tokens = top_token.gather(1, order)
+        chosen = top.gather(1, order)  # row of the utterance * V + token
+        if context is not None:
+            chosen = _keep_plain_half(candidates, chosen, context, nodes, eos)
+        new_scores = candidates.view(b, -1).gather(1, chosen)
+        source = chosen // vocab + torch.arange(b, device=device)[:, None] * k
+        new_tokens = chosen % vocab
         done = [
             len(finished[u]) >= k or end for u, end in zip(utts, at_limit.tolist(), strict=True)
         ]
@@ -311,3 +315,31 @@ def beam_search_nbest(
         [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])]
         for hyps in finished
     ]
+
+
+def _keep_plain_half(
+    candidates: Tensor, chosen: Tensor, context: ContextGraph, nodes: Tensor, eos: int
+) -> Tensor:
+    """The K places (row * V + token) that go on: the best half of `chosen` (the K best
+    by score), the rest the best by score less what their state would give back if the
+    hypothesis ended there (`ContextGraph.held`), so that a failed partial match finds the
+    plain hypotheses still in the beam."""
+    b, k, vocab = candidates.shape
+    held = context.held[context.next[nodes]].view(b, k * vocab)
+    plain = candidates.view(b, -1) - held
+    plain.view(b, k, vocab)[:, :, eos] = -math.inf  # EOS ends a hypothesis: it goes nowhere
+    plain_best, plain_at = plain.topk(k, dim=-1)
+    half = (k + 1) // 2
+    kept = []
+    for by_score, at, value in zip(
+        chosen.tolist(), plain_at.tolist(), plain_best.tolist(), strict=True
+    ):
+        row = by_score[:half]
+        fill = [f for f, v in zip(at, value, strict=True) if v > -math.inf] + by_score[half:]
+        for place in fill:
+            if len(row) == k:
+                break
+            if place not in row:
+                row.append(place)
+        kept.append(row)
+    return torch.tensor(kept, device=chosen.device)
