@@ -39,7 +39,7 @@ from rich.progress import track
 
 from asr.benchmarks.rtfx import batches, utterance_features
 from asr.data.corpus import cut_text, cuts_path, load_cuts
-from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
+from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
 from asr.decoding.search import SearchOptions, decode_timed
 from asr.decoding.transducer import BeamOptions, GreedyOptions
 from asr.inference.recognizer import Recognizer, load_recognizer

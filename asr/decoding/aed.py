@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from asr.decoding.biasing import ContextGraph
 from asr.decoding.checks import check_encoder_output
-from asr.decoding.context import ContextGraph
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.models.aed import EncoderDecoder, StaticDecoderState
 

@@ -16,7 +16,7 @@ the same tokens and frames (tested on CPU): at frame t, a blank moves to t + 1; 
 emitted and the utterance stays on t, until `max_symbols_per_frame` labels there move it
 to t + 1 (a guard against a joiner that never emits blank).
 
-A context graph (`asr.decoding.context`, phrases to boost) is read the same way: its
+A context graph (`asr.decoding.biasing`, phrases to boost) is read the same way: its
 tables are copied into static buffers of the search (`biased=True`, at least as many
 states), each row keeps its state, and the inner step adds what each token earns to the
 log-probabilities, as the frame-looping search does: the same tokens again.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from asr.decoding.biasing import ContextGraph
 from asr.decoding.checks import check_encoder_output
 from asr.decoding.confidence import token_confidence
-from asr.decoding.context import ContextGraph
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.decoding.transducer import GreedyOptions, TimedTokens, _select
 from asr.models.transducer import PredictorState, Transducer

@@ -9,7 +9,7 @@ import logging
 from torch import Tensor
 
 from asr.decoding import aed, label_looping, transducer
-from asr.decoding.context import ContextGraph
+from asr.decoding.biasing import ContextGraph
 from asr.models.aed import EncoderDecoder
 from asr.models.build import Model
 from asr.models.transducer import Transducer
@@ -56,7 +56,7 @@ def decode(
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (the best hypothesis),
     with the search of the model's kind (greedy by default); `context`: phrases to boost
-    (`asr.decoding.context`)."""
+    (`asr.decoding.biasing`)."""
     options = options or default_options(model)
     if is_attention_decoder(model):
         if not isinstance(options, aed.AedSearchOptions):

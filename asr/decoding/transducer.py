@@ -6,7 +6,7 @@ chunk of encoder output (streaming): `GreedyProgress` and `BeamProgress` hold a 
 search between chunks, and rows of different streams can be stacked (`cat`) and taken
 apart (`select`).
 
-Both take an optional `ContextGraph` (`asr.decoding.context`): phrases whose tokens earn a
+Both take an optional `ContextGraph` (`asr.decoding.biasing`): phrases whose tokens earn a
 bonus, each hypothesis (or greedy row) carrying its state in the graph. Each emitted token
 also gets a confidence from the distribution it was taken from (`asr.decoding.confidence`).
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from asr.decoding.biasing import ContextGraph
 from asr.decoding.checks import check_encoder_output
 from asr.decoding.confidence import token_confidence
-from asr.decoding.context import ContextGraph
 from asr.models.transducer import PredictorState, Transducer
 
 

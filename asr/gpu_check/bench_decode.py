@@ -39,7 +39,7 @@ from torch import Tensor
 
 from asr.decoding import transducer
 from asr.decoding.aed import StaticGreedySearch, greedy_search
-from asr.decoding.context import ContextGraph
+from asr.decoding.biasing import ContextGraph
 from asr.decoding.label_looping import LabelLoopingGreedy
 from asr.frames import FRAMES_PER_SECOND
 from asr.gpu_check.random_models import (

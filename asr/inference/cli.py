@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from asr.cli import command
-from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
+from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
 from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.bundle import (

@@ -22,7 +22,7 @@ from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS
 from asr.data.features import check_sample_rate
-from asr.decoding.context import ContextGraph
+from asr.decoding.biasing import ContextGraph
 from asr.errors import first_line
 from asr.inference.recognizer import Recognizer
 from asr.metrics import ErrorCounts, word_errors
@@ -100,7 +100,7 @@ def decode_manifest(
     """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals.
     With `nbest` > 1 each line of hyps.jsonl also lists the n best hypotheses and their
     scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first). `context`:
-    phrases to boost (`asr.decoding.context`)."""
+    phrases to boost (`asr.decoding.biasing`)."""
     cuts = load_cuts(manifest)
     sampler = build_eval_sampler(cuts, max_duration)
     output_dir = Path(output_dir)

@@ -3,7 +3,7 @@
 Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`
 (`asr-transcribe BUNDLE a.flac b.wav` on the command line). Recordings of any length
 (`asr.inference.longform`), word timestamps and confidences (`asr.inference.timestamps`),
-and phrases to boost (`context=`, `asr.decoding.context`).
+and phrases to boost (`context=`, `asr.decoding.biasing`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
+from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
 from asr.decoding.search import (
     NO_TOKEN_TIMES,
     SearchOptions,
@@ -99,7 +99,7 @@ class Recognizer:
             return context
         if isinstance(context, str | Path):
             raise TypeError(
-                "context is a list of phrases (asr.decoding.context.read_context_phrases "
+                "context is a list of phrases (asr.decoding.biasing.read_context_phrases "
                 f"reads a file), not {context!r}"
             )
         return ContextGraph.from_phrases(context, self.tokenizer, score)

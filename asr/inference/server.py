@@ -52,7 +52,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph
+from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph
 from asr.decoding.transducer import TimedTokens
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
 from asr.inference.streaming import Stream, StreamingRecognizer

@@ -9,7 +9,7 @@ every chunk that is ready, of all the streams in one batch (streams that started
 different times included), and continues each one's search; a finished stream's last,
 shorter chunk is encoded as it is. Memory stays flat: the frontend frees encoded frames
 and the caches have a fixed size. Each stream may have its own phrases to boost
-(`create_stream(context=...)`, `asr.decoding.context`): the chunks of all streams share
+(`create_stream(context=...)`, `asr.decoding.biasing`): the chunks of all streams share
 one encoder step, and the streams with the same phrases one search step.
 
     recognizer = asr.load_model("exp/demo_streaming/model.bundle.pt", streaming=True, chunk_ms=320)
@@ -34,7 +34,7 @@ import torch
 
 from asr.data.features import FeatureConfig, OnlineFeatures, to_mono
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.context import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
+from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
 from asr.decoding.transducer import (
     BeamOptions,
     BeamProgress,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from asr.decoding import aed
-from asr.decoding.context import (
+from asr.decoding.biasing import (
     ContextGraph,
     ContextPhrase,
     parse_phrase,
