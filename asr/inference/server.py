@@ -114,6 +114,8 @@ class ServeConfig:
             raise ValueError(
                 "--batch-wait-ms must be >= 0, --idle-timeout > 0 and --max-frame-bytes >= 4"
             )
+        if self.max_context_phrases < 0:
+            raise ValueError(f"--max-context-phrases must be >= 0, got {self.max_context_phrases}")
 
 
 class ClientFault(ValueError):
