@@ -49,19 +49,19 @@ from asr.cli import command
 from asr.data.corpus import cuts_path, prepare_manifests
 from asr.demo import lexicon as lex
 from asr.demo.plan import (
-    _TEXT,
     ALL_PARTS,
     CONTEXT_PART,
     MAX_WORDS,
     MIN_WORDS,
     PLAIN_PART,
+    SPOKEN_TEXT,
     TEST_ONLY_SPEAKER,
     TRAIN_SPEAKERS,
     UNLABELLED_PART,
     Utterance,
 )
 from asr.demo.synth import MARKER as CORPUS_MARKER
-from asr.demo.synth import _synthesize_all, _write_json, _write_transcripts, check_voices
+from asr.demo.synth import check_voices, synthesize_all, write_json, write_transcripts
 
 MARKER = "context_sets.json"
 PHRASES_JSON = "context_phrases.json"
@@ -228,7 +228,7 @@ def _sentence(
         text, twin_text = " ".join(words), " ".join(twin)
         fits = all(MIN_WORDS <= len(w) <= MAX_WORDS for w in (words, twin))
         if fits and known.issuperset(twin) and not {text, twin_text} & seen:
-            if not (_TEXT.fullmatch(text) and _TEXT.fullmatch(twin_text)):
+            if not (SPOKEN_TEXT.fullmatch(text) and SPOKEN_TEXT.fullmatch(twin_text)):
                 raise ValueError(f"not a-z, ' and single spaces: {text!r} / {twin_text!r}")
             seen |= {text, twin_text}
             return words, twin, filler[-1:] if noun else filler
@@ -307,7 +307,7 @@ def _write_phrases(manifest_dir: Path, sets: ContextSets, seed: int) -> list[Pat
         "utterances": utterances,
     }
     manifest_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(manifest_dir / PHRASES_JSON, content)
+    write_json(manifest_dir / PHRASES_JSON, content)
     for n, path in zip(LIST_SIZES, lists, strict=True):
         path.write_text("".join(f"{p.upper()}\n" for p in phrase_list(sets, n, seed=seed)))
     return lists
@@ -349,9 +349,9 @@ def make_context_sets(
                 shutil.rmtree(root / part)
             (root / part).mkdir(parents=True)
         plan = {CONTEXT_PART: sets.context, PLAIN_PART: sets.plain}
-        durations, words = _synthesize_all(root, plan, seed, corpus["noise_dbfs"], num_jobs)
+        durations, words = synthesize_all(root, plan, seed, corpus["noise_dbfs"], num_jobs)
         for utterances in plan.values():
-            _write_transcripts(root, utterances, durations, words)
+            write_transcripts(root, utterances, durations, words)
         summary = {
             part: {
                 "utterances": len(utts),
@@ -360,7 +360,7 @@ def make_context_sets(
             for part, utts in plan.items()
         }
         for part in plan:
-            _write_json(root / part / MARKER, {"params": params, "summary": summary})
+            write_json(root / part / MARKER, {"params": params, "summary": summary})
     prepare_manifests(root, manifest_dir, parts=[CONTEXT_PART, PLAIN_PART])
     lists = _write_phrases(manifest_dir, sets, seed)
     return {

@@ -49,7 +49,7 @@ from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 from asr.cli import command
 from asr.demo import lexicon as lex
 from asr.demo.plan import UNLABELLED_SPEAKERS, Speaker
-from asr.demo.synth import check_voices
+from asr.demo.synth import check_voices, write_json
 from asr.frames import SAMPLE_RATE
 
 MARKER = "demo_noise.json"
@@ -222,12 +222,6 @@ def _make_clip(job: tuple[Path, str, str, int, int, tuple[float, float]]) -> tup
     return split, kind, num_samples / SAMPLE_RATE
 
 
-def _write_json(path: Path, content: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def _prepare_output(root: Path, noise: Path, params: dict) -> dict | None:
     """The summary of an existing complete noise corpus with `params`, or None after
     clearing what an earlier, different or interrupted run left behind."""
@@ -251,7 +245,7 @@ def _prepare_output(root: Path, noise: Path, params: dict) -> dict | None:
         if noise.exists():
             shutil.rmtree(noise)
         noise.mkdir(parents=True)
-        _write_json(marker, {"params": params})  # no summary yet: marks an unfinished run
+        write_json(marker, {"params": params})  # no summary yet: marks an unfinished run
     except OSError as err:
         raise OSError(f"cannot write the noise corpus to {noise}: {err}") from err
     return None
@@ -353,7 +347,7 @@ def make_demo_noise(
         }
         for split in SPLITS
     }
-    _write_json(noise / MARKER, {"params": params, "summary": summary})
+    write_json(noise / MARKER, {"params": params, "summary": summary})
     return summary
 
 

@@ -33,7 +33,7 @@ CONTEXT_PART, PLAIN_PART = "test-context", "test-plain"
 # A part's position seeds its audio and ids: new parts go at the end.
 ALL_PARTS = PARTS + EXTRA_PARTS + (UNLABELLED_PART, CONTEXT_PART, PLAIN_PART)
 MIN_WORDS, MAX_WORDS = 3, 20
-_TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
+SPOKEN_TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def plan_part(
     while total < seconds:
         words = grammar.sentence()
         text = " ".join(words)
-        if not _TEXT.fullmatch(text):
+        if not SPOKEN_TEXT.fullmatch(text):
             raise ValueError(f"the grammar produced {text!r}: only a-z, ' and single spaces")
         fits = MIN_WORDS <= len(words) <= MAX_WORDS and (known is None or known.issuperset(words))
         if not fits or text in seen:

@@ -122,7 +122,9 @@ def check_voices(speakers: Sequence[Speaker]) -> None:
             )
 
 
-def _write_json(path: Path, content: dict) -> None:
+def write_json(path: Path, content: dict) -> None:
+    """`content` as indented JSON in `path`, written whole or not at all (a temporary
+    file, then a rename)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(content, indent=2) + "\n")
     tmp.replace(path)
@@ -151,13 +153,13 @@ def _prepare_output(root: Path, params: dict) -> dict | None:
         for folder in existing:
             shutil.rmtree(folder)
         root.mkdir(parents=True, exist_ok=True)
-        _write_json(marker, {"params": params})  # no summary yet: marks an unfinished run
+        write_json(marker, {"params": params})  # no summary yet: marks an unfinished run
     except OSError as err:
         raise OSError(f"cannot write the demo corpus to {root}: {err}") from err
     return None
 
 
-def _synthesize_all(
+def synthesize_all(
     root: Path, plan: dict[str, list[Utterance]], seed: int, noise_dbfs: float, num_jobs: int
 ) -> tuple[dict[str, float], dict[str, list[TimedWord]]]:
     """Synthesize every utterance of `plan`: (seconds, word times) by utterance id."""
@@ -186,7 +188,7 @@ def _synthesize_all(
     return durations, words
 
 
-def _write_transcripts(
+def write_transcripts(
     root: Path, utterances: list[Utterance], durations: dict[str, float], words: dict
 ) -> None:
     """Per chapter, `<spk>-<chapter>.trans.txt` and the word times in
@@ -259,11 +261,11 @@ def make_demo_corpus(
     else:
         check_voices((*TRAIN_SPEAKERS, TEST_ONLY_SPEAKER))
         plan = plan_corpus(**sizes, seed=seed, librispeech_parts=librispeech_parts)
-        durations, words = _synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
+        durations, words = synthesize_all(root, plan, seed, noise_dbfs, num_jobs)
         for utterances in plan.values():
-            _write_transcripts(root, utterances, durations, words)
+            write_transcripts(root, utterances, durations, words)
         summary = _summary(plan, durations)
-        _write_json(root / MARKER, {"params": params, "summary": summary})
+        write_json(root / MARKER, {"params": params, "summary": summary})
     if unlabelled_hours > 0:
         unlabelled = _unlabelled_part(
             root, params, sizes, librispeech_parts, unlabelled_hours, num_jobs
@@ -339,9 +341,9 @@ def _unlabelled_part(
         **sizes, seed=params["seed"], librispeech_parts=librispeech_parts, unlabelled_hours=hours
     )
     part = {UNLABELLED_PART: plan[UNLABELLED_PART]}
-    durations, _ = _synthesize_all(root, part, params["seed"], params["noise_dbfs"], num_jobs)
+    durations, _ = synthesize_all(root, part, params["seed"], params["noise_dbfs"], num_jobs)
     summary = _summary(part, durations)
-    _write_json(folder / MARKER, {"params": own, "summary": summary})
+    write_json(folder / MARKER, {"params": own, "summary": summary})
     return summary
 
 
