@@ -1,7 +1,8 @@
 """asr-serve's page as a person uses it: Debian's headless Chromium, driven by selenium,
 opens it; a demo test utterance is streamed once as a chosen file and once as the
 microphone (Chromium's fake capture device playing a WAV of it). The page must show the
-utterance's streaming transcript."""
+utterance's streaming transcript, with its words' confidences, and send the phrases typed
+in its box for the search to boost."""
 
 from __future__ import annotations
 
@@ -81,19 +82,42 @@ def shown_segments(driver) -> str:
     return " ".join(e.text for e in driver.find_elements("css selector", "#finals .text"))
 
 
+PHRASES = ["PORCUPINE", "QUEEN MURDROR :6"]
+
+
+def boosted(recognizer: StreamingRecognizer, path: Path, phrases: list[str]):
+    """The final transcript of `path` streamed with `phrases` boosted."""
+    stream = recognizer.create_stream(context=phrases)
+    samples = read_audio(path)
+    for start in range(0, len(samples), 1600):
+        stream.accept_waveform(samples[start : start + 1600])
+        recognizer.decode([stream])
+    stream.finish()
+    recognizer.decode([stream])
+    return stream.transcript()
+
+
 def test_a_chosen_file_is_streamed_at_real_time_and_shown(recognizer, utterance, tmp_path):
-    expected = recognizer.transcribe([utterance])[0].text
+    expected = boosted(recognizer, utterance, PHRASES)
     with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
         driver = browser()
         try:
             driver.get(base)
             wait_for(driver, "!document.getElementById('file').disabled", 30)
+            driver.find_element("id", "phrases").send_keys("\n".join(PHRASES))
             began = time.monotonic()
             driver.find_element("id", "file").send_keys(str(utterance))
             page = wait_for(driver, "page.state === 'done'", 60)
             took = time.monotonic() - began
-            assert " ".join(f["text"] for f in page["finals"]).strip() == expected
-            assert shown_segments(driver) == expected
+            assert page["context"] == PHRASES
+            assert " ".join(f["text"] for f in page["finals"]).strip() == expected.text
+            assert shown_segments(driver) == expected.text
+            # each word shown with its confidence, the doubtful ones marked
+            words = driver.find_elements("css selector", "#finals .word")
+            shown = [(w.text, float(w.get_attribute("data-confidence"))) for w in words]
+            assert shown == [(w.word, w.confidence) for w in expected.words]
+            doubtful = {w.text for w in words if "doubtful" in w.get_attribute("class")}
+            assert doubtful == {w.word for w in expected.words if w.confidence < 0.8}
             assert page["latencyMs"] is not None and 0 <= page["latencyMs"] < 5000
             assert "done" in driver.find_element("id", "status").text
             driver.save_screenshot(str(tmp_path / "file.png"))
@@ -101,6 +125,23 @@ def test_a_chosen_file_is_streamed_at_real_time_and_shown(recognizer, utterance,
             driver.quit()
     duration = sf.info(utterance).duration
     assert took >= duration - 0.5  # at real time, not as fast as it could
+
+
+def test_a_phrase_the_model_cannot_spell_is_named_on_the_page(recognizer, utterance):
+    with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
+        driver = browser()
+        try:
+            driver.get(base)
+            wait_for(driver, "!document.getElementById('file').disabled", 30)
+            driver.find_element("id", "phrases").send_keys("CAFÉ")
+            driver.find_element("id", "file").send_keys(str(utterance))
+            wait_for(driver, "page.state === 'error'", 30)
+            status = driver.find_element("id", "status").text
+            # the controls come back for another try
+            wait_for(driver, "!document.getElementById('file').disabled", 10)
+        finally:
+            driver.quit()
+    assert "context phrase 'CAFÉ' cannot be tokenized" in status
 
 
 def test_the_microphone_is_heard_and_transcribed(recognizer, utterance, tmp_path):

@@ -1,14 +1,17 @@
 // asr-serve's page: streams the microphone, or a file at real time, to the server's
 // websocket (/ws) as 16 kHz mono float32 pieces of 100 ms, and shows the partial text as
-// it grows, each final segment with its times, and the latency of the last partial
-// (from sending the piece that completed the decoded audio to receiving the result).
-// The protocol is in docs/serving.md.
+// it grows, each final segment with its times and its words' confidences (the doubtful
+// ones underlined), and the latency of the last partial (from sending the piece that
+// completed the decoded audio to receiving the result). Phrases typed in the box are sent
+// in the start message, for this recording's search to boost. The protocol is in
+// docs/serving.md.
 
 const RATE = 16000;
 // The samples a chunk's last feature frame needs beyond its audio_s: the 25 ms window is
 // centred on the frame's 10 ms (Kaldi's frames without snip_edges), 200 - 80 = 120 samples.
 const FRAME_LOOKAHEAD = 120;
 const PIECE = 1600; // 100 ms
+const DOUBTFUL = 0.8; // a word under this confidence is underlined
 const $ = (id) => document.getElementById(id);
 
 const page = {
@@ -17,6 +20,7 @@ const page = {
   partial: "",
   latencyMs: null,
   sentSamples: 0, // of the current recording
+  context: [], // the phrases sent with the current recording
   state: "idle", // idle | live | ending | done | error
 };
 window.asrPage = page;
@@ -52,7 +56,12 @@ class Session {
 
   receive(message, resolve) {
     if (message.type === "ready") {
-      setStatus(`${this.label}: live, ${message.chunk_ms} ms chunks`);
+      page.context = phrases();
+      if (page.context.length) {
+        this.ws.send(JSON.stringify({ type: "start", format: "f32le", context: page.context }));
+      }
+      const boosted = page.context.length ? `, ${page.context.length} phrase(s) boosted` : "";
+      setStatus(`${this.label}: live, ${message.chunk_ms} ms chunks${boosted}`);
       resolve(message);
     } else if (message.type === "partial") {
       page.partial = message.text;
@@ -89,9 +98,18 @@ class Session {
     time.textContent = `${seconds(message.start)}–${seconds(message.end)} s`;
     const text = document.createElement("span");
     text.className = "text";
-    text.textContent = message.text;
+    message.words.forEach((w, i) => {
+      const word = document.createElement("span");
+      word.className = w.confidence < DOUBTFUL ? "word doubtful" : "word";
+      word.dataset.confidence = w.confidence;
+      word.textContent = w.word;
+      if (i) text.append(" ");
+      text.append(word);
+    });
     item.append(time, text);
-    item.title = message.words.map((w) => `${w.word} ${seconds(w.start)}–${seconds(w.end)}`).join("\n");
+    item.title = message.words
+      .map((w) => `${w.word} ${seconds(w.start)}–${seconds(w.end)} s, confidence ${w.confidence.toFixed(2)}`)
+      .join("\n");
     $("finals").append(item);
   }
 
@@ -104,6 +122,7 @@ class Session {
   }
 
   end() {
+    if (this.ended) return; // an error ended it already: its state stays
     if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify({ type: "end" }));
     page.state = "ending";
   }
@@ -217,6 +236,12 @@ drop.addEventListener("drop", (event) => {
 function setControls(enabled) {
   $("mic").disabled = !enabled;
   $("file").disabled = !enabled;
+  $("phrases").disabled = !enabled;
+}
+
+function phrases() {
+  // the box's lines, blank ones left out (the server checks each and names a bad one)
+  return $("phrases").value.split("\n").map((line) => line.trim()).filter((line) => line);
 }
 
 // -- start -----------------------------------------------------------------------------------
