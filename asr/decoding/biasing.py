@@ -261,13 +261,12 @@ class ContextGraph:
         for node in order:
             if node:
                 next_[node] = next_[fail[node]]
-            for token, child in children[node].items():
+            for token, child in children[node].items():  # (fail[node] is another row)
                 fail[child] = int(next_[fail[node], token]) if node else 0
                 banked = is_end[node] and bool(starts[token])
                 at_risk[child] = (0.0 if banked else at_risk[node]) + step_score[child]
-                order.append(child)
-            for token, child in children[node].items():
                 next_[node, token] = child
+                order.append(child)
         risk = torch.tensor(at_risk)
         ends = torch.tensor(is_end)
         held = torch.where(ends, 0.0, risk)  # what ending the utterance here gives back

@@ -184,7 +184,7 @@ class LabelLoopingGreedy:
         def flags() -> Tensor:
             return torch.zeros(batch, dtype=torch.bool, device=device)
 
-        vocab = joiner.joint(enc[:1, 0], pred[:1]).size(-1)
+        vocab = joiner.vocab_size
         biased = {}
         if self.biased:
             biased = {

@@ -199,7 +199,7 @@ def greedy_continue(
             state = _select(emit, new_state, state)
             pred = torch.where(emit[:, None], joiner.project_predictor(new_out), pred)
             if context is not None:
-                nodes = torch.where(emit, context.next[nodes, tokens.clamp(min=0)], nodes)
+                nodes = torch.where(emit, context.next[nodes, tokens], nodes)
             active = emit
     progress.pred, progress.state, progress.nodes = pred, state, nodes
     if emitted:
