@@ -1,6 +1,11 @@
 """Training objectives: transducer loss, or the attention decoder's label-smoothed
 cross-entropy, each plus an optional auxiliary CTC term on the encoder.
 
+The loss of every model kind is a weighted sum of its terms, each with its own weight, and
+`model.loss.ctc_weight` is always the CTC term's weight in that sum, never taken away from
+another term: transducer + ctc_weight x CTC; cross_entropy_weight x cross-entropy +
+ctc_weight x CTC. So the same `ctc_weight` means the same thing for either `model.kind`.
+
 Transducers trained from scratch often sit on a plateau where they emit only what the
 predictor guesses, because the encoder has not yet learnt anything. An auxiliary CTC
 loss on the encoder, and optionally a CTC-only phase at the start
@@ -31,6 +36,12 @@ SAMPLEWISE_OPTIONS = ("group_size", "max_group_nodes", "grad_clamp", "lattice")
 LOGITS_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def check_ctc_weight(ctc_weight: float) -> None:
+    """`model.loss.ctc_weight` of either model kind: the CTC term's weight, at least 0."""
+    if not ctc_weight >= 0.0:
+        raise ConfigError(f"model.loss.ctc_weight must be >= 0, got {ctc_weight}")
+
+
 @dataclass(frozen=True)
 class TransducerLossConfig:
     """Keys of `model.loss`.
@@ -38,7 +49,7 @@ class TransducerLossConfig:
     - `kind`: which transducer loss implementation: `samplewise` (one sample's logits at
       a time, the default) or `batched` (the whole B x T x U x V at once; the reference).
     - `ctc_weight`: weight of the auxiliary CTC loss on the encoder (needs
-      `model.ctc_head: true`).
+      `model.ctc_head: true`); the loss is transducer + ctc_weight x CTC.
     - `transducer_start_step`: optimizer steps of CTC-only training before the
       transducer loss is switched on (0: from the start).
     - `group_size`: `samplewise`: samples of similar size per joiner call (at most).
@@ -62,6 +73,7 @@ class TransducerLossConfig:
     lattice: str = "auto"
 
     def __post_init__(self) -> None:
+        check_ctc_weight(self.ctc_weight)
         check_choice("model.loss.kind", self.kind, sorted(TRANSDUCER_LOSSES))
         check_choice("model.loss.logits_dtype", self.logits_dtype, [*LOGITS_DTYPES, None])
         check_choice("model.loss.lattice", self.lattice, LATTICE_IMPLEMENTATIONS)
@@ -156,16 +168,23 @@ class AedLossConfig:
     """Keys of `model.loss` for `model.kind: aed`.
 
     - `label_smoothing`: weight e of the uniform distribution in the decoder's targets.
-    - `ctc_weight`: w of the auxiliary CTC loss (needs `model.ctc_head: true`); the loss is
-      (1 - w) x cross-entropy + w x CTC.
+    - `cross_entropy_weight`: weight of the decoder's cross-entropy; the loss is
+      cross_entropy_weight x cross-entropy + ctc_weight x CTC (an AED config of earlier
+      versions with ctc_weight w: set this to 1 - w; the default is 1 - 0.3).
+    - `ctc_weight`: weight of the auxiliary CTC loss on the encoder (needs
+      `model.ctc_head: true`), as for a transducer.
     """
 
     label_smoothing: float = 0.1
+    cross_entropy_weight: float = 0.7
     ctc_weight: float = 0.3
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.ctc_weight < 1.0:
-            raise ConfigError(f"model.loss.ctc_weight must be in [0, 1), got {self.ctc_weight}")
+        if not self.cross_entropy_weight > 0.0:
+            raise ConfigError(
+                f"model.loss.cross_entropy_weight must be > 0, got {self.cross_entropy_weight}"
+            )
+        check_ctc_weight(self.ctc_weight)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"model.loss.label_smoothing must be in [0, 1), got {self.label_smoothing}"
@@ -203,16 +222,16 @@ class AedObjective:
 
     def losses(self, out: AedOutput, batch: Batch, blank: int) -> dict[str, torch.Tensor]:
         """The loss terms of an encoder-decoder's output on `batch`."""
-        w = self.config.ctc_weight
+        cfg = self.config
         ce = label_smoothed_cross_entropy(
-            out.logits, out.targets, label_smoothing=self.config.label_smoothing
+            out.logits, out.targets, label_smoothing=cfg.label_smoothing
         )
-        losses = {"cross_entropy": ce, "loss": ce}
+        losses = {"cross_entropy": ce, "loss": cfg.cross_entropy_weight * ce}
         if out.ctc_log_probs is not None:
             losses["ctc"] = ctc_loss(
                 out.ctc_log_probs, out.encoder_lens, batch.tokens, batch.token_lens, blank=blank
             )
-            losses["loss"] = (1 - w) * ce + w * losses["ctc"]
+            losses["loss"] = cfg.cross_entropy_weight * ce + cfg.ctc_weight * losses["ctc"]
         return losses
 
 

@@ -2,13 +2,23 @@
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from asr.data.batch import Batch
 from asr.losses.cross_entropy import label_smoothed_cross_entropy
 from asr.losses.ctc import ctc_loss
 from asr.losses.transducer import samplewise_transducer_loss
+from asr.models.aed import AedOutput
 from asr.models.build import build_model
-from asr.training.objective import AedObjective, TransducerObjective, build_objective
+from asr.models.transducer import TransducerOutput
+from asr.training import objective as objective_module
+from asr.training.config_files import CONFIG_DIR
+from asr.training.objective import (
+    AedLossConfig,
+    AedObjective,
+    TransducerObjective,
+    build_objective,
+)
 
 
 def test_each_model_kind_gets_its_objective_and_unknown_keys_are_named() -> None:
@@ -16,13 +26,17 @@ def test_each_model_kind_gets_its_objective_and_unknown_keys_are_named() -> None
     aed = build_objective("aed", {"label_smoothing": 0.2, "ctc_weight": 0.3})
     assert isinstance(aed, AedObjective) and aed.config.label_smoothing == 0.2
     with pytest.raises(
-        ValueError, match=r"model.loss.transducer_start_step; valid keys of model.loss: \['ctc_w"
+        ValueError, match=r"model.loss.transducer_start_step; valid keys of model.loss: \['cross_en"
     ):
         build_objective("aed", {"transducer_start_step": 5})
     with pytest.raises(ValueError, match=r"unknown config key model.loss.label_smoothing"):
         build_objective("transducer", {"label_smoothing": 0.1})
-    with pytest.raises(ValueError, match="ctc_weight must be in"):
-        build_objective("aed", {"ctc_weight": 1.0})
+    with pytest.raises(ValueError, match=r"^model.loss.ctc_weight must be >= 0, got -0.1$"):
+        build_objective("aed", {"ctc_weight": -0.1})
+    with pytest.raises(ValueError, match=r"^model.loss.ctc_weight must be >= 0, got -0.1$"):
+        build_objective("transducer", {"ctc_weight": -0.1})
+    with pytest.raises(ValueError, match=r"^model.loss.cross_entropy_weight must be > 0, got 0.0$"):
+        build_objective("aed", {"cross_entropy_weight": 0.0})
     with pytest.raises(ValueError, match=r"model.loss.lattice='cuda' is unknown"):
         build_objective("transducer", {"lattice": "cuda"})
     with pytest.raises(ValueError, match=r"\['lattice'\] apply only to kind=samplewise"):
@@ -35,7 +49,8 @@ def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
     model, batch = _tiny_model_and_batch(
         "aed", decoder={"d_model": 32, "num_layers": 1, "num_heads": 2, "dropout": 0.0}
     )
-    losses = build_objective("aed", {"label_smoothing": 0.1, "ctc_weight": 0.25})(model, batch, 0)
+    weights = {"cross_entropy_weight": 0.75, "ctc_weight": 0.25}
+    losses = build_objective("aed", {"label_smoothing": 0.1, **weights})(model, batch, 0)
     out = model(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
     assert out.ctc_log_probs is None  # only when asked for
     ce = label_smoothed_cross_entropy(out.logits, out.targets, label_smoothing=0.1)
@@ -46,6 +61,54 @@ def test_aed_loss_is_the_weighted_sum_of_cross_entropy_and_ctc() -> None:
     torch.testing.assert_close(losses["loss"], 0.75 * ce + 0.25 * ctc)
     without_ctc = build_objective("aed", {"ctc_weight": 0.0})(model, batch, 0)
     assert set(without_ctc) == {"loss", "cross_entropy"}
+    torch.testing.assert_close(without_ctc["loss"], 0.7 * ce)  # the default weight
+
+
+def test_ctc_weight_is_the_ctc_terms_weight_for_both_model_kinds(monkeypatch) -> None:
+    """Fixed terms (cross-entropy 2, CTC 3, transducer 4): each loss is the weighted sum
+    of its terms, and ctc_weight takes nothing away from the other term (the formula of
+    earlier versions, (1 - w) x cross-entropy + w x CTC, gives 0.5 x 2 + 0.5 x 3 = 2.5 and
+    refused w = 1.5)."""
+    fixed = {"ce": torch.tensor(2.0), "ctc": torch.tensor(3.0), "transducer": torch.tensor(4.0)}
+    monkeypatch.setattr(objective_module, "ctc_loss", lambda *args, **kw: fixed["ctc"])
+    monkeypatch.setattr(
+        objective_module, "label_smoothed_cross_entropy", lambda *args, **kw: fixed["ce"]
+    )
+    batch = Batch(
+        features=torch.zeros(1, 4, 2), feature_lens=torch.tensor([4]),
+        tokens=torch.tensor([[5]]), token_lens=torch.tensor([1]), cut_ids=["a"], texts=[""],
+    )  # fmt: skip
+    anything = torch.zeros(1, 1, 1)
+    lens = torch.tensor([1])
+
+    aed = build_objective("aed", {"cross_entropy_weight": 1.0, "ctc_weight": 0.5})
+    out = AedOutput(anything, lens, anything, anything, ctc_log_probs=anything)
+    assert aed.losses(out, batch, blank=0)["loss"].item() == 1.0 * 2.0 + 0.5 * 3.0 == 3.5
+    aed = build_objective("aed", {"cross_entropy_weight": 0.25, "ctc_weight": 1.5})
+    assert aed.losses(out, batch, blank=0)["loss"].item() == 0.25 * 2.0 + 1.5 * 3.0 == 5.0
+    without_ctc = AedOutput(anything, lens, anything, anything)
+    assert aed.losses(without_ctc, batch, blank=0)["loss"].item() == 0.25 * 2.0
+
+    transducer = build_objective("transducer", {"ctc_weight": 0.5})
+    transducer._loss_fn = lambda *args, **kw: fixed["transducer"]
+    out = TransducerOutput(anything, lens, predictor_out=anything, ctc_log_probs=anything)
+    losses = transducer.losses(out, torch.nn.Identity(), batch, blank=0)
+    assert losses["loss"].item() == 4.0 + 0.5 * 3.0 == 5.5
+    transducer = build_objective("transducer", {"ctc_weight": 1.5})
+    transducer._loss_fn = lambda *args, **kw: fixed["transducer"]
+    losses = transducer.losses(out, torch.nn.Identity(), batch, blank=0)
+    assert losses["loss"].item() == 4.0 + 1.5 * 3.0 == 8.5
+
+
+def test_shipped_aed_weights_are_those_of_the_old_formula_to_the_bit() -> None:
+    """model/aed.yaml writes cross_entropy_weight 1 - ctc_weight as a literal: the same
+    float, so the loss is bit for bit that of earlier versions, (1 - w) x CE + w x CTC."""
+    shipped = OmegaConf.load(CONFIG_DIR / "model" / "aed.yaml").loss
+    w = shipped.ctc_weight
+    assert shipped.cross_entropy_weight == 1 - w
+    assert AedLossConfig().cross_entropy_weight == 1 - AedLossConfig().ctc_weight
+    ce, ctc = torch.rand(100, dtype=torch.float32) * 50, torch.rand(100) * 80
+    assert torch.equal(shipped.cross_entropy_weight * ce + w * ctc, (1 - w) * ce + w * ctc)
 
 
 def test_transducer_loss_comes_from_the_models_forward_output() -> None:
