@@ -36,9 +36,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from asr.training.distributed.communication.dgc import dgc_hook
-from asr.training.distributed.communication.dgc_config import DGCConfig
-from asr.training.distributed.communication.dgc_state import DGCState
+from asr.training.distributed.communication.dgc.hook import dgc_hook
+from asr.training.distributed.communication.dgc.state import DGCConfig, DGCState
 
 STEPS = 3
 

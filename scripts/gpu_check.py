@@ -33,8 +33,8 @@ Code paths that only a GPU executes, and the section that executes each:
 - asr/training/precision.py: `native_bf16("cuda")` (trainer.precision=auto on a GPU) -> ddp.
 - asr/training/distributed/communication/hooked_ddp.py: `HookedDDPStrategy` over NCCL
   (`_register_ddp_hooks`, `save_checkpoint` with DGC's per-rank state), and
-  asr/training/distributed/communication/dgc.py,
-  dgc_adam.py: the DGC hook's all-gathers and its bf16 all-reduce of the refreshed second
+  asr/training/distributed/communication/dgc/hook.py,
+  dgc/adam.py: the DGC hook's all-gathers and its bf16 all-reduce of the refreshed second
   moment on CUDA tensors -> ddp (1 process: the collectives run, with one participant).
 - asr/data/batch.py: `Batch.to(device, non_blocking=True)` to a CUDA device, and
   Lightning's bf16-mixed precision plugin on CUDA -> ddp, ssl.

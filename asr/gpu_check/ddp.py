@@ -107,7 +107,7 @@ def rank_state_saved(exp_dir: Path) -> bool:
     """Whether rank 0 wrote its DGC hook state beside the run's resume checkpoint."""
     # here, not at the top: it imports Lightning, which only the DGC run's record needs
     from asr.training.checkpointing import RESUME_CHECKPOINT
-    from asr.training.distributed.communication.dgc_checkpoint import rank_state_path
+    from asr.training.distributed.communication.dgc.state import rank_state_path
 
     return rank_state_path(exp_dir / "checkpoints" / RESUME_CHECKPOINT, 0).is_file()
 

@@ -42,7 +42,7 @@ from asr.models.ssl import SslConfig
 from asr.training.callbacks import EmaConfig
 from asr.training.config_render import ConfigFile, Part, render
 from asr.training.distributed.communication.adascale import AdaScaleConfig
-from asr.training.distributed.communication.dgc_config import DGCConfig
+from asr.training.distributed.communication.dgc.state import DGCConfig
 from asr.training.loggers import LoggerConfig
 from asr.training.objective import AedLossConfig, TransducerLossConfig
 from asr.training.optimizer import ADAMW_ONLY, SGD_ONLY, OptimConfig
@@ -222,7 +222,7 @@ hydra:
     ),
     ConfigFile(
         "distributed/compression/dgc.yaml",
-        "Deep Gradient Compression (asr/training/distributed/communication/dgc.py): each rank\n"
+        "Deep Gradient Compression (asr/training/distributed/communication/dgc/): each rank\n"
         "sends the top 0.4 % of its accumulated gradient (or AdamW update) per bucket; what is\n"
         "not sent waits in a residual. The defaults are the setting that recipes/demo/RESULTS.md\n"
         "(Deep Gradient Compression) compares with dense DDP, but for the sparsity warm-up:\n"

@@ -4,7 +4,7 @@ returns the Lightning strategy, the callbacks it needs, what `AsrLitModule` may 
 `config` holds the `distributed` keys, `ddp` what every multi-process run needs (process
 counts, CPU threads, `find_unused_parameters`, recognising a lost peer). Everything under
 `communication/` is optional research that changes how the ranks communicate, off unless a
-config selects it: Deep Gradient Compression (`communication.dgc*`, a DDP communication
-hook), AdaScale (`communication.adascale`), decentralized AD-PSGD / H-ADPSGD
+config selects it: Deep Gradient Compression (the package `communication.dgc`, a DDP
+communication hook), AdaScale (`communication.adascale`), decentralized AD-PSGD / H-ADPSGD
 (`communication.adpsgd`, `communication.gossip`), and a debug straggler
 (`communication.straggler`). Only `setup` imports them."""

@@ -9,7 +9,7 @@ from typing import Any
 from asr.config_keys import dataclass_from_keys
 from asr.training.distributed.communication.adascale import AdaScaleConfig
 from asr.training.distributed.communication.adpsgd import DecentralizedConfig
-from asr.training.distributed.communication.dgc_config import DGCConfig
+from asr.training.distributed.communication.dgc.state import DGCConfig
 
 
 @dataclass(frozen=True)

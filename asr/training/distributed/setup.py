@@ -21,11 +21,10 @@ from asr.training.distributed.communication.adascale import (
     adascale_hook,
 )
 from asr.training.distributed.communication.adpsgd import DecentralizedStrategy, GossipMonitor
-from asr.training.distributed.communication.dgc import dgc_hook
-from asr.training.distributed.communication.dgc_adam import check_variance_freeze
-from asr.training.distributed.communication.dgc_config import AdamMoments
-from asr.training.distributed.communication.dgc_monitor import CompressionMonitor
-from asr.training.distributed.communication.dgc_state import DGCState
+from asr.training.distributed.communication.dgc.adam import check_variance_freeze
+from asr.training.distributed.communication.dgc.hook import dgc_hook
+from asr.training.distributed.communication.dgc.state import AdamMoments, DGCState
+from asr.training.distributed.communication.dgc.traffic import CompressionMonitor
 from asr.training.distributed.communication.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.communication.straggler import Straggler
 from asr.training.distributed.config import DistributedConfig

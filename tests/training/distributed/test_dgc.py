@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from asr.config_keys import ConfigError, dataclass_from_keys
-from asr.training.distributed.communication.dgc import dgc_hook, top_k_indices
-from asr.training.distributed.communication.dgc_adam import adam_step_bound, check_variance_freeze
-from asr.training.distributed.communication.dgc_config import AdamMoments, DGCConfig
-from asr.training.distributed.communication.dgc_state import DGCState
+from asr.training.distributed.communication.dgc.adam import adam_step_bound, check_variance_freeze
+from asr.training.distributed.communication.dgc.hook import dgc_hook, top_k_indices
+from asr.training.distributed.communication.dgc.state import AdamMoments, DGCConfig, DGCState
 
 # Scenarios: each runs on every rank (rank_runner.py, through the `run_ranks` fixture) and
 # returns what that rank saw; the tests below assert on the records.
@@ -100,7 +99,7 @@ def dgc_resumed(rank: int, world: int, out_dir: Path, steps: int, optimizer: str
     the runs differ in what is sent when, though nothing is lost)."""
     from exchange import exchanged, rank_gradients
 
-    from asr.training.distributed.communication.dgc_checkpoint import (
+    from asr.training.distributed.communication.dgc.state import (
         load_rank_state,
         save_rank_state,
     )

@@ -1,4 +1,4 @@
-"""DGC's `exchange: reduce_scatter` (asr.training.distributed.communication.dgc): with 2-5
+"""DGC's `exchange: reduce_scatter` (asr.training.distributed.communication.dgc.hook): with 2-5
 real processes over gloo, nothing lost and the same update on every rank; its regions'
 selection and padding."""
 
@@ -19,7 +19,7 @@ def dgc_reduce_scatter(rank: int, world: int, out_dir: Path, steps: int) -> dict
     from exchange import exchanged, rank_gradients
     from test_dgc import _hooked, _sparse
 
-    from asr.training.distributed.communication.dgc import kept_per_region
+    from asr.training.distributed.communication.dgc.hook import kept_per_region
 
     shapes = [(30, 100), (50,)]
     config = _sparse(exchange="reduce_scatter", dense_vectors=True)
@@ -100,7 +100,7 @@ def _accumulated(ranks: list[dict], steps: int) -> torch.Tensor:
 
 
 def test_regions_keep_the_forced_entries_then_the_largest_sums_padded_alike() -> None:
-    from asr.training.distributed.communication.dgc import (
+    from asr.training.distributed.communication.dgc.hook import (
         PAD,
         keep_largest,
         kept_per_region,

@@ -12,8 +12,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from asr.config_keys import config_keys
 from asr.training.distributed.communication.adascale import AdaScaleConfig, AdaScaleLearningRate
 from asr.training.distributed.communication.adpsgd import DecentralizedStrategy, GossipMonitor
-from asr.training.distributed.communication.dgc_config import DGCConfig
-from asr.training.distributed.communication.dgc_monitor import CompressionMonitor
+from asr.training.distributed.communication.dgc.state import DGCConfig
+from asr.training.distributed.communication.dgc.traffic import CompressionMonitor
 from asr.training.distributed.communication.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.communication.straggler import Straggler
 from asr.training.distributed.config import DistributedConfig

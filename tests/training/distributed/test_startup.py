@@ -14,7 +14,7 @@ import torch
 from asr.models.build import build_model
 from asr.training.distributed.communication.adascale import AdaScaleConfig
 from asr.training.distributed.communication.adpsgd import DecentralizedConfig
-from asr.training.distributed.communication.dgc_config import DGCConfig
+from asr.training.distributed.communication.dgc.state import DGCConfig
 from asr.training.distributed.communication.hooked_ddp import HookedDDPStrategy
 from asr.training.distributed.communication.straggler import Straggler
 from asr.training.distributed.config import DistributedConfig

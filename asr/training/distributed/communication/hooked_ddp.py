@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from asr.training.distributed.communication.adascale import AdaScaleState
-from asr.training.distributed.communication.dgc_checkpoint import (
+from asr.training.distributed.communication.dgc.state import (
+    DGCState,
     carries_rank_state,
     load_rank_state,
     rank_state_path,
     save_rank_state,
 )
-from asr.training.distributed.communication.dgc_state import DGCState
 from asr.training.distributed.startup import StartupGraceDDPStrategy
 
 

@@ -43,8 +43,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asr.config_keys import ConfigError
-from asr.training.distributed.communication.dgc_config import AdamMoments, DGCConfig
-from asr.training.distributed.communication.dgc_state import DGCState, bucket_buffer
+from asr.training.distributed.communication.dgc.state import (
+    AdamMoments,
+    DGCConfig,
+    DGCState,
+    bucket_buffer,
+)
 
 
 def check_variance_freeze(config: DGCConfig, first_full_loss_step: int) -> None:

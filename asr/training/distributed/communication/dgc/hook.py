@@ -5,12 +5,12 @@ Instead of all-reducing each gradient bucket, every rank sends only the k entrie
 largest magnitude of what it has accumulated (a top-k through a threshold estimated on a
 sample), as (index, value) pairs; the rest stays in its residual until it has grown, so no
 gradient is lost, only delayed. With momentum SGD the hook applies momentum correction and
-masking; with AdamW, after dense steps, a frozen second moment (`dgc_adam`). `exchange:
+masking; with AdamW, after dense steps, a frozen second moment (`dgc.adam`). `exchange:
 allgather` (the paper's) gathers every rank's pairs; `exchange: reduce_scatter` (after
 Ok-Topk) sums interleaved regions at their owners, keeps each region's largest sums and
 all-gathers those, returning what no region kept to its sender's residual. Each step's bytes
-are counted in `StepTraffic`; the state lives in `DGCState` and goes with `last.ckpt`
-(`dgc_checkpoint`). How a step works, the keys and the measured accuracy:
+are counted in `StepTraffic` (`dgc.traffic`); the state lives in `DGCState` and goes with
+`last.ckpt` (`dgc.state`). How a step works, the keys and the measured accuracy:
 docs/savers.md#deep-gradient-compression.
 """
 
@@ -23,19 +23,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from asr.training.distributed.communication.dgc_adam import (
+from asr.training.distributed.communication.dgc.adam import (
     adam_direction,
     refresh_second_moment,
     track_local_moments,
 )
-from asr.training.distributed.communication.dgc_layout import BucketLayout
-from asr.training.distributed.communication.dgc_rebucketing import current_layout
-from asr.training.distributed.communication.dgc_state import (
+from asr.training.distributed.communication.dgc.state import (
+    BucketLayout,
     DGCState,
     bucket_buffer,
+    current_layout,
     working_precision,
 )
-from asr.training.distributed.communication.dgc_traffic import StepTraffic
+from asr.training.distributed.communication.dgc.traffic import StepTraffic
 from asr.training.distributed.communication.hooks import comm_hook
 
 INDEX_DTYPE = torch.int32
