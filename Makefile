@@ -27,7 +27,8 @@ demo: $(STAMP)
 ## Serve the demo's streaming model at http://127.0.0.1:8000/ (docs/serving.md); trains it first if missing.
 serve-demo: $(STAMP)
 	test -f exp/demo_streaming/model.bundle.pt || EXPERIMENT=demo_streaming bash recipes/demo/run.sh
-	asr-serve exp/demo_streaming/model.bundle.pt
+	asr-serve exp/demo_streaming/model.bundle.pt \
+	  --example "$$(find data/demo/LibriSpeech/test-clean -name '*.flac' | sort | sed -n 1p)"
 
 ## The test suite (slow tests included: about 10 minutes), all but the `long` tests.
 test: $(STAMP)

@@ -26,7 +26,7 @@ def load_model(
     decoded with onnxruntime on the CPU) of any model kind; `.transcribe(audio) -> list[str]`
     takes file paths or 16 kHz mono arrays of any length, with `timestamps=True` gives
     each word's start, end and confidence (transducers; docs/transcribe.md), and with
-    `context=[...]` boosts phrases (docs/decoding.md). `beam_size` above 1: beam search
+    `biasing=[...]` boosts phrases (docs/decoding.md). `beam_size` above 1: beam search
     (for transducers up to 3 tokens per frame, as greedy search). Needs neither Hydra nor
     Lightning.
 

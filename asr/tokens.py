@@ -14,3 +14,11 @@ PAD_ID = BLANK_ID
 SPECIAL_PIECES = {BLANK_ID: "<blk>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 # Target positions a cross-entropy loss skips (F.cross_entropy's default).
 IGNORE_INDEX = -100
+# SentencePiece marks a piece that starts a word with "▁": the one word-start rule that word
+# timestamps and context biasing share.
+WORD_START = "\u2581"
+
+
+def starts_word(piece: str) -> bool:
+    """Whether a SentencePiece piece starts a word."""
+    return piece.startswith(WORD_START)

@@ -28,7 +28,8 @@ from asr.benchmarks.rtfx import (
     utterance_features,
 )
 from asr.decoding.search import SearchOptions
-from asr.decoding.transducer import BeamOptions, GreedyOptions
+from asr.decoding.transducer import GreedyOptions
+from asr.decoding.transducer_beam import BeamOptions
 from asr.inference.recognizer import Recognizer, load_recognizer
 from asr.metrics import ErrorCounts, word_errors
 from asr.models.transducer import Transducer

@@ -39,9 +39,10 @@ from rich.progress import track
 
 from asr.benchmarks.rtfx import batches, utterance_features
 from asr.data.corpus import cut_text, cuts_path, load_cuts
-from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
+from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, read_biasing_phrases
 from asr.decoding.search import SearchOptions, decode_timed
-from asr.decoding.transducer import BeamOptions, GreedyOptions
+from asr.decoding.transducer import GreedyOptions
+from asr.decoding.transducer_beam import BeamOptions
 from asr.inference.recognizer import Recognizer, load_recognizer
 from asr.inference.streaming import chunking_of_ms
 from asr.metrics import corpus_errors
@@ -83,13 +84,13 @@ def search_all(
     recognizer: Recognizer,
     encoded: list[dict],
     options: SearchOptions,
-    context: ContextGraph | None,
+    biasing: BiasingGraph | None,
 ) -> tuple[dict[str, list], float]:
     """Per utterance id its best hypothesis (`TimedTokens`), and the search's seconds."""
     hyps, seconds = {}, 0.0
     for batch in encoded:
         start = time.perf_counter()
-        found = decode_timed(recognizer.model, batch["enc"], batch["lens"], options, context)
+        found = decode_timed(recognizer.model, batch["enc"], batch["lens"], options, biasing)
         seconds += time.perf_counter() - start
         hyps.update({u["id"]: h for u, h in zip(batch["utts"], found, strict=True)})
     return hyps, seconds
@@ -206,7 +207,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     recognizer = load_recognizer(args.model)
     if args.chunk_ms is not None:
-        recognizer.chunking = chunking_of_ms(recognizer.model, args.chunk_ms, None)
+        recognizer = recognizer.with_chunking(chunking_of_ms(recognizer.model, args.chunk_ms, None))
     phrases_file = args.manifests / "context_phrases.json"
     if not phrases_file.is_file():
         raise SystemExit(
@@ -215,7 +216,7 @@ def main() -> None:
     made = json.loads(phrases_file.read_text())
     spoken = {uid: about["phrase"] for uid, about in made["utterances"].items()}
     lists = {
-        n: read_context_phrases(args.manifests / f"context_phrases_{n}.txt")
+        n: read_biasing_phrases(args.manifests / f"context_phrases_{n}.txt")
         for n in (10, 100, 1000)
     }
     unsaid = made["distractors"]
@@ -228,15 +229,15 @@ def main() -> None:
     for beam in map(int, args.beams.split(",")):
         searches[f"beam{beam}"] = BeamOptions(beam_size=beam)
     sweep = [float(s) for s in args.scores.split(",")]
-    if DEFAULT_CONTEXT_SCORE not in sweep:
-        sweep = sorted([*sweep, DEFAULT_CONTEXT_SCORE])
+    if DEFAULT_BIASING_SCORE not in sweep:
+        sweep = sorted([*sweep, DEFAULT_BIASING_SCORE])
     for search, options in searches.items():
         baseline = None
         for score in [None, *sweep]:
             graph = (
                 None
                 if score is None
-                else ContextGraph.from_phrases(lists[100], recognizer.tokenizer, score)
+                else BiasingGraph.from_phrases(lists[100], recognizer.tokenizer, score)
             )
             hyps = {name: search_all(recognizer, encoded[name], options, graph)[0] for name in sets}
             line = {"section": "sweep", "search": search, "phrases": 0 if score is None else 100}
@@ -244,7 +245,7 @@ def main() -> None:
             print(json.dumps(line), flush=True)
             if score is None:
                 baseline = line
-            elif score == DEFAULT_CONTEXT_SCORE:
+            elif score == DEFAULT_BIASING_SCORE:
                 missed = 1 - baseline["recall"]
                 target = {
                     "section": "targets",
@@ -269,7 +270,7 @@ def main() -> None:
     for search, options in searches.items() if not args.skip_cost else ():
         for size in (0, 10, 100, 1000):
             start = time.perf_counter()
-            graph = ContextGraph.from_phrases(lists[size], recognizer.tokenizer) if size else None
+            graph = BiasingGraph.from_phrases(lists[size], recognizer.tokenizer) if size else None
             build_s = time.perf_counter() - start
             search_s = sum(
                 search_all(recognizer, encoded[name], options, graph)[1] for name in sets

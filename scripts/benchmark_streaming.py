@@ -78,11 +78,11 @@ def resident_mib() -> float:
 
 
 def wer_section(args, model_path: Path, trained: list[int], frame_ms: float) -> None:
-    recognizer = load_recognizer(model_path)
-    model = recognizer.model
+    loaded = load_recognizer(model_path)
+    model = loaded.model
     left = max(model.encoder.streaming.left_contexts)
     for chunk in [*trained, -1]:
-        recognizer.chunking = Chunking(chunk, left) if chunk > 0 else FULL
+        recognizer = loaded.with_chunking(Chunking(chunk, left) if chunk > 0 else FULL)
         name = f"chunk{chunk}" if chunk > 0 else "full"
         summary = decode_manifest(recognizer, args.cuts, args.work / f"decode-{name}", 200.0, 1)
         emit("wer", model=str(model_path), chunk_ms=chunk * frame_ms if chunk > 0 else None,

@@ -19,7 +19,8 @@ from lhotse.cut import Cut
 
 from asr.frames import SAMPLE_RATE
 from asr.inference.onnx_runtime import DECODER, ENCODER, JOINER, TOKENS, onnx_file
-from asr.inference.timestamps import SPACE_PIECE, Word, words_from_tokens
+from asr.inference.timestamps import Word, words_from_tokens
+from asr.tokens import WORD_START
 
 NOISE_DBFS = -65.0  # the demo corpus's noise floor, also in the gaps
 
@@ -138,7 +139,7 @@ def sherpa_word_times(directory: Path, audio: list[np.ndarray]) -> list[list[Wor
         stream = recognizer.create_stream()
         stream.accept_waveform(SAMPLE_RATE, samples)
         recognizer.decode_stream(stream)
-        pieces = [token.replace(" ", SPACE_PIECE) for token in stream.result.tokens]  # "▁" as " "
+        pieces = [token.replace(" ", WORD_START) for token in stream.result.tokens]  # "▁" as " "
         starts = [round(float(time), 3) for time in stream.result.timestamps]
         out.append(words_from_tokens(pieces, starts, token_seconds=0.0))
     return out

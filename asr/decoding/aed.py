@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from asr.decoding.biasing import ContextGraph
+from asr.decoding.biasing import BiasingGraph, keep_half
 from asr.decoding.checks import check_encoder_output
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.models.aed import EncoderDecoder, StaticDecoderState
@@ -25,15 +25,19 @@ from asr.models.aed import EncoderDecoder, StaticDecoderState
 class AedSearchOptions:
     """beam_size: 1 is greedy search. length_penalty: a finished hypothesis scores
     log P / (tokens + 1) ** length_penalty (0: plain log-probability). max_tps: at most
-    this many tokens per second of audio (bounds the output length)."""
+    this many tokens per second of audio (bounds the output length). nbest: how many
+    hypotheses an n-best list holds (best first)."""
 
     beam_size: int = 1
     length_penalty: float = 1.0
     max_tps: float = 25.0
+    nbest: int = 1
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.nbest <= self.beam_size:
+            raise ValueError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
         if not self.max_tps > 0:
             raise ValueError(f"max_tps must be positive, got {self.max_tps}")
 
@@ -49,24 +53,16 @@ def decode(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: AedSearchOptions = AedSearchOptions(),
-    context: ContextGraph | None = None,
+    biasing: BiasingGraph | None = None,
 ) -> list[list[int]]:
     """Greedy search when `options.beam_size` is 1 (on CUDA: `StaticGreedySearch`, the
-    same tokens replayed from a CUDA graph), else beam search; with `context` (phrases to
+    same tokens replayed from a CUDA graph), else beam search; with `biasing` (phrases to
     boost), always beam search (of width 1: greedy search with the bonus)."""
-    if options.beam_size == 1 and context is None:
+    if options.beam_size == 1 and biasing is None:
         if encoder_out.is_cuda and isinstance(model, EncoderDecoder):
             return cached_static_search(model, options.max_tps)(encoder_out, encoder_lens)
         return greedy_search(model, encoder_out, encoder_lens, options.max_tps)
-    return beam_search(
-        model,
-        encoder_out,
-        encoder_lens,
-        options.beam_size,
-        options.length_penalty,
-        options.max_tps,
-        context,
-    )
+    return beam_search(model, encoder_out, encoder_lens, options, biasing)
 
 
 @torch.inference_mode()
@@ -207,16 +203,12 @@ def beam_search(
     model: EncoderDecoder,
     encoder_out: Tensor,
     encoder_lens: Tensor,
-    beam_size: int = 4,
-    length_penalty: float = 1.0,
-    max_tps: float = 25.0,
-    context: ContextGraph | None = None,
+    options: AedSearchOptions = AedSearchOptions(beam_size=4),
+    biasing: BiasingGraph | None = None,
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> the best hypothesis of each utterance
     (see `beam_search_nbest`)."""
-    nbest = beam_search_nbest(
-        model, encoder_out, encoder_lens, beam_size, length_penalty, max_tps, context
-    )
+    nbest = beam_search_nbest(model, encoder_out, encoder_lens, options, biasing)
     return [hyps[0][0] if hyps else [] for hyps in nbest]
 
 
@@ -225,13 +217,11 @@ def beam_search_nbest(
     model: EncoderDecoder,
     encoder_out: Tensor,
     encoder_lens: Tensor,
-    beam_size: int = 4,
-    length_penalty: float = 1.0,
-    max_tps: float = 25.0,
-    context: ContextGraph | None = None,
+    options: AedSearchOptions = AedSearchOptions(beam_size=4),
+    biasing: BiasingGraph | None = None,
 ) -> list[list[tuple[list[int], float]]]:
-    """encoder_out (B, T, D), encoder_lens (B,) -> per utterance its finished hypotheses
-    (at most `beam_size`) as (tokens, length-penalized log-probability), best first.
+    """encoder_out (B, T, D), encoder_lens (B,) -> per utterance its `options.nbest` best
+    finished hypotheses as (tokens, length-penalized log-probability), best first.
 
     Each step expands every live hypothesis by every token and keeps the 2K best
     candidates of each utterance: EOS candidates among the first K end a hypothesis
@@ -239,13 +229,15 @@ def beam_search_nbest(
     it has K finished hypotheses, or at its length limit, where only EOS is allowed.
     With K = 1 this is exactly greedy search.
 
-    With `context`, every token adds its gain in the graph (`ContextGraph.gain`) to the
+    With `biasing`, every token adds its gain in the graph (`BiasingGraph.gain`) to the
     hypothesis's score; EOS, which matches no phrase, gives back what a partial match
     holds. Finished scores include the bonus. Half the hypotheses that go on are the best
-    as if every partial match ended (`_keep_plain_half`, as the transducer's beam).
+    as if every partial match ended (`_plain_half`: `biasing.keep_half`, the transducer
+    beam's rule).
     """
     check_encoder_output(encoder_out, encoder_lens)
-    k, eos = beam_size, model.eos_id
+    k, eos = options.beam_size, model.eos_id
+    length_penalty, max_tps = options.length_penalty, options.max_tps
     batch, device = encoder_out.size(0), encoder_out.device
     if batch == 0:
         return []
@@ -257,17 +249,17 @@ def beam_search_nbest(
     scores[:, 0] = 0.0  # one live hypothesis at the start; the copies are -inf
     history = torch.empty((batch * k, 0), dtype=torch.long, device=device)
     tokens = torch.full((batch * k,), model.bos_id, dtype=torch.long, device=device)
-    nodes = torch.zeros(batch * k, dtype=torch.long, device=device)  # in the context graph
-    if context is not None:
-        context = context.to(device)
+    nodes = torch.zeros(batch * k, dtype=torch.long, device=device)  # in the biasing graph
+    if biasing is not None:
+        biasing = biasing.to(device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     for step in range(int(limits.max()) + 1):
         logits, state = model.decoder.step(tokens, state)
         b, vocab = len(utts), logits.size(-1)
         log_probs = torch.log_softmax(logits.float(), dim=-1).view(b, k, vocab)
         candidates = scores[:, :, None] + log_probs  # (b, K, V)
-        if context is not None:
-            candidates = candidates + context.gain.index_select(0, nodes).view(b, k, vocab)
+        if biasing is not None:
+            candidates = candidates + biasing.gain.index_select(0, nodes).view(b, k, vocab)
         at_limit = step >= limits  # (b,): only EOS may follow
         if bool(at_limit.any()):
             only_eos = torch.full_like(candidates[0, 0], -math.inf)
@@ -288,8 +280,8 @@ def beam_search_nbest(
         # The first K candidates that are not EOS go on (at least K exist among 2K).
         order = (is_eos.long() * top.size(1) + rank).argsort(dim=-1)[:, :k]  # (b, K)
         chosen = top.gather(1, order)  # row of the utterance * V + token
-        if context is not None:
-            chosen = _keep_plain_half(candidates, chosen, context, nodes, eos)
+        if biasing is not None:
+            chosen = _plain_half(candidates, chosen, biasing, nodes, eos)
         new_scores = candidates.view(b, -1).gather(1, chosen)
         source = chosen // vocab + torch.arange(b, device=device)[:, None] * k
         new_tokens = chosen % vocab
@@ -308,38 +300,31 @@ def beam_search_nbest(
             state = state.select(source.reshape(-1), same_memory=True)
         rows = source.reshape(-1)
         history = torch.cat([history.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
-        if context is not None:
-            nodes = context.next[nodes.index_select(0, rows), new_tokens.reshape(-1)]
+        if biasing is not None:
+            nodes = biasing.next[nodes.index_select(0, rows), new_tokens.reshape(-1)]
         tokens, scores = new_tokens.reshape(-1), new_scores
     return [
-        [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])]
+        [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])][: options.nbest]
         for hyps in finished
     ]
 
 
-def _keep_plain_half(
-    candidates: Tensor, chosen: Tensor, context: ContextGraph, nodes: Tensor, eos: int
+def _plain_half(
+    candidates: Tensor, chosen: Tensor, biasing: BiasingGraph, nodes: Tensor, eos: int
 ) -> Tensor:
-    """The K places (row * V + token) that go on: the best half of `chosen` (the K best
-    by score), the rest the best by score less what their state would give back if the
-    hypothesis ended there (`ContextGraph.held`), so that a failed partial match finds the
-    plain hypotheses still in the beam."""
+    """The K places (row * V + token) that go on (`keep_half`): the best half of `chosen`
+    (the K best by score), the rest the best by score less what their state would give
+    back if the hypothesis ended there (`BiasingGraph.held`), so that a failed partial
+    match finds the plain hypotheses still in the beam."""
     b, k, vocab = candidates.shape
-    held = context.held[context.next[nodes]].view(b, k * vocab)
+    held = biasing.held[biasing.next[nodes]].view(b, k * vocab)
     plain = candidates.view(b, -1) - held
     plain.view(b, k, vocab)[:, :, eos] = -math.inf  # EOS ends a hypothesis: it goes nowhere
     plain_best, plain_at = plain.topk(k, dim=-1)
-    half = (k + 1) // 2
-    kept = []
-    for by_score, at, value in zip(
-        chosen.tolist(), plain_at.tolist(), plain_best.tolist(), strict=True
-    ):
-        row = by_score[:half]
-        fill = [f for f, v in zip(at, value, strict=True) if v > -math.inf] + by_score[half:]
-        for place in fill:
-            if len(row) == k:
-                break
-            if place not in row:
-                row.append(place)
-        kept.append(row)
+    kept = [
+        keep_half(by_score, [f for f, v in zip(at, value, strict=True) if v > -math.inf], k)
+        for by_score, at, value in zip(
+            chosen.tolist(), plain_at.tolist(), plain_best.tolist(), strict=True
+        )
+    ]
     return torch.tensor(kept, device=chosen.device)

@@ -1,7 +1,7 @@
 """Context biasing: phrases a search should prefer (names, product words, jargon), as an
 automaton over token ids that every search consults.
 
-The phrases are tokenized with the model's SentencePiece model (`ContextGraph.from_phrases`)
+The phrases are tokenized with the model's SentencePiece model (`BiasingGraph.from_phrases`)
 into a trie, and the trie into an Aho-Corasick automaton: each state is a partial match
 (a trie node), and every token moves a state to the longest partial match that still
 holds after it. A hypothesis carries its state and earns `score` for every token that
@@ -22,8 +22,8 @@ vocabulary), built once, so that a batched search reads its rows with one gather
 
 Beam searches add `gain` to every non-blank extension and give back `held` when a
 hypothesis ends; they keep half their beam for the best hypotheses as if every partial
-match ended there (`asr.decoding.transducer._keep`), so that the plain hypotheses are
-still there when a match fails. Greedy searches, which cannot take a decision back, add
+match ended there (`keep_half`, the rule both beams call), so that the plain hypotheses
+are still there when a match fails. Greedy searches, which cannot take a decision back, add
 only what a token earns (`advance`: gains below zero count as zero), so that leaving a
 partial match costs nothing against blank. Scores are per token: a phrase of k tokens
 earns (k - 1) x its score. docs/decoding.md, "Context biasing", says how to choose it.
@@ -31,39 +31,47 @@ earns (k - 1) x its score. docs/decoding.md, "Context biasing", says how to choo
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Iterable, Sequence
+import threading
+import weakref
+from collections.abc import Hashable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from asr.data.tokenizer import Tokenizer
-from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, UNK_ID
+from asr.tokens import BLANK_ID, BOS_ID, EOS_ID, UNK_ID, WORD_START, starts_word
 
 # The bonus per token of a phrase without its own score, for a beam of 8: the sweep of
 # recipes/demo/RESULTS.md, "Context biasing" (scripts/benchmark_context.py).
-DEFAULT_CONTEXT_SCORE = 4.5
-MAX_TABLE_ENTRIES = 1 << 27  # states x vocabulary: 1 GiB of tables at most
-SPACE_PIECE = "\u2581"  # SentencePiece's word start, "▁"
+DEFAULT_BIASING_SCORE = 4.5
+MAX_TABLE_ENTRIES = 1 << 27  # states x vocabulary: at most 2 GiB of tables (16 bytes an
+# entry: int64 `next`, float32 `gain` and `advance`)
 _SCORED = re.compile(r"^(?P<text>.*?)\s+:(?P<score>\S+)\s*$")  # "PHRASE :2.5"
+
+Place = TypeVar("Place", bound=Hashable)
+Phrases = Iterable["str | tuple[str, float] | BiasingPhrase"]
 
 
 @dataclass(frozen=True)
-class ContextPhrase:
+class BiasingPhrase:
     """A phrase to boost and its bonus per token (None: the list's score)."""
 
     text: str
     score: float | None = None
 
 
-def parse_phrase(item: str | tuple[str, float] | ContextPhrase, where: str = "") -> ContextPhrase:
+def parse_phrase(item: str | tuple[str, float] | BiasingPhrase, where: str = "") -> BiasingPhrase:
     """A phrase from a string (`"TEXT"`, or `"TEXT :SCORE"`: sherpa-onnx's hotwords
-    format), a (text, score) pair or a `ContextPhrase`; a one-line ValueError names an
+    format), a (text, score) pair or a `BiasingPhrase`; a one-line ValueError names an
     empty phrase or a bad or negative score (`where`: e.g. "phrases.txt line 3")."""
     at = f"{where}: " if where else ""
-    if isinstance(item, ContextPhrase):
+    if isinstance(item, BiasingPhrase):
         text, score = item.text, item.score
     elif isinstance(item, tuple):
         text, score = item
@@ -76,22 +84,22 @@ def parse_phrase(item: str | tuple[str, float] | ContextPhrase, where: str = "")
                 raise ValueError(f"{at}bad score {match['score']!r} in {item.strip()!r}") from None
     text = " ".join(str(text).split())
     if not text:
-        raise ValueError(f"{at}an empty context phrase")
+        raise ValueError(f"{at}an empty biasing phrase")
     if score is not None:
         score = float(score)
         if not score >= 0 or score == float("inf"):
-            raise ValueError(f"{at}context score of {text!r} must be >= 0, got {score}")
-    return ContextPhrase(text, score)
+            raise ValueError(f"{at}biasing score of {text!r} must be >= 0, got {score}")
+    return BiasingPhrase(text, score)
 
 
-def read_context_phrases(path: str | Path) -> list[ContextPhrase]:
+def read_biasing_phrases(path: str | Path) -> list[BiasingPhrase]:
     """The phrases of a file: one per line, optionally followed by ` :SCORE`; blank lines
     and lines starting with # are skipped. Errors name the file and line."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read context phrases from {path}: {err}") from None
+        raise ValueError(f"cannot read biasing phrases from {path}: {err}") from None
     return [
         parse_phrase(line, f"{path} line {number}")
         for number, line in enumerate(lines, 1)
@@ -117,16 +125,16 @@ def tokenize_phrase(text: str, tokenizer: Tokenizer) -> list[list[int]]:
             if all(UNK_ID in tokenizer.encode(form) for form in (c, c.upper(), c.lower()))
         )
         raise ValueError(
-            f"context phrase {text!r} cannot be tokenized: the model's vocabulary lacks "
+            f"biasing phrase {text!r} cannot be tokenized: the model's vocabulary lacks "
             f"{' '.join(map(repr, unknown)) or 'its characters'}"
         )
-    space = tokenizer.piece_to_id(SPACE_PIECE)
+    space = tokenizer.piece_to_id(WORD_START)
     words = _split_words(ids, tokenizer)
     variants = [[]]
     for word in words:
         forms = [word]
         first = tokenizer.id_to_piece(word[0])
-        if space is not None and first.startswith(SPACE_PIECE) and len(first) > 1:
+        if space is not None and starts_word(first) and len(first) > 1:
             rest = tokenizer.piece_to_id(first[1:])
             if rest is not None:
                 forms.append([space, rest, *word[1:]])
@@ -138,14 +146,14 @@ def _split_words(ids: list[int], tokenizer: Tokenizer) -> list[list[int]]:
     """`ids` cut before every piece that starts a word."""
     words: list[list[int]] = []
     for i in ids:
-        if tokenizer.id_to_piece(i).startswith(SPACE_PIECE) or not words:
+        if starts_word(tokenizer.id_to_piece(i)) or not words:
             words.append([i])
         else:
             words[-1].append(i)
     return words
 
 
-class ContextGraph:
+class BiasingGraph:
     """The automaton of a phrase list (see the module's docstring): `next` and `gain`
     (states x vocabulary), `held` (states,), state 0 the root (no partial match).
 
@@ -158,7 +166,7 @@ class ContextGraph:
         self.next, self.gain, self.held = next_, gain, held
         self.advance = gain.clamp(min=0)
         self.num_phrases = phrases
-        self._on: dict[torch.device, ContextGraph] = {next_.device: self}
+        self._on: dict[torch.device, BiasingGraph] = {next_.device: self}
 
     @property
     def num_states(self) -> int:
@@ -168,11 +176,11 @@ class ContextGraph:
     def vocab_size(self) -> int:
         return self.next.size(1)
 
-    def to(self, device: torch.device | str) -> ContextGraph:
+    def to(self, device: torch.device | str) -> BiasingGraph:
         """The same graph with its tables on `device` (kept, so moving twice is free)."""
         device = torch.device(device)
         if device not in self._on:
-            moved = ContextGraph(
+            moved = BiasingGraph(
                 self.next.to(device), self.gain.to(device), self.held.to(device), self.num_phrases
             )
             moved._on = self._on
@@ -182,17 +190,17 @@ class ContextGraph:
     @classmethod
     def from_phrases(
         cls,
-        phrases: Iterable[str | tuple[str, float] | ContextPhrase],
+        phrases: Iterable[str | tuple[str, float] | BiasingPhrase],
         tokenizer: Tokenizer,
-        score: float = DEFAULT_CONTEXT_SCORE,
-    ) -> ContextGraph:
+        score: float = DEFAULT_BIASING_SCORE,
+    ) -> BiasingGraph:
         """The graph of `phrases` (see `parse_phrase`), each earning its own score per
         token or else `score`, tokenized with `tokenizer` (`tokenize_phrase`)."""
         if not score >= 0 or score == float("inf"):
-            raise ValueError(f"--context-score must be >= 0, got {score}")
+            raise ValueError(f"--biasing-score must be >= 0, got {score}")
         if not isinstance(tokenizer, Tokenizer):  # e.g. an ONNX export's tokens.txt
             raise ValueError(
-                "context phrases are tokenized with the model's SentencePiece model, which an "
+                "biasing phrases are tokenized with the model's SentencePiece model, which an "
                 "ONNX export does not hold: decode the bundle (sherpa-onnx takes "
                 "--hotwords-file)"
             )
@@ -201,9 +209,7 @@ class ContextGraph:
         for phrase in parsed:
             bonus = score if phrase.score is None else phrase.score
             sequences += [(ids, bonus) for ids in tokenize_phrase(phrase.text, tokenizer)]
-        starts = [
-            tokenizer.id_to_piece(i).startswith(SPACE_PIECE) for i in range(tokenizer.vocab_size)
-        ]
+        starts = [starts_word(tokenizer.id_to_piece(i)) for i in range(tokenizer.vocab_size)]
         return cls.from_tokens(sequences, tokenizer.vocab_size, len(parsed), starts)
 
     @classmethod
@@ -213,7 +219,7 @@ class ContextGraph:
         vocab_size: int,
         num_phrases: int | None = None,
         word_starts: Sequence[bool] | None = None,
-    ) -> ContextGraph:
+    ) -> BiasingGraph:
         """The graph of token-id sequences, each with its bonus per token. `word_starts`:
         per token id, whether it starts a word (SentencePiece's "▁" pieces); a completed
         phrase keeps its bonus only when a word starts after it (or the utterance ends),
@@ -224,11 +230,11 @@ class ContextGraph:
         is_end: list[bool] = [False]
         for tokens, bonus in sequences:
             if not tokens:
-                raise ValueError("an empty context phrase (no tokens)")
+                raise ValueError("an empty biasing phrase (no tokens)")
             node = 0
             for depth, token in enumerate(tokens):
                 if not 0 <= token < vocab_size or token in (BLANK_ID, UNK_ID, BOS_ID, EOS_ID):
-                    raise ValueError(f"context token {token} is not a text token of the model")
+                    raise ValueError(f"biasing token {token} is not a text token of the model")
                 if token not in children[node]:
                     children[node][token] = len(children)
                     children.append({})
@@ -243,7 +249,7 @@ class ContextGraph:
         states = len(children)
         if states * vocab_size > MAX_TABLE_ENTRIES:
             raise ValueError(
-                f"{states} context states x {vocab_size} tokens is over the limit of "
+                f"{states} biasing states x {vocab_size} tokens is over the limit of "
                 f"{MAX_TABLE_ENTRIES} table entries: use fewer or shorter phrases"
             )
         starts = torch.ones(vocab_size, dtype=torch.bool)
@@ -275,3 +281,66 @@ class ContextGraph:
         gain = banks + risk[next_] - risk[:, None]
         count = len(sequences) if num_phrases is None else num_phrases
         return cls(next_, gain, held, count)
+
+
+def keep_half(by_score: Sequence[Place], by_plain: Iterable[Place], k: int) -> list[Place]:
+    """The K candidates a beam keeps, given best first by score (`by_score`) and by score
+    less what their partial matches would give back if the hypothesis ended there
+    (`by_plain`, `BiasingGraph.held`): the best half by score, then the best plain ones,
+    then the rest by score, without repeats. A hypothesis that earns a phrase's bonus token
+    by token would otherwise crowd out the plain hypotheses, which must still be there when
+    its match fails. Without a graph both orders are the same: the K best."""
+    half = (k + 1) // 2
+    kept = list(by_score[:half])
+    seen = set(kept)
+    for place in itertools.chain(by_plain, by_score[half:]):
+        if len(kept) == k:
+            break
+        if place not in seen:
+            kept.append(place)
+            seen.add(place)
+    return kept
+
+
+class SharedBiasingGraphs:
+    """The graphs of phrase lists, each built once per (phrases, score) and shared while
+    anything holds it: searches whose graphs are the same object share one search step,
+    and one set of tables in memory. `get` may be called from several threads: a list that
+    one thread is building is waited for by the others, not built again. `builds` counts
+    the graphs built."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.builds = 0
+        self._lock = threading.Lock()
+        self._graphs: weakref.WeakValueDictionary[Hashable, BiasingGraph] = (
+            weakref.WeakValueDictionary()
+        )
+        self._building: dict[Hashable, Future[BiasingGraph]] = {}
+
+    def get(self, phrases: Phrases, score: float = DEFAULT_BIASING_SCORE) -> BiasingGraph:
+        """The graph of `phrases` (see `BiasingGraph.from_phrases`), built or shared."""
+        key = (tuple(parse_phrase(p) for p in phrases), float(score))
+        with self._lock:
+            graph = self._graphs.get(key)
+            if graph is not None:
+                return graph
+            pending = self._building.get(key)
+            building = pending is None
+            if building:
+                pending = self._building[key] = Future()
+        if not building:
+            return pending.result()
+        try:
+            graph = BiasingGraph.from_phrases(key[0], self.tokenizer, score)
+        except BaseException as err:
+            with self._lock:
+                del self._building[key]
+            pending.set_exception(err)
+            raise
+        with self._lock:
+            self._graphs[key] = graph
+            del self._building[key]
+            self.builds += 1
+        pending.set_result(graph)
+        return graph

@@ -12,3 +12,13 @@ def check_encoder_output(encoder_out: Tensor, encoder_lens: Tensor) -> None:
             f"expected encoder_out (B, T, D) and encoder_lens (B,), got "
             f"{tuple(encoder_out.shape)} and {tuple(encoder_lens.shape)}"
         )
+
+
+def check_same_biasing(graphs: list) -> object:
+    """The one biasing graph (or None) of progresses stacked into one search step: rows
+    scored with different graphs cannot share a step (`asr.decoding.search.advance_each`
+    groups them)."""
+    first = graphs[0]
+    if any(g is not first for g in graphs):
+        raise ValueError("progresses with different biasing graphs cannot be stacked")
+    return first

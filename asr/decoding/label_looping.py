@@ -16,10 +16,13 @@ the same tokens and frames (tested on CPU): at frame t, a blank moves to t + 1; 
 emitted and the utterance stays on t, until `max_symbols_per_frame` labels there move it
 to t + 1 (a guard against a joiner that never emits blank).
 
-A context graph (`asr.decoding.biasing`, phrases to boost) is read the same way: its
-tables are copied into static buffers of the search (`biased=True`, at least as many
-states), each row keeps its state, and the inner step adds what each token earns to the
-log-probabilities, as the frame-looping search does: the same tokens again.
+It carries the same `GreedyProgress` as the frame-looping search (`start` + `advance` per
+chunk, `asr.decoding.search`): `advance` loads each row's predictor state and biasing node
+into the buffers and reads them back after the chunk, so the two searches can even take
+turns on one stream. A biasing graph (`asr.decoding.biasing`, phrases to boost) is read the
+same way: its tables are copied into static buffers (at least as many states), each row
+keeps its state, and the inner step adds what each token earns to the log-probabilities,
+as the frame-looping search does: the same tokens again.
 
 Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 label slots,
 N context states, V vocabulary.
@@ -28,32 +31,26 @@ N context states, V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from asr.decoding.biasing import ContextGraph
+from asr.decoding.biasing import BiasingGraph
 from asr.decoding.checks import check_encoder_output
 from asr.decoding.confidence import token_confidence
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
-from asr.decoding.transducer import GreedyOptions, TimedTokens, _select
+from asr.decoding.hypotheses import (
+    HypothesisState,
+    TimedTokens,
+    copy_rows_into,
+    take_rows,
+    zeros_like_rows,
+)
+from asr.decoding.transducer import GreedyOptions, GreedyProgress
 from asr.models.transducer import PredictorState, Transducer
 
-
-def _copy_state(target: PredictorState, source: PredictorState) -> None:
-    """Copy a batch-first predictor state into `target`'s tensors, in place."""
-    if isinstance(target, Tensor):
-        target.copy_(source)
-        return
-    for t, s in zip(target, source, strict=True):
-        _copy_state(t, s)
-
-
-def _empty_like_state(state: PredictorState, rows: int) -> PredictorState:
-    """Zeros of `state`'s shape with `rows` rows."""
-    if isinstance(state, Tensor):
-        return state.new_zeros((rows, *state.shape[1:]))
-    return tuple(_empty_like_state(s, rows) for s in state)
+Loops = Literal["auto", "eager", "fused"]
 
 
 @dataclass
@@ -66,9 +63,9 @@ class _Buffers:
     `active` (B,) frames left; `pred` (B, D) projected predictor output and `state` the
     predictor state after each row's last label; `labels`, `frames`, `confidences`
     (B, S) what was emitted, where and how surely; `count` (B,) how many; `confidence`
-    (B,) that of the label found by the inner loop. A biased search also has `node` (B,)
-    each row's context state and the graph's tables `context_next`, `context_advance`
-    (N, V); None otherwise.
+    (B,) that of the label found by the inner loop; `node` (B,) each row's biasing state
+    (0 without a graph). A biased search also has the graph's tables `biasing_next`,
+    `biasing_advance` (N, V); None otherwise.
     """
 
     enc: Tensor
@@ -86,9 +83,9 @@ class _Buffers:
     confidences: Tensor
     count: Tensor
     confidence: Tensor
-    node: Tensor | None = None
-    context_next: Tensor | None = None
-    context_advance: Tensor | None = None
+    node: Tensor
+    biasing_next: Tensor | None = None
+    biasing_advance: Tensor | None = None
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -96,27 +93,61 @@ class _Buffers:
 
 
 class LabelLoopingGreedy:
-    """`search(encoder_out, encoder_lens)` -> per utterance its tokens and their frames.
+    """Greedy search in the label-looping form, with the search contract
+    (`start`/`advance`/`best`) and `GreedyProgress`.
 
-    `use_cuda_graphs`: on CUDA, capture the fused step (one inner step, then the outer
-    step of the rows that found a label) and replay it, `REPLAYS_PER_CHECK` times between
-    checks; buffers are kept and reused for batches that fit (`KeptBuffers`). Elsewhere,
-    or with False, the steps run eagerly: inner steps until every row has found its label,
-    then one outer step (fewest predictor calls). `biased`: every call passes a
-    `ContextGraph` (its own search and graph: an unbiased search keeps its exact steps).
+    `loops`: "auto" replays the fused step from a CUDA graph on CUDA and runs the eager
+    loops elsewhere; "eager": the eager loops (inner steps until every row has found its
+    label, then one outer step: fewest predictor calls), on any device; "fused": the
+    graph's fused step (one inner step, then the outer step of the rows that found a
+    label), replayed from a CUDA graph on CUDA and run eagerly elsewhere (how a CPU tests
+    it). The buffers and graph of a model are kept with it (`kept_with`) and reused for
+    batches that fit.
     """
 
-    def __init__(
+    def __init__(self, options: GreedyOptions = GreedyOptions(), loops: Loops = "auto") -> None:
+        if loops not in ("auto", "eager", "fused"):
+            raise ValueError(f"loops must be auto, eager or fused, got {loops!r}")
+        self.options, self.loops = options, loops
+
+    def start(
         self,
         model: Transducer,
-        options: GreedyOptions = GreedyOptions(),
-        use_cuda_graphs: bool = True,
-        biased: bool = False,
+        batch_size: int,
+        device: torch.device | str,
+        biasing: BiasingGraph | None = None,
+        first_frame: int = 0,
+    ) -> GreedyProgress:
+        return GreedyProgress.start(model, batch_size, device, biasing, first_frame)
+
+    def advance(
+        self, model: Transducer, progress: GreedyProgress, encoder_out: Tensor, encoder_lens: Tensor
+    ) -> GreedyProgress:
+        """The search after the next frames, encoder_out (B, T, D_enc) with encoder_lens
+        (B,) valid."""
+        cuda = encoder_out.device.type == "cuda"
+        fused = self.loops == "fused" or (self.loops == "auto" and cuda)
+        graphs = fused and cuda
+        biased = progress.biasing is not None
+        loops = kept_with(
+            model,
+            (_LabelLoops, self.options, biased, graphs),
+            lambda: _LabelLoops(model, self.options, graphs, biased),
+        )
+        return loops.advance(progress, encoder_out, encoder_lens, fused)
+
+    def best(self, progress: GreedyProgress) -> list[TimedTokens]:
+        return progress.best()
+
+
+class _LabelLoops:
+    """A model's label-looping loops over its kept buffers (and, on CUDA with
+    `use_cuda_graphs`, the CUDA graph of the fused step). `biased`: the buffers hold a
+    biasing graph's tables (an unbiased search keeps its exact steps)."""
+
+    def __init__(
+        self, model: Transducer, options: GreedyOptions, use_cuda_graphs: bool, biased: bool
     ) -> None:
-        if options.max_symbols_per_frame < 1:
-            raise ValueError(
-                f"max_symbols_per_frame must be >= 1, got {options.max_symbols_per_frame}"
-            )
         self._model = ModelRef(model)
         self.options, self.use_cuda_graphs, self.biased = options, use_cuda_graphs, biased
         self.kept = KeptBuffers(self._fused_step)
@@ -125,36 +156,20 @@ class LabelLoopingGreedy:
     def model(self) -> Transducer:
         return self._model()
 
-    def __call__(
-        self, encoder_out: Tensor, encoder_lens: Tensor, context: ContextGraph | None = None
-    ) -> list[TimedTokens]:
-        graphs = self.use_cuda_graphs and encoder_out.device.type == "cuda"
-        return self._decode(encoder_out, encoder_lens, fused=graphs, context=context)
-
     @torch.inference_mode()
-    def _decode(
-        self,
-        encoder_out: Tensor,
-        encoder_lens: Tensor,
-        fused: bool,
-        context: ContextGraph | None = None,
-    ) -> list[TimedTokens]:
+    def advance(
+        self, progress: GreedyProgress, encoder_out: Tensor, encoder_lens: Tensor, fused: bool
+    ) -> GreedyProgress:
         """`fused`: the graph's loop (replayed on CUDA with graphs, its body run eagerly
-        elsewhere: how a CPU tests it), else the eager loops."""
+        elsewhere), else the eager loops."""
         check_encoder_output(encoder_out, encoder_lens)
-        if self.biased != (context is not None):
-            raise ValueError(
-                "a biased search decodes with a context graph, an unbiased one without: "
-                "use cached_search(model, options, biased=context is not None)"
-            )
         batch, frames = encoder_out.size(0), encoder_out.size(1)
-        if batch == 0:
-            return []
-        if frames == 0:
-            return [TimedTokens([], [], []) for _ in range(batch)]
+        if batch == 0 or frames == 0:
+            return progress.extended(progress.rows, [[] for _ in range(batch)], [0] * batch)
         enc = self.model.joiner.project_encoder(encoder_out)
         graphs = self.use_cuda_graphs and enc.device.type == "cuda"
-        sizes = (batch, frames) if context is None else (batch, frames, context.num_states)
+        biasing = progress.biasing
+        sizes = (batch, frames) if biasing is None else (batch, frames, biasing.num_states)
         buffers, step = self.kept.get(
             sizes,
             (enc.device, enc.dtype),
@@ -162,21 +177,19 @@ class LabelLoopingGreedy:
             enc.device,
             graphs,
         )
-        self._reset(buffers, enc, encoder_lens, context)
+        self._reset(buffers, enc, encoder_lens, progress)
         if fused:
             run_steps(step, lambda: not bool(buffers.active.any()))
         else:
             self._eager_loops(buffers)
-        return self._results(buffers, batch)
+        return self._results(buffers, progress, encoder_lens)
 
     # -- buffers ----------------------------------------------------------------------
 
     def _allocate(self, enc: Tensor, batch: int, frames: int, states: int = 0) -> _Buffers:
         device, slots = enc.device, frames * self.options.max_symbols_per_frame + 1
-        predictor, joiner, blank = self.model.predictor, self.model.joiner, self.model.blank_id
-        blanks = torch.full((batch,), blank, dtype=torch.long, device=device)
-        out, state = predictor.step(blanks, predictor.init_state(batch, device))
-        pred = joiner.project_predictor(out)
+        model, blank = self.model, self.model.blank_id
+        start = HypothesisState.start(model, batch, device)
 
         def longs(*shape: int) -> Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
@@ -184,13 +197,12 @@ class LabelLoopingGreedy:
         def flags() -> Tensor:
             return torch.zeros(batch, dtype=torch.bool, device=device)
 
-        vocab = joiner.vocab_size
+        vocab = model.joiner.vocab_size
         biased = {}
         if self.biased:
             biased = {
-                "node": longs(batch),
-                "context_next": longs(states, vocab),
-                "context_advance": torch.zeros(states, vocab, device=device),
+                "biasing_next": longs(states, vocab),
+                "biasing_advance": torch.zeros(states, vocab, device=device),
             }
         return _Buffers(
             enc=enc.new_zeros((batch, frames, enc.size(2))),
@@ -198,47 +210,51 @@ class LabelLoopingGreedy:
             rows=torch.arange(batch, device=device),
             frame=longs(batch),
             symbols=longs(batch),
-            label=torch.full_like(blanks, blank),
+            label=torch.full((batch,), blank, dtype=torch.long, device=device),
             need=flags(),
             active=flags(),
-            pred=torch.zeros_like(pred),
-            state=_empty_like_state(state, batch),
+            pred=torch.zeros_like(start.pred),
+            state=zeros_like_rows(start.predictor, batch),
             labels=longs(batch, slots),
             frames=longs(batch, slots),
             confidences=torch.zeros(batch, slots, device=device),
             count=longs(batch),
             confidence=torch.zeros(batch, device=device),
+            node=longs(batch),
             **biased,
         )
 
     def _reset(
-        self, b: _Buffers, enc: Tensor, encoder_lens: Tensor, context: ContextGraph | None
+        self, b: _Buffers, enc: Tensor, encoder_lens: Tensor, progress: GreedyProgress
     ) -> None:
-        """The state before the first frame, for the utterances of `enc` in the first rows
-        (and `context`'s tables in the first rows of the biased search's)."""
+        """The state before the chunk's first frame, for the utterances of `enc` in the
+        first rows: each row's predictor state and biasing node from `progress` (and the
+        graph's tables in the first rows of a biased search's); the other rows get blank's
+        start state and no frames."""
         batch, frames = enc.size(0), enc.size(1)
         rows = b.capacity[0]
-        predictor, joiner, blank = self.model.predictor, self.model.joiner, self.model.blank_id
         b.enc[:batch, :frames].copy_(enc)
         b.lens.zero_()
         b.lens[:batch].copy_(encoder_lens.to(enc.device))
         for t in (b.frame, b.symbols, b.count):
             t.zero_()
-        b.label.fill_(blank)
-        blanks = torch.full((rows,), blank, dtype=torch.long, device=enc.device)
-        out, state = predictor.step(blanks, predictor.init_state(rows, enc.device))
-        b.pred.copy_(joiner.project_predictor(out))
-        _copy_state(b.state, state)
+        b.label.fill_(self.model.blank_id)
+        state = progress.rows
+        if rows > batch:  # rows the batch does not use: a valid state, never read back
+            idle = HypothesisState.start(self.model, rows - batch, enc.device)
+            state = HypothesisState.cat([state, idle])
+        b.pred.copy_(state.pred)
+        copy_rows_into(b.state, state.predictor)
+        b.node.copy_(state.biasing_node)
         torch.lt(b.frame, b.lens, out=b.active)
         b.need.copy_(b.active)
-        if context is not None:
-            context = context.to(enc.device)
-            states = context.num_states
-            b.node.zero_()
-            b.context_next.zero_()
-            b.context_advance.zero_()
-            b.context_next[:states].copy_(context.next)
-            b.context_advance[:states].copy_(context.advance)
+        if progress.biasing is not None:
+            biasing = progress.biasing.to(enc.device)
+            states = biasing.num_states
+            b.biasing_next.zero_()
+            b.biasing_advance.zero_()
+            b.biasing_next[:states].copy_(biasing.next)
+            b.biasing_advance[:states].copy_(biasing.advance)
 
     # -- the steps ----------------------------------------------------------------------
 
@@ -248,10 +264,10 @@ class LabelLoopingGreedy:
         enc = b.enc[b.rows, b.frame.clamp(max=last)]  # (B, D)
         logits = self.model.joiner.joint(enc, b.pred)
         log_probs = logits.float().log_softmax(dim=-1)
-        if b.node is None:
+        if b.biasing_advance is None:
             best = logits.argmax(dim=-1)
         else:
-            best = (log_probs + b.context_advance.index_select(0, b.node)).argmax(dim=-1)
+            best = (log_probs + b.biasing_advance.index_select(0, b.node)).argmax(dim=-1)
         is_blank = best == self.model.blank_id
         moves = b.need & is_blank
         found = b.need & ~is_blank
@@ -265,18 +281,18 @@ class LabelLoopingGreedy:
     def _outer_step(self, b: _Buffers) -> None:
         """Rows that found a label: record it, advance the predictor, count it against
         the frame's limit."""
-        model, slots = self.model, b.labels.size(1)
+        slots = b.labels.size(1)
         ready = b.active & ~b.need
         slot = torch.where(ready, b.count, slots - 1)[:, None]  # the last slot is scratch
         b.labels.scatter_(1, slot, b.label[:, None])
         b.frames.scatter_(1, slot, b.frame[:, None])
         b.confidences.scatter_(1, slot, b.confidence[:, None])
         b.count.add_(ready.long())
-        if b.node is not None:
-            b.node.copy_(torch.where(ready, b.context_next[b.node, b.label], b.node))
-        out, state = model.predictor.step(b.label, b.state)
-        _copy_state(b.state, _select(ready, state, b.state))
-        b.pred.copy_(torch.where(ready[:, None], model.joiner.project_predictor(out), b.pred))
+        state = HypothesisState(b.pred, b.state, b.node)
+        state = state.where(ready, state.after(self.model, b.label, b.biasing_next))
+        b.pred.copy_(state.pred)
+        copy_rows_into(b.state, state.predictor)
+        b.node.copy_(state.biasing_node)
         b.symbols.add_(ready.long())
         full = ready & (b.symbols >= self.options.max_symbols_per_frame)
         b.frame.add_(full.long())
@@ -298,25 +314,23 @@ class LabelLoopingGreedy:
                 return
             self._outer_step(b)
 
-    def _results(self, b: _Buffers, batch: int) -> list[TimedTokens]:
+    def _results(
+        self, b: _Buffers, progress: GreedyProgress, encoder_lens: Tensor
+    ) -> GreedyProgress:
+        """`progress` after the chunk: the first rows' states (copied out of the buffers)
+        and what each emitted."""
+        batch = len(progress.consumed)
         counts = b.count[:batch].tolist()
         width = max(counts)
         labels = b.labels[:batch, :width].cpu().tolist()
         frames = b.frames[:batch, :width].cpu().tolist()
         sure = b.confidences[:batch, :width].cpu().tolist()
-        return [
-            TimedTokens(labels[i][:n], frames[i][:n], sure[i][:n]) for i, n in enumerate(counts)
+        emitted = [
+            list(zip(labels[i][:n], frames[i][:n], sure[i][:n], strict=True))
+            for i, n in enumerate(counts)
         ]
-
-
-def cached_search(
-    model: Transducer, options: GreedyOptions, biased: bool = False
-) -> LabelLoopingGreedy:
-    """The model's label-looping search for `options` (`biased`: one that takes a context
-    graph), kept with the model so that its buffers and CUDA graph serve every batch that
-    fits them."""
-    return kept_with(
-        model,
-        (LabelLoopingGreedy, options, biased),
-        lambda: LabelLoopingGreedy(model, options, biased=biased),
-    )
+        first = torch.arange(batch, device=b.pred.device)
+        rows = HypothesisState(
+            b.pred[:batch].clone(), take_rows(b.state, first), b.node[:batch].clone()
+        )
+        return progress.extended(rows, emitted, encoder_lens.tolist())

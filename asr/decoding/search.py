@@ -1,22 +1,134 @@
-"""One decoding entry point for every model kind."""
+"""The search contract, and one decoding entry point for every model kind.
+
+A transducer search is a small strategy object (its options) with an explicit progress, as
+the encoder has `step(x, state, chunking) -> (y, state)`:
+
+    search = transducer_search(options, device)           # from its options
+    progress = search.start(model, batch_size, device, biasing=None, first_frame=0)
+    progress = search.advance(model, progress, encoder_out, encoder_lens)   # per chunk
+    hypotheses = search.best(progress)                     # list[TimedTokens]
+
+Whole-utterance decoding is `start` + one `advance` (`decode_with`); streaming is one
+`advance` per chunk. A progress holds everything the search keeps between chunks (each
+row's `HypothesisState`, tokens, frames, confidences, and the biasing graph its rows are
+scored with), and is stacked (`type(progress).cat(parts)`) and taken apart
+(`progress.select(rows)`) so that streams with different histories share one step
+(`advance_each`). Frames count from the start of the audio: `first_frame` starts a search
+later in a stream (after an endpoint). The searches: greedy (`FrameLoopingGreedy` on CPU,
+`LabelLoopingGreedy` on CUDA: the same decisions) and `BeamSearch`.
+
+Attention decoders are label-synchronous and have no progress over encoder chunks: their
+greedy and beam searches (`asr.decoding.aed`) take their options the same way.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
+import torch
 from torch import Tensor
 
-from asr.decoding import aed, label_looping, transducer
-from asr.decoding.biasing import ContextGraph
+from asr.decoding import aed
+from asr.decoding.biasing import BiasingGraph
+from asr.decoding.hypotheses import TimedTokens
+from asr.decoding.label_looping import LabelLoopingGreedy
+from asr.decoding.transducer import FrameLoopingGreedy, GreedyOptions, GreedyProgress
+from asr.decoding.transducer_beam import BeamOptions, BeamProgress, BeamSearch
 from asr.models.aed import EncoderDecoder
 from asr.models.build import Model
 from asr.models.transducer import Transducer
 
-log = logging.getLogger(__name__)
+SearchOptions = GreedyOptions | BeamOptions | aed.AedSearchOptions
+Progress = GreedyProgress | BeamProgress
+P = TypeVar("P", GreedyProgress, BeamProgress)
 
-SearchOptions = transducer.GreedyOptions | transducer.BeamOptions | aed.AedSearchOptions
+
+class TransducerSearch(Protocol[P]):
+    """What every transducer search does (see the module's docstring)."""
+
+    def start(
+        self,
+        model: Transducer,
+        batch_size: int,
+        device: torch.device | str,
+        biasing: BiasingGraph | None = None,
+        first_frame: int = 0,
+    ) -> P:
+        """`batch_size` utterances before their first frame (frame `first_frame` of the
+        audio), each scored with `biasing` (None: no phrases)."""
+        ...
+
+    def advance(
+        self, model: Transducer, progress: P, encoder_out: Tensor, encoder_lens: Tensor
+    ) -> P:
+        """The search after the next frames: encoder_out (B, T, D_enc), encoder_lens (B,)
+        valid. `progress` itself is left as it was."""
+        ...
+
+    def best(self, progress: P) -> list[TimedTokens]:
+        """Each utterance's best hypothesis so far."""
+        ...
+
+
+def transducer_search(
+    options: GreedyOptions | BeamOptions, device: torch.device | str = "cpu"
+) -> TransducerSearch:
+    """The search of `options` on `device`: beam search for `BeamOptions`; greedy search
+    for `GreedyOptions`, label-looping with CUDA graphs on CUDA (no round trip per frame),
+    frame-looping elsewhere (the same tokens, frames and confidences)."""
+    make = _SEARCHES.get(type(options))
+    if make is None:
+        raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
+    return make(options, torch.device(device))
+
+
+def _greedy(options: GreedyOptions, device: torch.device) -> TransducerSearch:
+    return LabelLoopingGreedy(options) if device.type == "cuda" else FrameLoopingGreedy(options)
+
+
+_SEARCHES = {GreedyOptions: _greedy, BeamOptions: lambda options, _: BeamSearch(options)}
+
+
+def decode_with(
+    search: TransducerSearch,
+    model: Transducer,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    biasing: BiasingGraph | None = None,
+) -> list[TimedTokens]:
+    """Whole utterances: `start`, one `advance`, `best`."""
+    batch = encoder_out.size(0)
+    if batch == 0:
+        return []
+    progress = search.start(model, batch, encoder_out.device, biasing)
+    return search.best(search.advance(model, progress, encoder_out, encoder_lens))
+
+
+def advance_each(
+    search: TransducerSearch,
+    model: Transducer,
+    progresses: Sequence[P],
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+) -> list[P]:
+    """Advance each of `progresses` (one per row of encoder_out (N, T, D_enc), N = their
+    rows) in as few search steps as can be shared: those scored with the same biasing
+    graph (or none) are stacked into one."""
+    groups: dict[int, list[int]] = {}
+    for i, progress in enumerate(progresses):
+        groups.setdefault(id(progress.biasing), []).append(i)
+    advanced: list[P | None] = [None] * len(progresses)
+    for rows in groups.values():
+        stacked = type(progresses[rows[0]]).cat([progresses[i] for i in rows])
+        at = torch.tensor(rows, device=encoder_out.device)
+        stacked = search.advance(
+            model, stacked, encoder_out.index_select(0, at), encoder_lens.index_select(0, at)
+        )
+        for j, i in enumerate(rows):
+            advanced[i] = stacked.select([j])
+    return advanced
 
 
 def is_attention_decoder(model: Model) -> bool:
@@ -29,8 +141,8 @@ def default_options(
     model: Model, beam_size: int = 1, max_symbols_per_frame: int | None = None
 ) -> SearchOptions:
     """Greedy search for `beam_size` 1, else beam search of `beam_size`, with default
-    limits (`transducer.BeamOptions`, `aed.AedSearchOptions`); `max_symbols_per_frame`
-    (transducers; None: the default, 3) caps the tokens emitted per encoder frame."""
+    limits (`BeamOptions`, `aed.AedSearchOptions`); `max_symbols_per_frame` (transducers;
+    None: the default, 3) caps the tokens emitted per encoder frame."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if is_attention_decoder(model):
@@ -43,27 +155,8 @@ def default_options(
     if max_symbols_per_frame is not None:
         symbols["max_symbols_per_frame"] = max_symbols_per_frame
     if beam_size > 1:
-        return transducer.BeamOptions(beam_size=beam_size, **symbols)
-    return transducer.GreedyOptions(**symbols)
-
-
-def decode(
-    model: Model,
-    encoder_out: Tensor,
-    encoder_lens: Tensor,
-    options: SearchOptions | None = None,
-    context: ContextGraph | None = None,
-) -> list[list[int]]:
-    """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (the best hypothesis),
-    with the search of the model's kind (greedy by default); `context`: phrases to boost
-    (`asr.decoding.biasing`)."""
-    options = options or default_options(model)
-    if is_attention_decoder(model):
-        if not isinstance(options, aed.AedSearchOptions):
-            raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
-        return aed.decode(model, encoder_out, encoder_lens, options, context)
-    hyps = decode_timed(model, encoder_out, encoder_lens, options, context)
-    return [hyp.tokens for hyp in hyps]
+        return BeamOptions(beam_size=beam_size, **symbols)
+    return GreedyOptions(**symbols)
 
 
 NO_TOKEN_TIMES = (
@@ -77,47 +170,43 @@ def has_token_times(model: Model) -> bool:
     return not is_attention_decoder(model)
 
 
+def _aed_options(options: SearchOptions) -> aed.AedSearchOptions:
+    if not isinstance(options, aed.AedSearchOptions):
+        raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
+    return options
+
+
+def decode(
+    model: Model,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: SearchOptions | None = None,
+    biasing: BiasingGraph | None = None,
+) -> list[list[int]]:
+    """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (the best hypothesis),
+    with the search of the model's kind (greedy by default); `biasing`: phrases to boost
+    (`asr.decoding.biasing`)."""
+    options = options or default_options(model)
+    if is_attention_decoder(model):
+        return aed.decode(model, encoder_out, encoder_lens, _aed_options(options), biasing)
+    hyps = decode_timed(model, encoder_out, encoder_lens, options, biasing)
+    return [hyp.tokens for hyp in hyps]
+
+
 def decode_timed(
     model: Model,
     encoder_out: Tensor,
     encoder_lens: Tensor,
     options: SearchOptions | None = None,
-    context: ContextGraph | None = None,
-) -> list[transducer.TimedTokens]:
+    biasing: BiasingGraph | None = None,
+) -> list[TimedTokens]:
     """`decode`'s best hypotheses with the encoder frame and the confidence of each token
     (transducers; an attention decoder raises ValueError)."""
     options = options or default_options(model)
     if not has_token_times(model):
         raise ValueError(NO_TOKEN_TIMES)
-    if isinstance(options, transducer.BeamOptions):
-        hyps = transducer.beam_search(model, encoder_out, encoder_lens, options, context)
-        return [
-            transducer.TimedTokens(
-                list(best[0].tokens), list(best[0].frames), list(best[0].confidences)
-            )
-            if best
-            else transducer.TimedTokens([], [], [])
-            for best in hyps
-        ]
-    if not isinstance(options, transducer.GreedyOptions):
-        raise TypeError(f"a Transducer decodes with GreedyOptions or BeamOptions, got {options!r}")
-    if context is not None and context.num_phrases:
-        _greedy_biasing_warning()
-    if encoder_out.is_cuda and isinstance(model, Transducer):
-        # The same tokens and frames; on a GPU without a round trip per frame (CUDA graphs).
-        search = label_looping.cached_search(model, options, biased=context is not None)
-        return search(encoder_out, encoder_lens, context)
-    return transducer.greedy_search_timed(model, encoder_out, encoder_lens, options, context)
-
-
-@functools.cache
-def _greedy_biasing_warning() -> None:
-    log.warning(
-        "context phrases with greedy search: it can only add a bonus as tokens come, never "
-        "take one back, and gains little (recipes/demo/RESULTS.md, 'Context biasing'); a "
-        "beam search (--beam-size 8) compares hypotheses and gives back what a failed match "
-        "earned"
-    )
+    search = transducer_search(options, encoder_out.device)
+    return decode_with(search, model, encoder_out, encoder_lens, biasing)
 
 
 def decode_nbest(
@@ -126,28 +215,25 @@ def decode_nbest(
     encoder_lens: Tensor,
     options: SearchOptions,
     nbest: int,
-    context: ContextGraph | None = None,
+    biasing: BiasingGraph | None = None,
 ) -> list[list[tuple[list[int], float]]]:
     """Per utterance its `nbest` best hypotheses as (token ids, score), best first, from the
     beam search of `options` (a beam at least `nbest` wide). Scores are log-probabilities
-    (attention decoders: divided by the length penalty), plus the context bonus of the
-    phrases they completed where `context` is given."""
+    (attention decoders: divided by the length penalty), plus the biasing bonus of the
+    phrases they completed where `biasing` is given."""
     beam = getattr(options, "beam_size", 1)
     if not 1 <= nbest <= beam:
         raise ValueError(
             f"an n-best list of {nbest} needs a beam search at least as wide, not {beam}"
         )
     if is_attention_decoder(model):
-        if not isinstance(options, aed.AedSearchOptions):
-            raise TypeError(f"an EncoderDecoder decodes with AedSearchOptions, got {options!r}")
-        hyps = aed.beam_search_nbest(
-            model, encoder_out, encoder_lens, beam, options.length_penalty, options.max_tps, context
-        )
-        return [h[:nbest] for h in hyps]
-    if not isinstance(options, transducer.BeamOptions):
+        wide = dataclasses.replace(_aed_options(options), nbest=nbest)
+        return aed.beam_search_nbest(model, encoder_out, encoder_lens, wide, biasing)
+    if not isinstance(options, BeamOptions):
         raise TypeError(f"a Transducer's n-best list comes from BeamOptions, got {options!r}")
-    wide = dataclasses.replace(options, nbest=nbest)
-    return [
-        [(list(h.tokens), h.score) for h in hyps]
-        for hyps in transducer.beam_search(model, encoder_out, encoder_lens, wide, context)
-    ]
+    search = BeamSearch(dataclasses.replace(options, nbest=nbest))
+    if encoder_out.size(0) == 0:
+        return []
+    progress = search.start(model, encoder_out.size(0), encoder_out.device, biasing)
+    progress = search.advance(model, progress, encoder_out, encoder_lens)
+    return [[(list(h.tokens), h.score) for h in hyps] for hyps in search.nbest(progress)]

@@ -26,7 +26,7 @@ It writes, under OUT (the demo corpus root, e.g. data/demo):
 - ``manifests/librispeech_cuts_test-{context,plain}.jsonl.gz`` (`prepare_manifests`);
 - ``manifests/context_phrases.json``: the phrases (upper case, as the transcripts) and,
   per test-context utterance, its phrase, role and plain twin;
-- ``manifests/context_phrases_{10,100,1000}.txt``: lists for ``--context-phrases``, one
+- ``manifests/context_phrases_{10,100,1000}.txt``: lists for ``--biasing-phrases``, one
   phrase a line: half of each (up to all of them) spoken, the rest distractors, then extra.
 
 Command line: ``asr-make-context-sets OUT [--seed S] [--num-jobs J]``.

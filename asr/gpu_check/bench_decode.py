@@ -17,7 +17,7 @@ commands load a model, timed at batch 32 (every utterance) and batch 1 (the firs
   at a random rate: the blank logit's bias is set (bisection) so that greedy search emits
   LibriSpeech's 3.8 tokens per second, and every search decodes the same model. The
   label-looping search must give the frame-looping one's tokens and frames exactly, and
-  again with a context graph (phrases: token trigrams of the frame-looping hypotheses), its
+  again with a biasing graph (phrases: token trigrams of the frame-looping hypotheses), its
   tables in the graph's static buffers.
 - AED flash/deep (`librispeech_aed_flash` against `librispeech_aed_deep`, as the GPU
   check's `aed` section): EOS suppressed, so each utterance decodes exactly its length
@@ -37,10 +37,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from asr.decoding import transducer
 from asr.decoding.aed import StaticGreedySearch, greedy_search
-from asr.decoding.biasing import ContextGraph
+from asr.decoding.biasing import BiasingGraph
 from asr.decoding.label_looping import LabelLoopingGreedy
+from asr.decoding.search import decode_with
+from asr.decoding.transducer import FrameLoopingGreedy
+from asr.decoding.transducer_beam import BeamOptions, BeamSearch
 from asr.frames import FRAMES_PER_SECOND
 from asr.gpu_check.random_models import (
     TOKENS_PER_SECOND,
@@ -201,21 +203,17 @@ def calibrate_blank(
 
 def transducer_searches(model: Transducer) -> dict[str, Search]:
     """The searches compared, by name: each gives token ids per utterance."""
-    graphs = LabelLoopingGreedy(model)
-    eager = LabelLoopingGreedy(model, use_cuda_graphs=False)
-    beam = transducer.BeamOptions(beam_size=4)
-
-    def tokens_of(hyps: list) -> list[list[int]]:
-        return [h.tokens for h in hyps]
-
-    return {
-        "greedy_frame_looping": lambda e, n: tokens_of(transducer.greedy_search_timed(model, e, n)),
-        "greedy_label_looping_graphs": lambda e, n: tokens_of(graphs(e, n)),
-        "greedy_label_looping_eager": lambda e, n: tokens_of(eager(e, n)),
-        "beam_4": lambda e, n: [
-            list(h[0].tokens) if h else [] for h in transducer.beam_search(model, e, n, beam)
-        ],
+    searches = {
+        "greedy_frame_looping": FrameLoopingGreedy(),
+        "greedy_label_looping_graphs": LabelLoopingGreedy(loops="auto"),
+        "greedy_label_looping_eager": LabelLoopingGreedy(loops="eager"),
+        "beam_4": BeamSearch(BeamOptions(beam_size=4)),
     }
+
+    def tokens_of(search: Any) -> Search:
+        return lambda e, n: [h.tokens for h in decode_with(search, model, e, n)]
+
+    return {name: tokens_of(search) for name, search in searches.items()}
 
 
 def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], device: str) -> None:
@@ -277,7 +275,7 @@ def bench_transducer(report: Report, case: DecodeCase, features: list[Tensor], d
         )  # fmt: skip
 
 
-CONTEXT_SCORE = 2.0  # per token: enough to change some random-weight hypotheses
+BIASING_SCORE = 2.0  # per token: enough to change some random-weight hypotheses
 
 
 def check_biased_label_looping(
@@ -286,25 +284,25 @@ def check_biased_label_looping(
     batched: Sequence[tuple[Tensor, Tensor]],
     hyps: list[list[int]],
 ) -> None:
-    """With a context graph of token trigrams taken from `hyps`, the label-looping search
+    """With a biasing graph of token trigrams taken from `hyps`, the label-looping search
     (CUDA graphs on CUDA) must give frame-looping greedy search's tokens and frames."""
     phrases = [
-        (h[i : i + 3], CONTEXT_SCORE)
+        (h[i : i + 3], BIASING_SCORE)
         for h in hyps
         for i in range(0, len(h) - 2, 4)
         if min(h[i : i + 3]) > 3  # text tokens only
     ][:200]
-    graph = ContextGraph.from_tokens(
-        phrases or [([4, 5, 6], CONTEXT_SCORE)], model.joiner.vocab_size
+    graph = BiasingGraph.from_tokens(
+        phrases or [([4, 5, 6], BIASING_SCORE)], model.joiner.vocab_size
     )
-    search = LabelLoopingGreedy(model, biased=True)
+    search, greedy = LabelLoopingGreedy(loops="auto"), FrameLoopingGreedy()
     differ = changed = 0
     with torch.inference_mode():
         for features, lens in batched:
             out, out_lens = model.encode(features, lens)
-            frame = transducer.greedy_search_timed(model, out, out_lens, context=graph)
-            plain = transducer.greedy_search_timed(model, out, out_lens)
-            label = search(out, out_lens, graph)
+            frame = decode_with(greedy, model, out, out_lens, graph)
+            plain = decode_with(greedy, model, out, out_lens)
+            label = decode_with(search, model, out, out_lens, graph)
             differ += sum(
                 (a.tokens, a.frames) != (b.tokens, b.frames)
                 for a, b in zip(label, frame, strict=True)
@@ -316,7 +314,7 @@ def check_biased_label_looping(
     )  # fmt: skip
     if differ:
         report.fail(
-            f"with a context graph, label looping differs from frame-looping greedy search "
+            f"with a biasing graph, label looping differs from frame-looping greedy search "
             f"on {differ} utterances"
         )
 

@@ -27,7 +27,8 @@ import torch
 from asr.data.corpus import load_cuts
 from asr.data.feature_stats import compute_feature_stats
 from asr.data.features import FeatureConfig
-from asr.decoding.transducer import greedy_search_timed
+from asr.decoding.search import decode_with
+from asr.decoding.transducer import FrameLoopingGreedy
 from asr.gpu_check.noise_corpus import DEV, TRAIN, make_noise_corpus
 from asr.gpu_check.report import Report, SectionOptions
 from asr.gpu_check.streams import decode_streams
@@ -71,7 +72,7 @@ def whole_utterances(recognizer: StreamingRecognizer, audio: list[np.ndarray]) -
             feats = torch.from_numpy(extractor.extract(padded, 16000)[:frames])[None].to(device)
             lens = torch.tensor([feats.size(1)], device=device)
             out, lens = model.encode(feats, lens, recognizer.chunking)
-            tokens.append(greedy_search_timed(model, out, lens)[0].tokens)
+            tokens.append(decode_with(FrameLoopingGreedy(), model, out, lens)[0].tokens)
     return tokens
 
 

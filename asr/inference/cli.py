@@ -6,7 +6,7 @@
     asr-export exp/demo/checkpoints/last.ckpt --format onnx -o exp/demo/onnx
     asr-transcribe --onnx exp/demo/onnx a.flac --max-symbols-per-frame 1
     asr-transcribe exp/demo/model.bundle.pt meeting.wav --timestamps --output-format srt
-    asr-transcribe exp/demo/model.bundle.pt a.flac --context-phrases names.txt --context-score 2
+    asr-transcribe exp/demo/model.bundle.pt a.flac --biasing-phrases names.txt --biasing-score 2
     arecord -f S16_LE -r 16000 -c 1 -t raw | asr-transcribe --streaming --chunk-ms 320 \
         exp/demo_streaming/model.bundle.pt -
 
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from asr.cli import command
-from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, read_context_phrases
+from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, read_biasing_phrases
 from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.bundle import (
@@ -105,7 +105,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8", action="store_true", help="--onnx: the *.int8.onnx files")
     parser.add_argument("--num-threads", type=int, default=1, help="--onnx: onnxruntime's threads")
     parser.add_argument(
-        "--context-phrases",
+        "--biasing-phrases",
         type=Path,
         default=None,
         metavar="FILE",
@@ -113,23 +113,23 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "' :SCORE' (docs/decoding.md#context-biasing)",
     )
     parser.add_argument(
-        "--context-score",
+        "--biasing-score",
         type=float,
-        default=DEFAULT_CONTEXT_SCORE,
+        default=DEFAULT_BIASING_SCORE,
         metavar="S",
-        help=f"--context-phrases: the bonus per token of a phrase without its own score "
-        f"(default {DEFAULT_CONTEXT_SCORE:g})",
+        help=f"--biasing-phrases: the bonus per token of a phrase without its own score "
+        f"(default {DEFAULT_BIASING_SCORE:g})",
     )
 
 
-def _context(args: argparse.Namespace, tokenizer) -> ContextGraph | None:
-    """The graph of `--context-phrases` with `--context-score`, or None."""
-    if args.context_phrases is None:
-        if args.context_score != DEFAULT_CONTEXT_SCORE:
-            raise ValueError("--context-score goes with --context-phrases FILE")
+def _biasing(args: argparse.Namespace, tokenizer) -> BiasingGraph | None:
+    """The graph of `--biasing-phrases` with `--biasing-score`, or None."""
+    if args.biasing_phrases is None:
+        if args.biasing_score != DEFAULT_BIASING_SCORE:
+            raise ValueError("--biasing-score goes with --biasing-phrases FILE")
         return None
-    phrases = read_context_phrases(args.context_phrases)
-    return ContextGraph.from_phrases(phrases, tokenizer, args.context_score)
+    phrases = read_biasing_phrases(args.biasing_phrases)
+    return BiasingGraph.from_phrases(phrases, tokenizer, args.biasing_score)
 
 
 def _recognizer(
@@ -350,7 +350,7 @@ def _transcribe_streaming(
     transcript on stderr when it is a terminal, the final one on stdout; the number of
     inputs that could not be read."""
     piece_samples = max(1, int(args.piece_ms * SAMPLE_RATE / 1000))
-    context = _context(args, recognizer.tokenizer)
+    biasing = _biasing(args, recognizer.tokenizer)
     live = sys.stderr.isatty()
     failed = 0
     for path in inputs:
@@ -361,7 +361,7 @@ def _transcribe_streaming(
                 if path == STDIN
                 else _file_pieces(path, piece_samples)
             )
-            stream = recognizer.create_stream(context)
+            stream = recognizer.create_stream(biasing)
             shown = ""
             for piece in pieces:
                 stream.accept_waveform(piece)
@@ -451,12 +451,12 @@ def transcribe_main(argv: list[str] | None = None) -> None:
         twice = sorted({stem for stem in stems if stems.count(stem) > 1})
         parser.error(f"--output-dir: several inputs are named {', '.join(twice)} (one file each)")
     recognizer = _recognizer(args, model, windows)
-    context = _context(args, recognizer.tokenizer)
+    biasing = _biasing(args, recognizer.tokenizer)
     paths, failed = _readable(inputs)
     transcripts = (
-        recognizer.transcribe(paths, timestamps=True, context=context) if timestamps else None
+        recognizer.transcribe(paths, timestamps=True, biasing=biasing) if timestamps else None
     )
-    texts = None if timestamps else recognizer.transcribe(paths, context=context)
+    texts = None if timestamps else recognizer.transcribe(paths, biasing=biasing)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     for i, path in enumerate(paths):
@@ -522,13 +522,14 @@ def decode_main(argv: list[str] | None = None) -> None:
     if args.max_symbols_per_frame is not None:
         name += f"-sym{args.max_symbols_per_frame}"
     recognizer = _recognizer(args, source)
-    context = _context(args, recognizer.tokenizer)
-    if context is not None:
-        name += f"-context-{args.context_phrases.stem}-score{args.context_score:g}"
+    biasing = _biasing(args, recognizer.tokenizer)
+    if biasing is not None:
+        name += f"-biasing-{args.biasing_phrases.stem}-score{args.biasing_score:g}"
     if _chunking_given(args):
         if args.onnx is not None:
             parser.error("--chunk-ms decodes a bundle or checkpoint, not an ONNX export")
-        recognizer.chunking = chunking_of_ms(recognizer.model, args.chunk_ms, args.left_context_ms)
+        chunking = chunking_of_ms(recognizer.model, args.chunk_ms, args.left_context_ms)
+        recognizer = recognizer.with_chunking(chunking)
         frame_ms = recognizer.model.frame_seconds * 1000
         name += f"-chunk{recognizer.chunking.chunk * frame_ms:g}ms"
         name += f"-left{recognizer.chunking.left * frame_ms:g}ms"
@@ -540,7 +541,7 @@ def decode_main(argv: list[str] | None = None) -> None:
         output_dir,
         args.max_duration,
         args.nbest,
-        context,
+        biasing,
     )
     print(json.dumps(summary))
     print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")
@@ -551,17 +552,12 @@ def decode_main(argv: list[str] | None = None) -> None:
         )
 
 
-@command
-def serve_main(argv: list[str] | None = None) -> None:
-    """`asr-serve`: live transcription of a streaming model over a websocket, and a page
-    with the microphone (docs/serving.md)."""
-    from asr.inference.server import EndpointRules, ServeConfig, create_app
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """asr-serve's arguments: the model, where to listen, the search, the limits, the
+    endpoint rules and the page's example."""
+    from asr.inference.endpoint import EndpointRules
+    from asr.inference.server import ServeConfig
 
-    parser = argparse.ArgumentParser(
-        description="Serve a streaming model: a websocket at /ws that takes 16 kHz PCM and "
-        "answers partial and final transcripts, and a page at / that streams the microphone "
-        "or a file to it.",
-    )
     parser.add_argument("model", type=Path, help="bundle (asr-export) or checkpoint")
     parser.add_argument(
         "--host",
@@ -613,23 +609,48 @@ def serve_main(argv: list[str] | None = None) -> None:
         help=f"the largest binary frame a client may send (default {defaults.max_frame_bytes})",
     )
     parser.add_argument(
-        "--max-context-phrases",
+        "--max-biasing-phrases",
         type=int,
-        default=defaults.max_context_phrases,
+        default=defaults.max_biasing_phrases,
         help="the most phrases a connection may ask to boost in its start message "
-        f"(default {defaults.max_context_phrases})",
+        f"(default {defaults.max_biasing_phrases})",
+    )
+    parser.add_argument(
+        "--example",
+        type=Path,
+        default=None,
+        metavar="AUDIO",
+        help="an audio file the model transcribes well (e.g. one of its test utterances): the "
+        "page's 'Play the example' button streams it at real time",
     )
     parser.add_argument(
         "--num-threads", type=int, default=None, help="torch's intra-op threads (default: its own)"
     )
+
+
+@command
+def serve_main(argv: list[str] | None = None) -> None:
+    """`asr-serve`: live transcription of a streaming model over a websocket, and a page
+    with the microphone (docs/serving.md)."""
+    from asr.inference.endpoint import EndpointRules
+    from asr.inference.server import ServeConfig, create_app
+
+    parser = argparse.ArgumentParser(
+        description="Serve a streaming model: a websocket at /ws that takes 16 kHz PCM and "
+        "answers partial and final transcripts, and a page at / that streams the microphone "
+        "or a file to it.",
+    )
+    _add_serve_arguments(parser)
     args = parser.parse_args(argv)
+    if args.example is not None and not args.example.is_file():
+        raise ValueError(f"--example {args.example}: no such file")
     config = ServeConfig(
         max_streams=args.max_streams,
         batch_wait_ms=args.batch_wait_ms,
         max_frame_bytes=args.max_frame_bytes,
         idle_timeout_s=args.idle_timeout,
         endpoints=EndpointRules(args.silence_after_speech, args.silence, args.max_segment),
-        max_context_phrases=args.max_context_phrases,
+        max_biasing_phrases=args.max_biasing_phrases,
     )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
@@ -645,4 +666,5 @@ def serve_main(argv: list[str] | None = None) -> None:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(create_app(recognizer, config), host=args.host, port=args.port, log_level="warning")
+    app = create_app(recognizer, config, args.example)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -22,7 +22,7 @@ from asr.data.buckets import build_eval_sampler
 from asr.data.corpus import cut_text, load_cuts
 from asr.data.dataset import FILE_ERRORS
 from asr.data.features import check_sample_rate
-from asr.decoding.biasing import ContextGraph
+from asr.decoding.biasing import BiasingGraph
 from asr.errors import first_line
 from asr.inference.recognizer import Recognizer
 from asr.metrics import ErrorCounts, word_errors
@@ -63,14 +63,14 @@ def _recognize(
     feats: list[torch.Tensor],
     kept: list[Cut],
     nbest: int,
-    context: ContextGraph | None,
+    biasing: BiasingGraph | None,
 ) -> tuple[list[str], dict[str, list[tuple[str, float]]]]:
     """The best hypothesis of each kept cut and, with `nbest` > 1, its n best by cut id."""
     if nbest > 1:
-        lists = recognizer.nbest_features(feats, nbest, context) if kept else []
+        lists = recognizer.nbest_features(feats, nbest, biasing) if kept else []
         hyps = [h[0][0] if h else "" for h in lists]
     else:
-        lists, hyps = [], recognizer.transcribe_features(feats, context) if kept else []
+        lists, hyps = [], recognizer.transcribe_features(feats, biasing) if kept else []
     return hyps, dict(zip([cut.id for cut in kept], lists, strict=False))
 
 
@@ -95,11 +95,11 @@ def decode_manifest(
     output_dir: str | Path,
     max_duration: float = 200.0,
     nbest: int = 1,
-    context: ContextGraph | None = None,
+    biasing: BiasingGraph | None = None,
 ) -> dict:
     """Decode every cut of `manifest`; write hyps.jsonl and wer.json; return the totals.
     With `nbest` > 1 each line of hyps.jsonl also lists the n best hypotheses and their
-    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first). `context`:
+    scores (`nbest`: [{"hyp", "score"}, ...], best first; `hyp` is the first). `biasing`:
     phrases to boost (`asr.decoding.biasing`)."""
     cuts = load_cuts(manifest)
     sampler = build_eval_sampler(cuts, max_duration)
@@ -112,7 +112,7 @@ def decode_manifest(
         for batch in sampler:
             feats, kept, lines = _read_batch(recognizer, batch)
             skipped += len(lines)
-            hyps, alternatives = _recognize(recognizer, feats, kept, nbest, context)
+            hyps, alternatives = _recognize(recognizer, feats, kept, nbest, biasing)
             lines += [(cut, hyp, None) for cut, hyp in zip(kept, hyps, strict=True)]
             for line in lines:
                 cut, hyp, unreadable = line

@@ -22,8 +22,8 @@ from asr.errors import first_line
 from asr.frames import FRAME_SHIFT_SECONDS
 from asr.inference.longform import WindowConfig
 from asr.inference.recognizer import Recognizer
-from asr.inference.timestamps import SPACE_PIECE
 from asr.models.conformer import Chunking
+from asr.tokens import WORD_START
 
 # The files of an export and how they are opened: what asr.inference.onnx_export writes.
 ENCODER, DECODER, JOINER, TOKENS = "encoder", "decoder", "joiner", "tokens.txt"
@@ -80,7 +80,7 @@ class TokenTable:
 
     def decode(self, ids: list[int]) -> str:
         text = "".join(self.pieces[i] for i in ids)
-        return " ".join(text.replace(SPACE_PIECE, " ").split())
+        return " ".join(text.replace(WORD_START, " ").split())
 
 
 def _run(session: Any, feed: dict[str, np.ndarray]) -> list[np.ndarray]:

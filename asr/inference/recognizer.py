@@ -3,7 +3,7 @@
 Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`
 (`asr-transcribe BUNDLE a.flac b.wav` on the command line). Recordings of any length
 (`asr.inference.longform`), word timestamps and confidences (`asr.inference.timestamps`),
-and phrases to boost (`context=`, `asr.decoding.biasing`).
+and phrases to boost (`biasing=`, `asr.decoding.biasing`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
+from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, BiasingPhrase
 from asr.decoding.search import (
     NO_TOKEN_TIMES,
     SearchOptions,
@@ -38,14 +38,14 @@ from asr.inference.longform import (
 )
 from asr.inference.segments import Segment
 from asr.inference.streaming import ended_as_a_stream
-from asr.inference.timestamps import Transcript, Word, words_from_tokens, words_of_text
+from asr.inference.timestamps import Transcript, Word, transcript_of_hypothesis, words_of_text
 from asr.models.build import Model
 from asr.models.conformer import Chunking
 
-__all__ = ["AudioInput", "Context", "Recognizer", "load_recognizer", "read_audio"]
+__all__ = ["AudioInput", "Biasing", "Recognizer", "load_recognizer", "read_audio"]
 
 # Phrases to boost: a built graph, or phrases ("TEXT", "TEXT :SCORE", (text, score)).
-Context = ContextGraph | Sequence[str | tuple[str, float] | ContextPhrase] | None
+Biasing = BiasingGraph | Sequence[str | tuple[str, float] | BiasingPhrase] | None
 
 MIN_SAMPLES = 400  # one 25 ms feature frame: shorter audio is transcribed as nothing
 
@@ -78,6 +78,18 @@ class Recognizer:
         self.chunking = chunking
         self._extractor = self.features.extractor()
 
+    def with_chunking(self, chunking: Chunking | None) -> Recognizer:
+        """The same model and search, encoding through `chunking`'s masks."""
+        return Recognizer(
+            self.model,
+            self.tokenizer,
+            self.features,
+            self.device,
+            self.options,
+            self.windows,
+            chunking,
+        )
+
     def features_of(self, audio: np.ndarray) -> torch.Tensor:
         """(T, F) features of 16 kHz samples, (N,) or (channels, N), as the model expects;
         with a `chunking`, the frames a stream of them encodes (`Stream.finish`: the audio
@@ -90,19 +102,19 @@ class Recognizer:
         feats = compute_features(padded, self.features, self._extractor)
         return torch.from_numpy(feats[:frames])
 
-    def context_graph(
-        self, context: Context, score: float = DEFAULT_CONTEXT_SCORE
-    ) -> ContextGraph | None:
-        """`context` as a graph over this model's tokens (phrases without their own score
+    def biasing_graph(
+        self, biasing: Biasing, score: float = DEFAULT_BIASING_SCORE
+    ) -> BiasingGraph | None:
+        """`biasing` as a graph over this model's tokens (phrases without their own score
         earn `score` per token); None stays None."""
-        if context is None or isinstance(context, ContextGraph):
-            return context
-        if isinstance(context, str | Path):
+        if biasing is None or isinstance(biasing, BiasingGraph):
+            return biasing
+        if isinstance(biasing, str | Path):
             raise TypeError(
-                "context is a list of phrases (asr.decoding.biasing.read_context_phrases "
-                f"reads a file), not {context!r}"
+                "biasing is a list of phrases (asr.decoding.biasing.read_biasing_phrases "
+                f"reads a file), not {biasing!r}"
             )
-        return ContextGraph.from_phrases(context, self.tokenizer, score)
+        return BiasingGraph.from_phrases(biasing, self.tokenizer, score)
 
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
@@ -111,20 +123,20 @@ class Recognizer:
 
     @torch.inference_mode()
     def transcribe_features(
-        self, feats: Sequence[torch.Tensor], context: ContextGraph | None = None
+        self, feats: Sequence[torch.Tensor], biasing: BiasingGraph | None = None
     ) -> list[str]:
         """Texts of per-utterance (T, F) feature matrices, decoded as one batch
-        (`context`: phrases to boost, `context_graph`)."""
-        ids = decode(self.model, *self._encode(feats), self.options, context)
+        (`biasing`: phrases to boost, `biasing_graph`)."""
+        ids = decode(self.model, *self._encode(feats), self.options, biasing)
         return [self.tokenizer.decode(i) for i in ids]
 
     @torch.inference_mode()
     def nbest_features(
-        self, feats: Sequence[torch.Tensor], nbest: int, context: ContextGraph | None = None
+        self, feats: Sequence[torch.Tensor], nbest: int, biasing: BiasingGraph | None = None
     ) -> list[list[tuple[str, float]]]:
         """Per utterance its `nbest` best (text, score), best first (a beam search at least
         `nbest` wide)."""
-        hyps = decode_nbest(self.model, *self._encode(feats), self.options, nbest, context)
+        hyps = decode_nbest(self.model, *self._encode(feats), self.options, nbest, biasing)
         return [[(self.tokenizer.decode(ids), score) for ids, score in h] for h in hyps]
 
     @torch.inference_mode()
@@ -133,7 +145,7 @@ class Recognizer:
         feats: Sequence[torch.Tensor],
         offsets: Sequence[float] | None = None,
         ends: Sequence[float] | None = None,
-        context: ContextGraph | None = None,
+        biasing: BiasingGraph | None = None,
     ) -> list[Transcript]:
         """Per utterance its text and words, with their times in seconds from its offset
         in `offsets` and their confidences where the model gives token times (without
@@ -144,24 +156,21 @@ class Recognizer:
             ends = [o + f.shape[0] / FRAMES_PER_SECOND for o, f in zip(offsets, feats, strict=True)]
         encoded = self._encode(feats)
         if not has_token_times(self.model):
-            ids = decode(self.model, *encoded, self.options, context)
+            ids = decode(self.model, *encoded, self.options, biasing)
             texts = [self.tokenizer.decode(i) for i in ids]
             return [Transcript(text, words_of_text(text)) for text in texts]
         seconds = self.model.frame_seconds
-        hyps = decode_timed(self.model, *encoded, self.options, context)
-        transcripts = []
-        for hyp, offset, end in zip(hyps, offsets, ends, strict=True):
-            starts = [offset + frame * seconds for frame in hyp.frames]
-            pieces = [self.tokenizer.id_to_piece(i) for i in hyp.tokens]
-            words = words_from_tokens(pieces, starts, seconds, end, hyp.confidences)
-            transcripts.append(Transcript(self.tokenizer.decode(hyp.tokens), words))
-        return transcripts
+        hyps = decode_timed(self.model, *encoded, self.options, biasing)
+        return [
+            transcript_of_hypothesis(hyp, self.tokenizer, seconds, offset, end)
+            for hyp, offset, end in zip(hyps, offsets, ends, strict=True)
+        ]
 
     def words_of_samples(
         self,
         samples: Sequence[np.ndarray],
         offsets: Sequence[float],
-        context: ContextGraph | None = None,
+        biasing: BiasingGraph | None = None,
     ) -> list[list[Word]]:
         """The words of each piece of audio (times from its offset); audio too short for
         one feature frame has none."""
@@ -171,7 +180,7 @@ class Recognizer:
             feats = [self.features_of(samples[i]) for i in kept]
             starts = [offsets[i] for i in kept]
             ends = [offsets[i] + len(samples[i]) / SAMPLE_RATE for i in kept]
-            done = self.transcripts_of_features(feats, starts, ends, context)
+            done = self.transcripts_of_features(feats, starts, ends, biasing)
             for i, transcript in zip(kept, done, strict=True):
                 results[i] = transcript.words
         return results
@@ -181,8 +190,8 @@ class Recognizer:
         audio: AudioInput | Sequence[AudioInput],
         batch_size: int = 16,
         timestamps: bool = False,
-        context: Context = None,
-        context_score: float = DEFAULT_CONTEXT_SCORE,
+        biasing: Biasing = None,
+        biasing_score: float = DEFAULT_BIASING_SCORE,
     ) -> list[str] | list[Transcript]:
         """Texts of audio files or 16 kHz mono float arrays (one per input), of any length.
 
@@ -191,13 +200,13 @@ class Recognizer:
         the inputs are decoded in batches of at most `batch_size` pieces and
         `self.windows.batch_seconds` of audio, and a long file is read a piece at a time.
         With `timestamps`, a `Transcript` per input: its text and its words, each with its
-        start and end in seconds and its confidence. `context`: phrases to boost (a list
-        of "TEXT", "TEXT :SCORE" or (text, score), or a `ContextGraph`), each earning
-        `context_score` per token unless it has its own (docs/decoding.md)."""
+        start and end in seconds and its confidence. `biasing`: phrases to boost (a list
+        of "TEXT", "TEXT :SCORE" or (text, score), or a `BiasingGraph`), each earning
+        `biasing_score` per token unless it has its own (docs/decoding.md)."""
         timed = has_token_times(self.model)
         if timestamps and not timed:
             raise ValueError(NO_TOKEN_TIMES)
-        graph = self.context_graph(context, context_score)
+        graph = self.biasing_graph(biasing, biasing_score)
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
         pieces = pieces_of(audio, self.windows)

@@ -14,9 +14,11 @@ The protocol (docs/serving.md has an example exchange), at ``ws://HOST:PORT/ws``
   "chunk_ms": ..., "left_context_ms": ..., "max_frame_bytes": ...}`` on connecting;
 - the client may first send ``{"type": "start", "sample_rate": 16000, "format":
   "s16le"}`` (format ``f32le``, the default, or ``s16le``; only 16 kHz mono; optionally
-  ``"context": ["PHRASE", "PHRASE :SCORE", ...]`` and ``"context_score": S``, phrases this
-  connection's search boosts, at most `ServeConfig.max_context_phrases`), then binary
-  frames of PCM in that format, then ``{"type": "end"}``;
+  ``"context": ["PHRASE", "PHRASE :SCORE", ...]`` and ``"context_score": S``: biasing
+  phrases, which this connection's search boosts, at most
+  `ServeConfig.max_biasing_phrases`; the keys keep the protocol's first name, "context",
+  for the clients already written), then binary frames of PCM in that format, then
+  ``{"type": "end"}``;
 - the server answers ``{"type": "partial", "segment": N, "text": ..., "audio_s": ...}``
   after each chunk it decodes (``audio_s``: the seconds of the stream decoded so far),
   ``{"type": "final", "segment": N, "text": ..., "start": ..., "end": ..., "words":
@@ -25,11 +27,17 @@ The protocol (docs/serving.md has an example exchange), at ``ws://HOST:PORT/ws``
   then closes; a fault in the client's input gets ``{"type": "error", "message": ...}``
   and a closed connection, and no other connection notices.
 
-Endpoints (`EndpointRules`, sherpa-onnx's defaults) come from the model's own blanks: a
-segment ends after `silence_after_speech_s` of encoder frames that emitted nothing, once
-it has words; a segment without words is restarted after `silence_s`; and any segment
-ends at `max_segment_s`. At an endpoint the search starts again (the encoder keeps its
-left context), so that the next segment's words are not held back by the last's.
+Endpoints (`asr.inference.endpoint`, sherpa-onnx's rules and defaults) come from the
+model's own blanks: a segment ends after `silence_after_speech_s` of encoder frames that
+emitted nothing, once it has words; a segment without words is restarted after
+`silence_s`; and any segment ends at `max_segment_s`. At an endpoint the search starts
+again (the encoder keeps its left context), so that the next segment's words are not held
+back by the last's.
+
+A start message's phrases are made into a biasing graph on a thread of their own, never on
+the event loop or the decoding thread (1,000 phrases take a few tenths of a second), and
+equal lists share one graph (`SharedBiasingGraphs`): the streams that ask for the same
+phrases share one search step, as streams without phrases do.
 """
 
 from __future__ import annotations
@@ -52,11 +60,12 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph
-from asr.decoding.transducer import TimedTokens
+from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph
+from asr.decoding.hypotheses import TimedTokens
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
+from asr.inference.endpoint import Endpoint, EndpointRules, detect_endpoint
 from asr.inference.streaming import Stream, StreamingRecognizer
-from asr.inference.timestamps import words_from_tokens
+from asr.inference.timestamps import words_of_hypothesis
 
 log = logging.getLogger("asr.serve")
 
@@ -69,26 +78,6 @@ CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_LATER = 1000, 1008, 1009, 1
 
 
 @dataclass(frozen=True)
-class EndpointRules:
-    """When a segment ends, in seconds of the stream (sherpa-onnx's defaults):
-
-    - `silence_after_speech_s`: encoder frames without a token after the segment's last
-      word;
-    - `silence_s`: frames without a token in a segment with no word yet (it restarts,
-      no final is sent);
-    - `max_segment_s`: the longest segment, words or not."""
-
-    silence_after_speech_s: float = 1.2
-    silence_s: float = 2.4
-    max_segment_s: float = 20.0
-
-    def __post_init__(self) -> None:
-        for name in ("silence_after_speech_s", "silence_s", "max_segment_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"endpoint rule {name} must be > 0, got {getattr(self, name)}")
-
-
-@dataclass(frozen=True)
 class ServeConfig:
     """How `asr-serve` runs:
 
@@ -98,14 +87,14 @@ class ServeConfig:
     - `max_frame_bytes`: the largest binary frame (a longer one is an error);
     - `idle_timeout_s`: a connection that sends nothing for this long is closed;
     - `endpoints`: `EndpointRules`;
-    - `max_context_phrases`: the most phrases a connection may ask to boost."""
+    - `max_biasing_phrases`: the most phrases a connection may ask to boost."""
 
     max_streams: int = 32
     batch_wait_ms: float = 10.0
     max_frame_bytes: int = 2 * SAMPLE_RATE * 4  # 2 s of float32
     idle_timeout_s: float = 30.0
     endpoints: EndpointRules = field(default_factory=EndpointRules)
-    max_context_phrases: int = 1000
+    max_biasing_phrases: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_streams < 1:
@@ -114,8 +103,8 @@ class ServeConfig:
             raise ValueError(
                 "--batch-wait-ms must be >= 0, --idle-timeout > 0 and --max-frame-bytes >= 4"
             )
-        if self.max_context_phrases < 0:
-            raise ValueError(f"--max-context-phrases must be >= 0, got {self.max_context_phrases}")
+        if self.max_biasing_phrases < 0:
+            raise ValueError(f"--max-biasing-phrases must be >= 0, got {self.max_biasing_phrases}")
 
 
 class ClientFault(ValueError):
@@ -126,18 +115,20 @@ class ClientFault(ValueError):
         self.code = code
 
 
-@dataclass
-class Segment:
-    """The searched part of a stream since the last endpoint: its number and the encoder
-    frames that came before it."""
+@dataclass(frozen=True)
+class StartRequest:
+    """A client's start message, checked: its PCM format and the biasing phrases it asks
+    for (None: none) with their score."""
 
-    number: int = 0
-    first_frame: int = 0
+    format: str
+    phrases: list[str] | None
+    score: float
 
 
 class Connection:
-    """One client's stream: audio received and not yet fed, the current segment, and the
-    messages its decoded chunks produce."""
+    """One client: audio received and not yet fed, its stream (opened by the start message,
+    once its phrases are built, or by the first audio), the current segment's number, and
+    the messages its decoded chunks produce."""
 
     def __init__(
         self, recognizer: StreamingRecognizer, rules: EndpointRules, max_phrases: int = 1000
@@ -145,18 +136,22 @@ class Connection:
         self.recognizer = recognizer
         self.rules = rules
         self.max_phrases = max_phrases
-        self.stream: Stream = recognizer.create_stream()
+        self.stream: Stream | None = None
         self.format = "f32le"
         self.started = False  # audio or a start message received: the format is fixed
         self.pending: list[np.ndarray] = []
         self.ending = False  # the client sent end
-        self.segment = Segment()
-        self.decoded_frames = 0  # encoder frames searched, all segments
+        self.segment = 0  # the current segment's number
+        self.decoded_frames = 0  # encoder frames searched when results were last made
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
+    def open_stream(self, biasing: BiasingGraph | None = None) -> None:
+        """Start decoding, boosting `biasing`'s phrases."""
+        self.stream = self.recognizer.create_stream(biasing)
+
     # -- what the client sends ----------------------------------------------------------
-    def control(self, text: str) -> None:
-        """A text frame: a start or end message."""
+    def control(self, text: str) -> StartRequest | None:
+        """A text frame: a start message (-> what it asks for) or an end message."""
         try:
             message = json.loads(text)
         except json.JSONDecodeError:
@@ -165,13 +160,15 @@ class Connection:
             ) from None
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "start":
-            self._start(message)
-        elif kind == "end":
+            return self._start(message)
+        if kind == "end":
             self.ending = True
-        else:
-            raise ClientFault(f'unknown message {text[:60]!r}: expected type "start" or "end"')
+            if self.stream is None:
+                self.open_stream()
+            return None
+        raise ClientFault(f'unknown message {text[:60]!r}: expected type "start" or "end"')
 
-    def _start(self, message: dict[str, Any]) -> None:
+    def _start(self, message: dict[str, Any]) -> StartRequest:
         if self.started:
             raise ClientFault("start must come first, before any audio")
         rate = message.get("sample_rate", SAMPLE_RATE)
@@ -180,26 +177,21 @@ class Connection:
         form = message.get("format", "f32le")
         if form not in FORMATS:
             raise ClientFault(f"format {form!r} is not served: f32le or s16le")
-        if "context" in message:
-            self.stream.context = self._context(message["context"], message)
-        self.format = form
-        self.started = True
-
-    def _context(self, phrases: Any, message: dict[str, Any]) -> ContextGraph:
-        """The start message's phrases as this connection's graph, or a ClientFault."""
-        if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
-            raise ClientFault('"context" must be a list of phrases (strings)')
-        if len(phrases) > self.max_phrases:
-            raise ClientFault(
-                f"{len(phrases)} context phrases is over the limit of {self.max_phrases}"
-            )
-        score = message.get("context_score", DEFAULT_CONTEXT_SCORE)
+        phrases = message.get("context")
+        if phrases is not None:
+            if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
+                raise ClientFault('"context" must be a list of phrases (strings)')
+            if len(phrases) > self.max_phrases:
+                raise ClientFault(
+                    f'{len(phrases)} biasing phrases ("context") is over the limit of '
+                    f"{self.max_phrases}"
+                )
+        score = message.get("context_score", DEFAULT_BIASING_SCORE)
         if not isinstance(score, int | float) or isinstance(score, bool):
             raise ClientFault(f'"context_score" must be a number, got {score!r}')
-        try:
-            return ContextGraph.from_phrases(phrases, self.recognizer.tokenizer, float(score))
-        except ValueError as err:
-            raise ClientFault(str(err)) from None
+        self.format = form
+        self.started = True
+        return StartRequest(form, phrases, float(score))
 
     def audio(self, data: bytes) -> None:
         """A binary frame of PCM."""
@@ -212,6 +204,8 @@ class Connection:
                 f"({dtype.itemsize} bytes each)"
             )
         self.started = True
+        if self.stream is None:
+            self.open_stream()
         samples = np.frombuffer(data, dtype=dtype)
         if self.format == "s16le":
             samples = samples.astype(np.float32) / 32768.0
@@ -222,6 +216,8 @@ class Connection:
     @property
     def has_work(self) -> bool:
         """Audio to feed, a chunk to encode, or an end to finish."""
+        if self.stream is None:
+            return False
         return (
             bool(self.pending)
             or self.stream.chunk_ready
@@ -244,32 +240,31 @@ class Connection:
     def results(self) -> list[dict[str, Any]]:
         """The messages the chunks decoded since the last call produce: a partial per
         decode that consumed frames, a final at an endpoint or at the end of the stream."""
-        search = self.stream.search
-        consumed = search.consumed[0]
-        total = self.segment.first_frame + consumed
-        if total == self.decoded_frames and not self.stream.done:
+        stream = self.stream
+        frames = stream.frames_decoded
+        if frames == self.decoded_frames and not stream.done:
             return []
-        self.decoded_frames = total
-        best = self.stream.best()
-        tokens, frames = best.tokens, best.frames
-        text = self.recognizer.tokenizer.decode(tokens)
+        self.decoded_frames = frames
+        best = stream.best()
+        text = self.recognizer.tokenizer.decode(best.tokens)
         messages = [self._message("partial", text)]
         frame_s = self.recognizer.model.frame_seconds
-        silent = consumed - (frames[-1] + 1 if frames else 0)
-        rules = self.rules
-        ended = self.stream.done
-        if text.strip() and (
-            ended
-            or silent * frame_s >= rules.silence_after_speech_s
-            or consumed * frame_s >= rules.max_segment_s
-        ):
-            messages.append(self._final(text, best))
-            self._next_segment(consumed)
-        elif not text.strip() and (
-            silent * frame_s >= rules.silence_s or consumed * frame_s >= rules.max_segment_s
-        ):
-            self._next_segment(consumed, advance=False)
-        if ended:
+        segment_start = frames - stream.search_frames
+        speech_end = best.frames[-1] + 1 if best.frames else segment_start
+        endpoint = detect_endpoint(
+            self.rules,
+            decoded_s=stream.search_frames * frame_s,
+            trailing_silence_s=(frames - speech_end) * frame_s,
+            has_words=bool(text.strip()),
+            ended=stream.done,
+        )
+        if endpoint is Endpoint.FINAL:
+            messages.append(self._final(text, best, segment_start))
+            self.segment += 1
+            self.recognizer.restart_search(stream)
+        elif endpoint is Endpoint.RESTART:
+            self.recognizer.restart_search(stream)
+        if stream.done:
             messages.append({"type": "end", "audio_s": self._audio_s()})
         return messages
 
@@ -278,35 +273,20 @@ class Connection:
         return round(min(seconds, self.stream.samples / SAMPLE_RATE), 3)
 
     def _message(self, kind: str, text: str) -> dict[str, Any]:
-        return {
-            "type": kind,
-            "segment": self.segment.number,
-            "text": text,
-            "audio_s": self._audio_s(),
-        }
+        return {"type": kind, "segment": self.segment, "text": text, "audio_s": self._audio_s()}
 
-    def _final(self, text: str, best: TimedTokens) -> dict[str, Any]:
+    def _final(self, text: str, best: TimedTokens, segment_start: int) -> dict[str, Any]:
         recognizer = self.recognizer
         frame_s = recognizer.model.frame_seconds
-        offset = self.segment.first_frame
-        pieces = [recognizer.tokenizer.id_to_piece(i) for i in best.tokens]
-        starts = [(offset + f) * frame_s for f in best.frames]
-        words = words_from_tokens(pieces, starts, frame_s, self._audio_s(), best.confidences)
+        words = words_of_hypothesis(best, recognizer.tokenizer, frame_s, 0.0, self._audio_s())
         message = self._message("final", text)
-        message["start"] = words[0].start if words else round(offset * frame_s, 3)
+        message["start"] = words[0].start if words else round(segment_start * frame_s, 3)
         message["end"] = words[-1].end if words else message["start"]
         message["words"] = [
             {"word": w.word, "start": w.start, "end": w.end, "confidence": w.confidence}
             for w in words
         ]
         return message
-
-    def _next_segment(self, consumed: int, advance: bool = True) -> None:
-        """Start the search again after `consumed` frames of this segment."""
-        self.segment = Segment(
-            self.segment.number + int(advance), self.segment.first_frame + consumed
-        )
-        self.stream.search = self.recognizer.start_search()
 
 
 class LiveDecoder:
@@ -319,6 +299,9 @@ class LiveDecoder:
         self.connections: set[Connection] = set()
         self._wake = asyncio.Event()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="asr-serve-decode")
+        # Phrase lists are built on a thread of their own: the event loop and the decoding
+        # thread go on meanwhile (a list of 1,000 phrases takes a few tenths of a second).
+        self._phrases = ThreadPoolExecutor(1, thread_name_prefix="asr-serve-phrases")
         self._task: asyncio.Task | None = None
         self.batches = 0  # model steps' rounds taken (decode calls), for the logs and tests
         self.compute_s = 0.0  # time on the worker thread
@@ -332,6 +315,7 @@ class LiveDecoder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._worker.shutdown(wait=True)
+        self._phrases.shutdown(wait=True)
 
     def open(self) -> Connection:
         if len(self.connections) >= self.config.max_streams:
@@ -341,10 +325,20 @@ class LiveDecoder:
                 CLOSE_TRY_LATER,
             )
         connection = Connection(
-            self.recognizer, self.config.endpoints, self.config.max_context_phrases
+            self.recognizer, self.config.endpoints, self.config.max_biasing_phrases
         )
         self.connections.add(connection)
         return connection
+
+    async def biasing_graph(self, phrases: list[str], score: float) -> BiasingGraph:
+        """The graph of a start message's phrases, built off the event loop (or shared with
+        the streams that asked for the same), or a ClientFault naming what is wrong."""
+        loop = asyncio.get_running_loop()
+        graphs = self.recognizer.biasing_graphs
+        try:
+            return await loop.run_in_executor(self._phrases, graphs.get, phrases, score)
+        except ValueError as err:
+            raise ClientFault(str(err)) from None
 
     def close(self, connection: Connection) -> None:
         """Forget `connection` (its stream's state is freed with it)."""
@@ -476,7 +470,12 @@ async def serve_websocket(websocket: WebSocket) -> None:
                     )
                 connection.audio(data)
             elif (text := message.get("text")) is not None:
-                connection.control(text)
+                request = connection.control(text)
+                if request is not None:
+                    biasing = None
+                    if request.phrases is not None:
+                        biasing = await decoder.biasing_graph(request.phrases, request.score)
+                    connection.open_stream(biasing)
             decoder.wake()
         await sender  # the last final, then the end
     except ClientFault as fault:
@@ -495,8 +494,10 @@ async def serve_websocket(websocket: WebSocket) -> None:
 async def _status(request) -> JSONResponse:
     decoder: LiveDecoder = request.app.state.decoder
     recognizer = decoder.recognizer
+    example: Path | None = request.app.state.example
     return JSONResponse(
         {
+            "example": None if example is None else example.name,
             "streams": len(decoder.connections),
             "max_streams": decoder.config.max_streams,
             "chunk_ms": round(recognizer.chunk_seconds * 1000, 3),
@@ -510,9 +511,24 @@ async def _index(request) -> FileResponse:
     return FileResponse(WEB_DIR / "index.html")
 
 
-def create_app(recognizer: StreamingRecognizer, config: ServeConfig | None = None) -> Starlette:
+async def _example(request) -> Response:
+    example: Path | None = request.app.state.example
+    if example is None:
+        return Response("this server has no example (asr-serve --example AUDIO)", 404)
+    return FileResponse(example)
+
+
+def create_app(
+    recognizer: StreamingRecognizer,
+    config: ServeConfig | None = None,
+    example: Path | None = None,
+) -> Starlette:
     """The server's ASGI application: the page at /, its files under /static, the
-    websocket at /ws and a JSON status at /status."""
+    websocket at /ws, a JSON status at /status and, with `example` (an audio file the
+    model transcribes well, such as a demo test utterance), that file at /example, which
+    the page's "Play the example" button streams at real time."""
+    if example is not None and not Path(example).is_file():
+        raise FileNotFoundError(f"--example {example}: no such file")
     decoder = LiveDecoder(recognizer, config or ServeConfig())
 
     @contextlib.asynccontextmanager
@@ -525,6 +541,7 @@ def create_app(recognizer: StreamingRecognizer, config: ServeConfig | None = Non
         routes=[
             Route("/", _index),
             Route("/status", _status),
+            Route("/example", _example),
             Route("/favicon.ico", lambda request: Response(status_code=204)),  # none: no 404
             WebSocketRoute("/ws", serve_websocket),
             Mount("/static", StaticFiles(directory=WEB_DIR), name="static"),
@@ -532,4 +549,5 @@ def create_app(recognizer: StreamingRecognizer, config: ServeConfig | None = Non
         lifespan=lifespan,
     )
     app.state.decoder = decoder
+    app.state.example = None if example is None else Path(example)
     return app

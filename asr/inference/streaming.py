@@ -1,16 +1,23 @@
 """Streaming recognition: audio pieces of any size in, a partial transcript after each.
 
 A `StreamingRecognizer` holds a streaming transducer (``model.encoder.streaming``) at one
-trained chunk size and left context; each `Stream` holds one live recording's state:
-its feature frontend (frames become ready as samples arrive), the encoder's caches
-(`StreamingState`: per-layer left-context attention inputs and convolution state), and
-the search (the predictor's state and the tokens so far). ``decode(streams)`` encodes
-every chunk that is ready, of all the streams in one batch (streams that started at
-different times included), and continues each one's search; a finished stream's last,
-shorter chunk is encoded as it is. Memory stays flat: the frontend frees encoded frames
-and the caches have a fixed size. Each stream may have its own phrases to boost
-(`create_stream(context=...)`, `asr.decoding.biasing`): the chunks of all streams share
-one encoder step, and the streams with the same phrases one search step.
+trained chunk size and left context, and one search (`asr.decoding.search`). Each `Stream`
+holds one live recording: its feature frontend (frames become ready as samples arrive) and
+its `StreamDecoding`, the model side's explicit state: the encoder's caches
+(`StreamingState`: per-layer left-context attention inputs and convolution state) and the
+search's progress (the predictor's state, the tokens so far). The recognizer's
+``step(decodings, chunks)`` is a pure function of those states, as the encoder's
+``step(x, state, chunking)`` is: it encodes the chunks of all the streams in one batch
+(streams that started at different times included) and advances their searches, the
+streams with the same biasing phrases in one search step (`advance_each`). ``decode``
+takes each ready stream's next chunk, steps, and hands each stream its new state. A
+finished stream's last, shorter chunk is encoded as it is. Memory stays flat: the
+frontend frees encoded frames and the caches have a fixed size. Token frames, and so word
+times, count from the stream's start.
+
+Each stream may have its own phrases to boost (`create_stream(biasing=...)`,
+`asr.decoding.biasing`); equal lists share one graph (`SharedBiasingGraphs`), and with it
+one search step and one set of tables.
 
     recognizer = asr.load_model("exp/demo_streaming/model.bundle.pt", streaming=True, chunk_ms=320)
     stream = recognizer.create_stream()
@@ -25,8 +32,10 @@ one encoder step, and the streams with the same phrases one search step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,45 +43,72 @@ import torch
 
 from asr.data.features import FeatureConfig, OnlineFeatures, to_mono
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.biasing import DEFAULT_CONTEXT_SCORE, ContextGraph, ContextPhrase
-from asr.decoding.transducer import (
-    BeamOptions,
-    BeamProgress,
-    GreedyOptions,
-    GreedyProgress,
-    TimedTokens,
-    beam_continue,
-    beam_start,
-    greedy_continue,
-    greedy_start,
+from asr.decoding.biasing import (
+    DEFAULT_BIASING_SCORE,
+    BiasingGraph,
+    BiasingPhrase,
+    SharedBiasingGraphs,
+)
+from asr.decoding.hypotheses import TimedTokens
+from asr.decoding.search import (
+    Progress,
+    TransducerSearch,
+    advance_each,
+    default_options,
+    transducer_search,
 )
 from asr.frames import FRAME_SHIFT_SECONDS, FRAMES_PER_SECOND, SAMPLE_RATE, feature_frames
 from asr.inference.audio import AudioInput, open_audio
 from asr.inference.bundle import load_bundle
-from asr.inference.timestamps import Transcript, words_from_tokens
+from asr.inference.timestamps import Transcript, transcript_of_hypothesis
 from asr.models.conformer import FULL_CONTEXT_MODEL, Chunking, StreamingState
 from asr.models.transducer import Transducer
 
-__all__ = ["Stream", "StreamingRecognizer", "load_streaming_recognizer"]
+__all__ = ["Stream", "StreamDecoding", "StreamingRecognizer", "load_streaming_recognizer"]
 
-Search = GreedyProgress | BeamProgress
+Phrases = Sequence[str | tuple[str, float] | BiasingPhrase]
+
+
+@dataclass(frozen=True)
+class StreamDecoding:
+    """A stream's model-side state between chunks: the encoder's caches, the search's
+    progress (`search`), the encoder frames decoded since the stream's start (`frames`)
+    and the frame at which the search started (`search_start`: 0, or the frame of the
+    last endpoint)."""
+
+    encoder: StreamingState
+    search: Progress
+    frames: int = 0
+    search_start: int = 0
 
 
 class Stream:
     """One live recording: ``accept_waveform`` pieces of 16 kHz mono float samples, then
     ``finish``; ``text`` and ``transcript()`` hold what has been decoded so far.
-    `context`: its phrases to boost (None: none)."""
+    `biasing`: its phrases to boost (None: none). Made by
+    `StreamingRecognizer.create_stream`, which passes what the stream needs: its feature
+    settings, its chunk in feature frames (`span`), the rule that ends it, its first
+    `StreamDecoding`, the search that reads its progress and the tokenizer."""
 
     def __init__(
-        self, recognizer: StreamingRecognizer, context: ContextGraph | None = None
+        self,
+        features: FeatureConfig,
+        span: int,
+        ending: Callable[[int], tuple[int, int]],
+        decoding: StreamDecoding,
+        search: TransducerSearch,
+        tokenizer: Tokenizer,
+        frame_seconds: float,
+        biasing: BiasingGraph | None = None,
     ) -> None:
-        self._recognizer = recognizer
-        self.context = context
-        self.features = OnlineFeatures(recognizer.features)
-        self.state = recognizer.model.encoder.initial_state(
-            1, recognizer.chunking, recognizer.device
-        )
-        self.search: Search = recognizer.start_search()
+        self.features = OnlineFeatures(features)
+        self.span = span
+        self._ending = ending
+        self._decoding = decoding
+        self._search = search
+        self.tokenizer = tokenizer
+        self.frame_seconds = frame_seconds
+        self.biasing = biasing
         self.samples = 0  # accepted so far
         self.encoded = 0  # feature frames encoded
         self.finished = False
@@ -95,8 +131,7 @@ class Stream:
         (docs/streaming.md, "End of stream")."""
         if self.finished:
             return
-        recognizer = self._recognizer
-        tail, self.end = end_of_stream(self.samples, recognizer.model, recognizer.chunking)
+        tail, self.end = self._ending(self.samples)
         self.features.accept(np.zeros(tail, dtype=np.float32))
         self.features.finish()
         self.finished = True
@@ -110,27 +145,41 @@ class Stream:
     def chunk_ready(self) -> bool:
         """Whether a chunk waits to be encoded (by the next ``decode``)."""
         ready = min(self.features.ready, self.end) if self.finished else self.features.ready
-        return ready - self.encoded >= self._recognizer.span
+        return ready - self.encoded >= self.span
 
-    def _next_chunk(self) -> np.ndarray | None:
-        """The next chunk's frames, or None if none is ready (or left)."""
-        if self.chunk_ready:
-            span = self._recognizer.span
-            frames = self.features.frames(self.encoded, self.encoded + span)
-            self.encoded += span
-            self.features.discard_before(self.encoded)
-            return frames
-        return None
+    def take_chunk(self) -> np.ndarray | None:
+        """The next chunk's feature frames (the stream moves past them), or None if none is
+        ready (or left)."""
+        if not self.chunk_ready:
+            return None
+        frames = self.features.frames(self.encoded, self.encoded + self.span)
+        self.encoded += self.span
+        self.features.discard_before(self.encoded)
+        return frames
+
+    @property
+    def decoding(self) -> StreamDecoding:
+        """The model side's state after the chunks decoded so far."""
+        return self._decoding
+
+    def advance_to(self, decoding: StreamDecoding) -> None:
+        """Take the state a step gave (`StreamingRecognizer.step`)."""
+        self._decoding = decoding
+
+    @property
+    def frames_decoded(self) -> int:
+        """Encoder frames decoded since the stream's start."""
+        return self._decoding.frames
+
+    @property
+    def search_frames(self) -> int:
+        """Encoder frames decoded since the search started (the current segment's)."""
+        return self._decoding.frames - self._decoding.search_start
 
     def best(self) -> TimedTokens:
         """The tokens of the best hypothesis so far, the frame of each (encoder frames
-        since the search started) and its confidence."""
-        if isinstance(self.search, GreedyProgress):
-            return self.search.results()[0]
-        best = self.search.hypotheses(1)[0]
-        if not best:
-            return TimedTokens([], [], [])
-        return TimedTokens(list(best[0].tokens), list(best[0].frames), list(best[0].confidences))
+        since the stream's start) and its confidence."""
+        return self._search.best(self._decoding.search)[0]
 
     @property
     def tokens(self) -> list[int]:
@@ -138,27 +187,21 @@ class Stream:
 
     @property
     def text(self) -> str:
-        return self._recognizer.tokenizer.decode(self.tokens)
+        return self.tokenizer.decode(self.tokens)
 
     def transcript(self) -> Transcript:
         """The text so far and its words, with times in seconds from the stream's start
         and confidences."""
-        recognizer = self._recognizer
-        best = self.best()
-        seconds = recognizer.model.frame_seconds
-        pieces = [recognizer.tokenizer.id_to_piece(i) for i in best.tokens]
-        starts = [f * seconds for f in best.frames]
         end = self.samples / SAMPLE_RATE
-        words = words_from_tokens(pieces, starts, seconds, end, best.confidences)
-        return Transcript(recognizer.tokenizer.decode(best.tokens), words)
+        return transcript_of_hypothesis(self.best(), self.tokenizer, self.frame_seconds, 0.0, end)
 
 
 class StreamingRecognizer:
     """A streaming transducer at one trained chunk size and left context (`chunking`, in
-    encoder frames; None: the largest trained), decoding many streams at once; `beam_size` above 1
-    decodes with beam search, `max_symbols_per_frame` caps the tokens per encoder frame
-    (None: 3; sherpa-onnx's online greedy search takes 10). `autocast`: a dtype to run the
-    model in (bfloat16 on GPUs)."""
+    encoder frames; None: the largest trained), decoding many streams at once with one
+    search: beam search for `beam_size` above 1, else greedy; `max_symbols_per_frame` caps
+    the tokens per encoder frame (None: 3; sherpa-onnx's online greedy search takes 10).
+    `autocast`: a dtype to run the model in (bfloat16 on GPUs)."""
 
     def __init__(
         self,
@@ -189,13 +232,9 @@ class StreamingRecognizer:
         self.device = torch.device(device)
         self.span = chunking.chunk * model.encoder.subsampling_factor  # feature frames
         self.tail_seconds = tail_padding_seconds(model, chunking)
-        symbols = (
-            {}
-            if max_symbols_per_frame is None
-            else {"max_symbols_per_frame": max_symbols_per_frame}
-        )
-        self.beam = BeamOptions(beam_size, **symbols) if beam_size > 1 else None
-        self.greedy = GreedyOptions(**symbols)
+        options = default_options(model, beam_size, max_symbols_per_frame)
+        self.search = transducer_search(options, self.device)
+        self.biasing_graphs = SharedBiasingGraphs(tokenizer)
         self._autocast = autocast
 
     @property
@@ -205,44 +244,48 @@ class StreamingRecognizer:
 
     def create_stream(
         self,
-        context: ContextGraph | Sequence[str | tuple[str, float] | ContextPhrase] | None = None,
-        context_score: float = DEFAULT_CONTEXT_SCORE,
+        biasing: BiasingGraph | Phrases | None = None,
+        biasing_score: float = DEFAULT_BIASING_SCORE,
     ) -> Stream:
-        """A new stream; `context`: its phrases to boost (a `ContextGraph`, or phrases
-        "TEXT", "TEXT :SCORE" or (text, score), each earning `context_score` per token
-        unless it has its own)."""
-        if context is not None and not isinstance(context, ContextGraph):
-            context = ContextGraph.from_phrases(context, self.tokenizer, context_score)
-        return Stream(self, context)
+        """A new stream; `biasing`: its phrases to boost (a `BiasingGraph`, or phrases
+        "TEXT", "TEXT :SCORE" or (text, score), each earning `biasing_score` per token
+        unless it has its own; equal lists share one graph)."""
+        if biasing is not None and not isinstance(biasing, BiasingGraph):
+            biasing = self.biasing_graphs.get(biasing, biasing_score)
+        encoder = self.model.encoder.initial_state(1, self.chunking, self.device)
+        search = self.search.start(self.model, 1, self.device, biasing)
+        return Stream(
+            self.features,
+            self.span,
+            lambda samples: end_of_stream(samples, self.model, self.chunking),
+            StreamDecoding(encoder, search),
+            self.search,
+            self.tokenizer,
+            self.model.frame_seconds,
+            biasing,
+        )
 
-    def start_search(self) -> Search:
-        if self.beam is None:
-            return greedy_start(self.model, 1, self.device)
-        return beam_start(self.model, 1, self.beam.beam_size, self.device)
+    def restart_search(self, stream: Stream) -> None:
+        """Start `stream`'s search again from the frames it has decoded (an endpoint: the
+        encoder keeps its left context, the next segment's words are not held back by the
+        last's)."""
+        frames = stream.frames_decoded
+        search = self.search.start(self.model, 1, self.device, stream.biasing, frames)
+        decoding = dataclasses.replace(stream.decoding, search=search, search_start=frames)
+        stream.advance_to(decoding)
 
     @torch.inference_mode()
-    def decode(self, streams: Sequence[Stream]) -> None:
-        """Encode every ready chunk of `streams` (one batch per round of chunks) and
-        continue their searches."""
-        while self.decode_round(streams):
-            pass
-
-    @torch.inference_mode()
-    def decode_round(self, streams: Sequence[Stream]) -> list[Stream]:
-        """Encode the next ready chunk of each of `streams`, all in one batch, and continue
-        their searches -> the streams that had one (a server looks at each stream's
-        result after every chunk: asr-serve's endpoints)."""
-        batch = [(s, c) for s in streams if (c := s._next_chunk()) is not None]
-        if batch:
-            self._decode_chunks([s for s, _ in batch], [c for _, c in batch])
-        return [s for s, _ in batch]
-
-    def _decode_chunks(self, streams: list[Stream], chunks: list[np.ndarray]) -> None:
+    def step(
+        self, decodings: Sequence[StreamDecoding], chunks: Sequence[np.ndarray]
+    ) -> list[StreamDecoding]:
+        """Each stream's state after one chunk of feature frames (at most `span` each; a
+        finished stream's last one may be shorter): the chunks encoded in one batch, the
+        searches advanced in as few search steps as they can share."""
         features = torch.zeros(len(chunks), self.span, self.features.num_mel_bins)
         for i, chunk in enumerate(chunks):
             features[i, : len(chunk)] = torch.from_numpy(chunk)
         lens = torch.tensor([len(c) for c in chunks], device=self.device)
-        state = StreamingState.cat([s.state for s in streams])
+        state = StreamingState.cat([d.encoder for d in decodings])
         autocast = (
             torch.autocast(self.device.type, dtype=self._autocast)
             if self._autocast
@@ -252,23 +295,37 @@ class StreamingRecognizer:
             out, out_lens, state = self.model.encoder.step(
                 features.to(self.device), lens, state, self.chunking
             )
-            # One search step for the streams of each phrase list (usually all: none).
-            groups: dict[int, list[int]] = {}
-            for i, stream in enumerate(streams):
-                groups.setdefault(id(stream.context), []).append(i)
-            for rows in groups.values():
-                context = streams[rows[0]].context
-                search = type(streams[rows[0]].search).cat([streams[i].search for i in rows])
-                at = torch.tensor(rows, device=self.device)
-                enc, enc_lens = out.index_select(0, at), out_lens.index_select(0, at)
-                if isinstance(search, GreedyProgress):
-                    greedy_continue(self.model, search, enc, enc_lens, self.greedy, context)
-                else:
-                    beam_continue(self.model, search, enc, enc_lens, self.beam, context)
-                for j, i in enumerate(rows):
-                    streams[i].search = search.select([j])
-        for i, stream in enumerate(streams):
-            stream.state = state.select(torch.tensor([i], device=self.device))
+            searches = advance_each(
+                self.search, self.model, [d.search for d in decodings], out, out_lens
+            )
+        return [
+            StreamDecoding(
+                state.select(torch.tensor([i], device=self.device)),
+                search,
+                decoding.frames + n,
+                decoding.search_start,
+            )
+            for i, (decoding, search, n) in enumerate(
+                zip(decodings, searches, out_lens.tolist(), strict=True)
+            )
+        ]
+
+    def decode(self, streams: Sequence[Stream]) -> None:
+        """Encode every ready chunk of `streams` (one batch per round of chunks) and
+        continue their searches."""
+        while self.decode_round(streams):
+            pass
+
+    def decode_round(self, streams: Sequence[Stream]) -> list[Stream]:
+        """Encode the next ready chunk of each of `streams`, all in one batch, and continue
+        their searches -> the streams that had one (a server looks at each stream's
+        result after every chunk: asr-serve's endpoints)."""
+        batch = [(s, c) for s in streams if (c := s.take_chunk()) is not None]
+        if batch:
+            decoded = self.step([s.decoding for s, _ in batch], [c for _, c in batch])
+            for (stream, _), decoding in zip(batch, decoded, strict=True):
+                stream.advance_to(decoding)
+        return [s for s, _ in batch]
 
     def feed(self, audio: Sequence[np.ndarray], piece: int = 1600) -> list[Stream]:
         """Each recording (16 kHz samples) as a concurrent stream fed `piece` samples at a

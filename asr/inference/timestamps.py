@@ -14,10 +14,12 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from asr.decoding.confidence import word_confidence
+from asr.decoding.hypotheses import TimedTokens
+from asr.tokens import WORD_START, starts_word
 
-SPACE_PIECE = "\u2581"  # SentencePiece's word boundary, "▁"
 OUTPUT_FORMATS = ("text", "json", "srt", "ctm")
 SRT_MAX_WORDS, SRT_MAX_SECONDS = 12, 5.0  # one subtitle cue at most
 SRT_PAUSE_SECONDS = 0.8  # a pause this long starts a new cue
@@ -64,8 +66,8 @@ def words_from_tokens(
     sure = confidences if confidences is not None else [None] * len(pieces)
     groups: list[tuple[str, float, float, list]] = []  # (text, first start, last's, confidences)
     for piece, start, confidence in zip(pieces, starts, sure, strict=True):
-        if piece.startswith(SPACE_PIECE) or not groups:
-            groups.append((piece.lstrip(SPACE_PIECE), start, start, [confidence]))
+        if starts_word(piece) or not groups:
+            groups.append((piece.lstrip(WORD_START), start, start, [confidence]))
         else:
             text, first, _, tokens = groups[-1]
             groups[-1] = (text + piece, first, start, [*tokens, confidence])
@@ -78,6 +80,41 @@ def words_from_tokens(
         confidence = None if confidences is None else round(word_confidence(tokens), 4)
         words.append(Word(text, round(first, 3), round(max(end, first), 3), confidence))
     return words
+
+
+class PieceTable(Protocol):
+    """What turns token ids into text: a SentencePiece `Tokenizer`, or an ONNX export's
+    token table."""
+
+    def id_to_piece(self, idx: int) -> str: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def words_of_hypothesis(
+    hyp: TimedTokens,
+    tokenizer: PieceTable,
+    frame_seconds: float,
+    offset: float = 0.0,
+    audio_end: float = math.inf,
+) -> list[Word]:
+    """The words of a search's hypothesis, with times in seconds from `offset` (where its
+    frame 0 is in the audio) and confidences; no word ends after `audio_end`."""
+    pieces = [tokenizer.id_to_piece(i) for i in hyp.tokens]
+    starts = [offset + frame * frame_seconds for frame in hyp.frames]
+    return words_from_tokens(pieces, starts, frame_seconds, audio_end, hyp.confidences)
+
+
+def transcript_of_hypothesis(
+    hyp: TimedTokens,
+    tokenizer: PieceTable,
+    frame_seconds: float,
+    offset: float = 0.0,
+    audio_end: float = math.inf,
+) -> Transcript:
+    """A hypothesis's text and its words (`words_of_hypothesis`)."""
+    words = words_of_hypothesis(hyp, tokenizer, frame_seconds, offset, audio_end)
+    return Transcript(tokenizer.decode(hyp.tokens), words)
 
 
 def words_of_text(text: str) -> list[Word]:

@@ -88,7 +88,7 @@ def test_beam_search_of_beam_one_is_greedy_search() -> None:
     model = trained_looking_aed()
     enc, enc_lens = encoded(model, LENS)
     greedy = greedy_search(model, enc, enc_lens, max_tps=6)
-    assert beam_search(model, enc, enc_lens, beam_size=1, max_tps=6) == greedy
+    assert beam_search(model, enc, enc_lens, AedSearchOptions(beam_size=1, max_tps=6)) == greedy
     assert decode(model, enc, enc_lens, AedSearchOptions(beam_size=1, max_tps=6)) == greedy
 
 
@@ -119,7 +119,9 @@ def test_a_beam_wider_than_every_hypothesis_finds_the_best_sequence(length_penal
             score /= (n + 1) ** length_penalty
             if score > best_score:
                 best, best_score = list(tokens), score
-    found = beam_search(model, enc, enc_lens, 6**3, length_penalty=length_penalty, max_tps=6)
+    found = beam_search(
+        model, enc, enc_lens, AedSearchOptions(6**3, length_penalty=length_penalty, max_tps=6)
+    )
     assert found == [best]
     greedy = greedy_search(model, enc, enc_lens, max_tps=6)[0]
     g = len(greedy)
@@ -130,9 +132,14 @@ def test_a_beam_wider_than_every_hypothesis_finds_the_best_sequence(length_penal
 def test_beam_search_batches_like_one_utterance_at_a_time() -> None:
     model = trained_looking_aed()
     enc, enc_lens = encoded(model, LENS)
-    batched = beam_search(model, enc, enc_lens, beam_size=4, max_tps=6)
+    batched = beam_search(model, enc, enc_lens, AedSearchOptions(beam_size=4, max_tps=6))
     alone = [
-        beam_search(model, enc[i : i + 1, : enc_lens[i]], enc_lens[i : i + 1], 4, max_tps=6)[0]
+        beam_search(
+            model,
+            enc[i : i + 1, : enc_lens[i]],
+            enc_lens[i : i + 1],
+            AedSearchOptions(beam_size=4, max_tps=6),
+        )[0]
         for i in range(len(LENS))
     ]
     assert batched == alone
@@ -141,7 +148,7 @@ def test_beam_search_batches_like_one_utterance_at_a_time() -> None:
 def test_nbest_lists_start_with_the_best_and_go_down() -> None:
     model = trained_looking_aed()
     enc, enc_lens = encoded(model, LENS)
-    best = beam_search(model, enc, enc_lens, beam_size=4, max_tps=6)
+    best = beam_search(model, enc, enc_lens, AedSearchOptions(beam_size=4, max_tps=6))
     lists = decode_nbest(model, enc, enc_lens, AedSearchOptions(beam_size=4, max_tps=6), 3)
     assert [hyps[0][0] for hyps in lists] == best
     for hyps in lists:

@@ -73,14 +73,16 @@ def test_one_search_per_model_and_key_gone_with_the_model():
 def test_a_real_search_kept_with_its_model_goes_with_it():
     """The cached searches refer to their model weakly: caching does not keep models alive
     (a server or a notebook that loads model after model would otherwise keep them all)."""
-    from asr.decoding.label_looping import cached_search
+    from asr.decoding.label_looping import LabelLoopingGreedy, _LabelLoops
+    from asr.decoding.search import decode_with
     from asr.decoding.transducer import GreedyOptions
     from tests.decoding.test_label_looping import _random_model
 
     model = _random_model("lstm")
-    search = cached_search(model, GreedyOptions())
-    with torch.inference_mode():
-        assert len(search(torch.randn(2, 5, 6), torch.tensor([5, 3]))) == 2
+    hyps = decode_with(LabelLoopingGreedy(), model, torch.randn(2, 5, 6), torch.tensor([5, 3]))
+    assert len(hyps) == 2
+    search = kept_with(model, (_LabelLoops, GreedyOptions(), False, False), _Search)
+    assert isinstance(search, _LabelLoops)  # the one the search kept, not a new one
     gone = weakref.ref(model), weakref.ref(search)
     del model, search
     gc.collect()

@@ -3,8 +3,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.decoding.transducer import GreedyOptions, greedy_search
+from asr.decoding.transducer import GreedyOptions
 from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
+from tests.decoding.searching import greedy_timed, greedy_tokens
 
 BLANK, V, ROWS, U_MAX = 0, 7, 8, 16
 
@@ -58,13 +59,13 @@ def _hand_built(table=TABLE, default=BLANK):
 
 def test_hand_built_joiner_gives_its_sequence():
     model, enc, lens = _hand_built()
-    assert greedy_search(model, enc, lens) == [[3, 5, 6, 2], [1, 1]]
+    assert greedy_tokens(model, enc, lens) == [[3, 5, 6, 2], [1, 1]]
 
 
 def test_max_symbols_per_frame_moves_on():
     model, enc, lens = _hand_built()
     # One symbol per frame: frame 2 emits 5 then moves on; frame 3 sees u=2 -> blank.
-    assert greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=1)) == [
+    assert greedy_tokens(model, enc, lens, GreedyOptions(max_symbols_per_frame=1)) == [
         [3, 5],
         [1],
     ]
@@ -73,16 +74,16 @@ def test_max_symbols_per_frame_moves_on():
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_never_blank_joiner_emits_exactly_k_per_frame(k):
     model, enc, lens = _hand_built(table={}, default=4)
-    hyps = greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=k))
+    hyps = greedy_tokens(model, enc, lens, GreedyOptions(max_symbols_per_frame=k))
     assert hyps == [[4] * (4 * k), [4] * (3 * k)]
 
 
 def test_invalid_options():
     model, enc, lens = _hand_built()
     with pytest.raises(ValueError, match="max_symbols_per_frame"):
-        greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=0))
+        greedy_tokens(model, enc, lens, GreedyOptions(max_symbols_per_frame=0))
     with pytest.raises(ValueError, match="encoder_lens"):
-        greedy_search(model, enc, lens[:1])
+        greedy_tokens(model, enc, lens[:1])
 
 
 @pytest.mark.parametrize(("kind", "context_size"), [("lstm", 2), ("stateless", 2)])
@@ -95,9 +96,9 @@ def test_batched_equals_one_by_one(kind, context_size):
     model = Transducer(nn.Identity(), predictor, joiner).double().eval()
     enc = 3 * torch.randn(5, 14, 6, dtype=torch.float64)
     lens = torch.tensor([14, 7, 1, 10, 3])
-    batched = greedy_search(model, enc, lens)
+    batched = greedy_tokens(model, enc, lens)
     one_by_one = [
-        greedy_search(model, enc[i : i + 1, :n], lens[i : i + 1])[0]
+        greedy_tokens(model, enc[i : i + 1, :n], lens[i : i + 1])[0]
         for i, n in enumerate(lens.tolist())
     ]
     assert batched == one_by_one
@@ -108,16 +109,15 @@ def test_batched_equals_one_by_one(kind, context_size):
 
 def test_zero_length_sample_and_empty_batch():
     model, enc, lens = _hand_built()
-    assert greedy_search(model, enc, torch.tensor([0, 3])) == [[], [1, 1]]
-    assert greedy_search(model, enc[:0], lens[:0]) == []
+    assert greedy_tokens(model, enc, torch.tensor([0, 3])) == [[], [1, 1]]
+    assert greedy_tokens(model, enc[:0], lens[:0]) == []
 
 
 def test_greedy_search_gives_each_token_s_frame():
-    from asr.decoding.transducer import greedy_search_timed
 
     model, enc, lens = _hand_built()
-    timed = greedy_search_timed(model, enc, lens)
+    timed = greedy_timed(model, enc, lens)
     # TABLE: frame 0 emits 3; frame 2 emits 5 and 6; frame 3 emits 2; B's frame 1 emits 1, 1
     assert [(t.tokens, t.frames) for t in timed] == [([3, 5, 6, 2], [0, 2, 2, 3]), ([1, 1], [1, 1])]
-    one = greedy_search_timed(model, enc, lens, GreedyOptions(max_symbols_per_frame=1))
+    one = greedy_timed(model, enc, lens, GreedyOptions(max_symbols_per_frame=1))
     assert [(t.tokens, t.frames) for t in one] == [([3, 5], [0, 2]), ([1], [1])]

@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from asr.decoding.search import decode, decode_nbest
-from asr.decoding.transducer import BeamOptions, GreedyOptions, beam_search, greedy_search
+from asr.decoding.transducer import GreedyOptions
+from asr.decoding.transducer_beam import BeamOptions
 from asr.models.transducer import Joiner, Predictor, PredictorConfig, Transducer
+from tests.decoding.searching import beam_nbest, greedy_timed, greedy_tokens
 
 
 def _random_model(vocab: int, kind: str = "lstm", seed: int = 0) -> Transducer:
@@ -29,8 +31,8 @@ def test_beam_one_is_greedy_search(kind: str, symbols: int) -> None:
     model = _random_model(9, kind)
     enc = 3 * torch.randn(5, 14, 6, dtype=torch.float64)
     lens = torch.tensor([14, 7, 1, 10, 0])
-    greedy = greedy_search(model, enc, lens, GreedyOptions(max_symbols_per_frame=symbols))
-    beam = beam_search(model, enc, lens, BeamOptions(beam_size=1, max_symbols_per_frame=symbols))
+    greedy = greedy_tokens(model, enc, lens, GreedyOptions(max_symbols_per_frame=symbols))
+    beam = beam_nbest(model, enc, lens, BeamOptions(beam_size=1, max_symbols_per_frame=symbols))
     assert [list(hyps[0].tokens) for hyps in beam] == greedy
     assert sum(map(len, greedy)) > 10  # the random model does emit tokens
 
@@ -41,9 +43,9 @@ def test_batched_equals_one_by_one(kind: str) -> None:
     enc = 3 * torch.randn(4, 12, 6, dtype=torch.float64)
     lens = torch.tensor([12, 5, 9, 1])
     options = BeamOptions(beam_size=4, nbest=4)
-    batched = beam_search(model, enc, lens, options)
+    batched = beam_nbest(model, enc, lens, options)
     for i, n in enumerate(lens.tolist()):
-        alone = beam_search(model, enc[i : i + 1, :n], lens[i : i + 1], options)[0]
+        alone = beam_nbest(model, enc[i : i + 1, :n], lens[i : i + 1], options)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-9)
     assert all(len(hyps) == 4 for hyps in batched[:3])  # enough distinct sequences
@@ -96,7 +98,7 @@ def test_an_unpruned_beam_finds_the_exhaustive_search_s_best(
         exhaustive = _exhaustive(model, enc[0], symbols)
     assert len(exhaustive) == sequences
     wide = BeamOptions(beam_size=100, max_symbols_per_frame=symbols, nbest=sequences)
-    hyps = beam_search(model, enc, torch.tensor([frames]), wide)[0]
+    hyps = beam_nbest(model, enc, torch.tensor([frames]), wide)[0]
     best = max(exhaustive, key=exhaustive.__getitem__)
     assert hyps[0].tokens == best
     # every sequence, scored by the log-sum of its alignments (merged hypotheses)
@@ -130,16 +132,15 @@ def test_options_are_checked() -> None:
 @pytest.mark.parametrize("symbols", [1, 3])
 def test_beam_hypotheses_carry_their_tokens_frames(symbols: int) -> None:
     from asr.decoding.search import decode_timed
-    from asr.decoding.transducer import greedy_search_timed
 
     model = _random_model(9, "lstm", seed=2)
     enc = 3 * torch.randn(3, 16, 6, dtype=torch.float64)
     lens = torch.tensor([16, 9, 4])
-    greedy = greedy_search_timed(model, enc, lens, GreedyOptions(max_symbols_per_frame=symbols))
-    one = beam_search(model, enc, lens, BeamOptions(beam_size=1, max_symbols_per_frame=symbols))
+    greedy = greedy_timed(model, enc, lens, GreedyOptions(max_symbols_per_frame=symbols))
+    one = beam_nbest(model, enc, lens, BeamOptions(beam_size=1, max_symbols_per_frame=symbols))
     assert [list(h[0].frames) for h in one] == [g.frames for g in greedy]  # beam 1 is greedy
     options = BeamOptions(beam_size=4, max_symbols_per_frame=symbols, nbest=4)
-    for hyps, n in zip(beam_search(model, enc, lens, options), lens.tolist(), strict=True):
+    for hyps, n in zip(beam_nbest(model, enc, lens, options), lens.tolist(), strict=True):
         for hyp in hyps:
             assert len(hyp.frames) == len(hyp.tokens)
             assert list(hyp.frames) == sorted(hyp.frames) and all(0 <= f < n for f in hyp.frames)

@@ -10,7 +10,7 @@ import torch
 
 import asr
 from asr.data.corpus import load_cuts
-from asr.decoding.transducer import BeamOptions
+from asr.decoding.transducer_beam import BeamOptions
 from asr.inference.bundle import export_bundle
 from asr.inference.cli import decode_main
 

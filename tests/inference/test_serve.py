@@ -23,7 +23,8 @@ import uvicorn
 import websockets
 
 from asr.inference.audio import read_audio
-from asr.inference.server import EndpointRules, ServeConfig, create_app
+from asr.inference.endpoint import EndpointRules
+from asr.inference.server import ServeConfig, create_app
 from asr.inference.streaming import StreamingRecognizer, load_streaming_recognizer
 
 pytestmark = pytest.mark.slow  # a tiny model trained, servers started
@@ -43,13 +44,17 @@ def audio(test_flacs: list[Path]) -> list[np.ndarray]:
 
 
 @contextlib.contextmanager
-def serving(recognizer: StreamingRecognizer, config: ServeConfig) -> Iterator[str]:
+def serving(
+    recognizer: StreamingRecognizer, config: ServeConfig, example: Path | None = None
+) -> Iterator[str]:
     """The app on a free port of 127.0.0.1 -> its base URL (http://...)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(create_app(recognizer, config), "127.0.0.1", port, log_level="warning")
+        uvicorn.Config(
+            create_app(recognizer, config, example), "127.0.0.1", port, log_level="warning"
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -199,8 +204,67 @@ def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio)
     assert "3 bytes is not a whole number of s16le samples" in texts[3]
     assert "format 'mp3' is not served" in texts[4]
     assert '"context" must be a list of phrases' in texts[5]
-    assert "context phrase 'CAFÉ' cannot be tokenized" in texts[6]
+    assert "biasing phrase 'CAFÉ' cannot be tokenized" in texts[6]
     assert all(code == 1008 for i, (_, code) in enumerate(errors) if i != 2)
+
+
+async def timed_messages(base: str, samples: np.ndarray, pace: float) -> list[tuple[float, dict]]:
+    """Stream `samples` in 0.1 s pieces `pace` seconds apart -> each message with the time
+    it arrived (read as they come, not after the end)."""
+    async with websockets.connect(base.replace("http", "ws") + "/ws") as ws:
+        got: list[tuple[float, dict]] = []
+
+        async def read() -> None:
+            async for message in ws:
+                got.append((time.monotonic(), json.loads(message)))
+
+        reader = asyncio.create_task(read())
+        for at in range(0, len(samples), PIECE):
+            await ws.send(samples[at : at + PIECE].astype("<f4").tobytes())
+            await asyncio.sleep(pace)
+        await ws.send(json.dumps({"type": "end"}))
+        await reader
+    return got
+
+
+def test_equal_phrase_lists_share_one_graph_built_off_the_event_loop(
+    recognizer, audio, monkeypatch
+):
+    """8 connections send the same 1,000 phrases: one graph is built (on its own thread,
+    slowed here by a second so that it shows), and a stream without phrases keeps getting
+    its partials meanwhile; the 8 get the same text."""
+    from asr.decoding import biasing
+
+    letters = "ABCDEFGHIJKLMNOPRSTUVWY"
+    phrases = [f"{a}{b}{c}OR {c}{a}N" for a in letters[:10] for b in letters for c in "AEIOU"]
+    phrases = phrases[:1000]
+    assert len(set(phrases)) == 1000
+    build = biasing.BiasingGraph.from_phrases
+    window: list[float] = []
+
+    def slow_build(*args, **kwargs):
+        window.append(time.monotonic())
+        time.sleep(1.0)
+        graph = build(*args, **kwargs)
+        window.append(time.monotonic())
+        return graph
+
+    monkeypatch.setattr(biasing.BiasingGraph, "from_phrases", slow_build)
+    builds = recognizer.biasing_graphs.builds
+    with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
+
+        async def scenario() -> tuple[list[tuple[float, dict]], list[list[dict]]]:
+            plain = asyncio.create_task(timed_messages(base, audio[0], pace=0.05))
+            await asyncio.sleep(0.3)
+            boosted = [stream(base, audio[1][:32000], context=phrases) for _ in range(8)]
+            return await plain, await asyncio.gather(*boosted)
+
+        plain, boosted = asyncio.run(scenario())
+    assert recognizer.biasing_graphs.builds == builds + 1 and len(window) == 2
+    during = [m for at, m in plain if window[0] <= at <= window[1] and m["type"] == "partial"]
+    assert len(during) >= 3, (window, [at for at, _ in plain])
+    texts = {final_text(messages) for messages in boosted}
+    assert len(texts) == 1
 
 
 def test_full_vanished_and_idle_connections(recognizer, audio):
@@ -252,6 +316,7 @@ def test_endpoints_follow_the_models_blank_frames(streaming_run, audio):
     blank = recognizer.model.blank_id
     rules = EndpointRules(silence_after_speech_s=0.8, silence_s=1.6, max_segment_s=1000.0)
     connection = Connection(recognizer, rules)
+    connection.open_stream()
     chunk = round(recognizer.chunk_seconds * 16000)
 
     def run(samples: np.ndarray) -> list[dict]:
@@ -278,8 +343,10 @@ def test_endpoints_follow_the_models_blank_frames(streaming_run, audio):
     assert later and all(m["type"] == "partial" and m["segment"] == 1 for m in later)
     assert all(m["text"] == "" for m in later)
     # 4 s of silence: segment 1 (no words) restarted after 1.6 s, and again, silently
-    assert connection.segment.number == 1
-    assert connection.segment.first_frame * recognizer.model.frame_seconds >= closed_at + 1.6
+    assert connection.segment == 1
+    stream = connection.stream
+    segment_start = stream.frames_decoded - stream.search_frames
+    assert segment_start * recognizer.model.frame_seconds >= closed_at + 1.6
 
 
 @pytest.mark.long  # four processes that each load torch: 45 s

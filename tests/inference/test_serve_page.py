@@ -87,7 +87,7 @@ PHRASES = ["PORCUPINE", "QUEEN MURDROR :6"]
 
 def boosted(recognizer: StreamingRecognizer, path: Path, phrases: list[str]):
     """The final transcript of `path` streamed with `phrases` boosted."""
-    stream = recognizer.create_stream(context=phrases)
+    stream = recognizer.create_stream(biasing=phrases)
     samples = read_audio(path)
     for start in range(0, len(samples), 1600):
         stream.accept_waveform(samples[start : start + 1600])
@@ -109,7 +109,7 @@ def test_a_chosen_file_is_streamed_at_real_time_and_shown(recognizer, utterance,
             driver.find_element("id", "file").send_keys(str(utterance))
             page = wait_for(driver, "page.state === 'done'", 60)
             took = time.monotonic() - began
-            assert page["context"] == PHRASES
+            assert page["biasing"] == PHRASES
             assert " ".join(f["text"] for f in page["finals"]).strip() == expected.text
             assert shown_segments(driver) == expected.text
             # each word shown with its confidence, the doubtful ones marked
@@ -127,6 +127,44 @@ def test_a_chosen_file_is_streamed_at_real_time_and_shown(recognizer, utterance,
     assert took >= duration - 0.5  # at real time, not as fast as it could
 
 
+def test_the_example_button_streams_the_servers_example_at_real_time(recognizer, test_flacs):
+    """A newcomer sees the model work before speaking to it: the server's example (a demo
+    test utterance) streamed from the page, with the note on what the model can hear."""
+    example = test_flacs[1]
+    expected = recognizer.transcribe([read_audio(example)])[0].text
+    with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS), example) as base:
+        driver = browser()
+        try:
+            driver.get(base)
+            wait_for(driver, "!document.getElementById('example').disabled", 30)
+            assert driver.find_element("id", "hears").is_displayed()
+            assert "one speech synthesizer" in driver.find_element("id", "hears").text
+            began = time.monotonic()
+            driver.find_element("id", "example").click()
+            page = wait_for(driver, "page.state === 'done'", 60)
+            took = time.monotonic() - began
+            assert " ".join(f["text"] for f in page["finals"]).strip() == expected
+            assert (
+                expected
+                and f"example {example.name}: done" in driver.find_element("id", "status").text
+            )
+        finally:
+            driver.quit()
+    assert took >= sf.info(example).duration - 0.5  # at real time
+
+
+def test_a_page_without_an_example_shows_no_button(recognizer):
+    with serving(recognizer, ServeConfig()) as base:
+        driver = browser()
+        try:
+            driver.get(base)
+            wait_for(driver, "!document.getElementById('mic').disabled", 30)
+            assert not driver.find_element("id", "example").is_displayed()
+            assert not driver.find_element("id", "hears").is_displayed()
+        finally:
+            driver.quit()
+
+
 def test_a_phrase_the_model_cannot_spell_is_named_on_the_page(recognizer, utterance):
     with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
         driver = browser()
@@ -141,7 +179,7 @@ def test_a_phrase_the_model_cannot_spell_is_named_on_the_page(recognizer, uttera
             wait_for(driver, "!document.getElementById('file').disabled", 10)
         finally:
             driver.quit()
-    assert "context phrase 'CAFÉ' cannot be tokenized" in status
+    assert "biasing phrase 'CAFÉ' cannot be tokenized" in status
 
 
 def test_the_microphone_is_heard_and_transcribed(recognizer, utterance, tmp_path):

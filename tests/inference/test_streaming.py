@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from asr.data.features import FeatureConfig
-from asr.decoding.transducer import BeamOptions, beam_search, greedy_search_timed
+from asr.decoding.transducer_beam import BeamOptions
 from asr.inference.audio import read_audio
 from asr.inference.recognizer import Recognizer
 from asr.inference.streaming import StreamingRecognizer
 from asr.models.build import build_model
 from asr.models.conformer import Chunking
 from asr.models.transducer import Transducer
+from tests.decoding.searching import beam_nbest, greedy_timed
 
 FEATURES = FeatureConfig(frontend="librosa", normalize="none")
 CHUNKS, LEFTS = (2, 4), (6, 12)
@@ -60,9 +61,9 @@ def _whole(model: Transducer, samples: np.ndarray, chunking: Chunking, beam: int
     with torch.no_grad():
         out, lens = model.encode(feats[None], torch.tensor([feats.shape[0]]), chunking)
     if beam == 1:
-        hyp = greedy_search_timed(model, out, lens)[0]
+        hyp = greedy_timed(model, out, lens)[0]
         return hyp.tokens, hyp.frames
-    best = beam_search(model, out, lens, BeamOptions(beam))[0][0]
+    best = beam_nbest(model, out, lens, BeamOptions(beam))[0][0]
     return list(best.tokens), list(best.frames)
 
 
@@ -82,15 +83,7 @@ def _streamed(
                 stream.finish()
         recognizer.decode(streams)
     assert all(s.done for s in streams)
-    results = []
-    for stream in streams:
-        search = stream.search
-        if recognizer.beam is None:
-            results.append((search.tokens[0], search.frames[0]))
-        else:
-            best = search.hypotheses(1)[0][0]
-            results.append((list(best.tokens), list(best.frames)))
-    return results
+    return [(stream.best().tokens, stream.best().frames) for stream in streams]
 
 
 # With the subsampling cache a stream's subsampling runs on other tensor shapes than the

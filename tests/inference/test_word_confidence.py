@@ -52,7 +52,7 @@ def test_every_word_of_a_stream_has_a_confidence(streaming_run, test_flacs, beam
     _check_words(recognizer.transcribe(audio))
     # a stream with an empty phrase list gives what one without gives
     plain = recognizer.feed(audio[:1])[0]
-    empty = recognizer.create_stream(context=[])
+    empty = recognizer.create_stream(biasing=[])
     for start in range(0, len(audio[0]), 1600):
         empty.accept_waveform(audio[0][start : start + 1600])
         recognizer.decode([empty, recognizer.create_stream()])
@@ -67,15 +67,15 @@ def test_context_phrases_through_load_model_and_the_command_lines(
     recognizer = load_recognizer(bundle)
     files = test_flacs[:2]
     plain = recognizer.transcribe(files, timestamps=True)
-    assert recognizer.transcribe(files, timestamps=True, context=[]) == plain
+    assert recognizer.transcribe(files, timestamps=True, biasing=[]) == plain
     # the first file's second word, boosted: still there; the transcript keeps its shape
     word = plain[0].words[1].word
-    boosted = recognizer.transcribe(files, context=[(word, 2.0)])
+    boosted = recognizer.transcribe(files, biasing=[(word, 2.0)])
     assert word in boosted[0].split()
     phrases = tmp_path / "phrases.txt"
     phrases.write_text(f"{word} :2\nZORVAK\n")
     transcribe_main(
-        [str(bundle), *map(str, files), "--context-phrases", str(phrases), "--output-format", "ctm"]
+        [str(bundle), *map(str, files), "--biasing-phrases", str(phrases), "--output-format", "ctm"]
     )
     ctm = capsys.readouterr().out.splitlines()
     assert ctm and all(len(line.split()) == 6 for line in ctm)  # ... word confidence
@@ -88,12 +88,12 @@ def test_context_phrases_through_load_model_and_the_command_lines(
     assert [w["word"] for w in words] == [w.word for w in plain[0].words]
     assert [w["confidence"] for w in words] == [w.confidence for w in plain[0].words]
     out = tmp_path / "decoded"
-    decode_main([str(bundle), str(test_cuts), "--context-phrases", str(phrases), "-o", str(out)])
+    decode_main([str(bundle), str(test_cuts), "--biasing-phrases", str(phrases), "-o", str(out)])
     assert "WER" in capsys.readouterr().out and (out / "hyps.jsonl").is_file()
     phrases.write_text("ZORVAK :-1\n")
     with pytest.raises(SystemExit):
-        transcribe_main([str(bundle), str(files[0]), "--context-phrases", str(phrases)])
-    assert "phrases.txt line 1: context score of 'ZORVAK' must be >= 0" in capsys.readouterr().err
+        transcribe_main([str(bundle), str(files[0]), "--biasing-phrases", str(phrases)])
+    assert "phrases.txt line 1: biasing score of 'ZORVAK' must be >= 0" in capsys.readouterr().err
 
 
 def test_json_keeps_words_without_a_confidence_out_of_it(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from lhotse import CutSet
 
 from asr.data.corpus import load_cuts
 from asr.data.dataset import AsrDataset
-from asr.decoding.transducer import greedy_search
+from asr.decoding.search import decode
 from asr.inference.bundle import BUNDLE_KEY
 from asr.metrics import corpus_errors
 from asr.models.build import build_model
@@ -55,7 +55,7 @@ def test_validation_wer_is_the_corpus_wer(
     hyps = [
         tokenizer.decode(ids)
         for batch in dev_batches
-        for ids in greedy_search(model, *model.encode(batch.features, batch.feature_lens))
+        for ids in decode(model, *model.encode(batch.features, batch.feature_lens))
     ]
     expected = 100 * corpus_errors(refs, hyps).wer  # errors summed over batches, not averaged
     metrics = _validate(module, dev_batches)

@@ -13,7 +13,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 import asr
-from asr.decoding.transducer import BeamOptions, GreedyOptions
+from asr.decoding.transducer import GreedyOptions
+from asr.decoding.transducer_beam import BeamOptions
 from asr.training.command import CONFIG_DIR
 from asr.training.train import build, resume_path, run
 

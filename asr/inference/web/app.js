@@ -1,4 +1,4 @@
-// asr-serve's page: streams the microphone, or a file at real time, to the server's
+// asr-serve's page: streams the microphone, or a file or the server's example at real time, to the server's
 // websocket (/ws) as 16 kHz mono float32 pieces of 100 ms, and shows the partial text as
 // it grows, each final segment with its times and its words' confidences (the doubtful
 // ones underlined), and the latency of the last partial (from sending the piece that
@@ -20,7 +20,7 @@ const page = {
   partial: "",
   latencyMs: null,
   sentSamples: 0, // of the current recording
-  context: [], // the phrases sent with the current recording
+  biasing: [], // the phrases sent with the current recording (the start message's "context")
   state: "idle", // idle | live | ending | done | error
 };
 window.asrPage = page;
@@ -56,11 +56,11 @@ class Session {
 
   receive(message, resolve) {
     if (message.type === "ready") {
-      page.context = phrases();
-      if (page.context.length) {
-        this.ws.send(JSON.stringify({ type: "start", format: "f32le", context: page.context }));
+      page.biasing = phrases();
+      if (page.biasing.length) {
+        this.ws.send(JSON.stringify({ type: "start", format: "f32le", context: page.biasing }));
       }
-      const boosted = page.context.length ? `, ${page.context.length} phrase(s) boosted` : "";
+      const boosted = page.biasing.length ? `, ${page.biasing.length} phrase(s) boosted` : "";
       setStatus(`${this.label}: live, ${message.chunk_ms} ms chunks${boosted}`);
       resolve(message);
     } else if (message.type === "partial") {
@@ -197,17 +197,17 @@ async function samplesOf(file) {
   return mono;
 }
 
-async function streamFile(file) {
+async function streamFile(file, label = file.name) {
   setControls(false);
   let samples;
   try {
     samples = await samplesOf(file);
   } catch (error) {
-    setStatus(`${file.name}: not audio the browser can decode (${error.message})`, true);
+    setStatus(`${label}: not audio the browser can decode (${error.message})`, true);
     setControls(true);
     return;
   }
-  const session = new Session(file.name, () => setControls(true));
+  const session = new Session(label, () => setControls(true));
   await session.ready;
   page.state = "live";
   const began = performance.now();
@@ -233,7 +233,23 @@ drop.addEventListener("drop", (event) => {
   if (event.dataTransfer.files.length && !$("file").disabled) streamFile(event.dataTransfer.files[0]);
 });
 
+// -- the server's example (asr-serve --example), at real time --------------------------------
+let example = null; // its file name, when the server has one
+
+$("example").addEventListener("click", async () => {
+  setControls(false);
+  try {
+    const response = await fetch("/example");
+    if (!response.ok) throw new Error(`${response.status}`);
+    await streamFile(await response.blob(), `example ${example}`);
+  } catch (error) {
+    setStatus(`the example could not be fetched (${error.message})`, true);
+    setControls(true);
+  }
+});
+
 function setControls(enabled) {
+  $("example").disabled = !enabled;
   $("mic").disabled = !enabled;
   $("file").disabled = !enabled;
   $("phrases").disabled = !enabled;
@@ -248,6 +264,8 @@ function phrases() {
 fetch("/status")
   .then((response) => response.json())
   .then((status) => {
+    example = status.example;
+    $("example").hidden = $("hears").hidden = !example;
     setStatus(`ready: ${status.chunk_ms} ms chunks, ${status.streams} of ${status.max_streams} streams live`);
     setControls(true);
   })

@@ -1,0 +1,174 @@
+"""What every transducer search keeps of its hypotheses, once.
+
+A search holds its hypotheses as rows of batched tensors. `HypothesisState` is what a row
+carries into the next step besides its tokens: the predictor's output and state after its
+last token, and its place in the biasing graph (`asr.decoding.biasing`). Taking rows
+(`take`), stacking them (`cat`), replacing some (`put`) and choosing per row between two
+states (`where`) carry every field at once, so a per-hypothesis state that a new search
+feature needs (an LM state, the frames a duration skips) is one more field here and one
+more line in `after`, and every search carries it.
+
+What a search gives back: `TimedTokens` (a hypothesis's tokens, the encoder frame of each,
+counted from the start of the audio or stream, and the search's confidence in each) and,
+for n-best lists, `Hypothesis` (the same with its score).
+
+Legend: R rows (hypotheses), D_joint the joiner's width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from asr.models.transducer import PredictorState, Transducer
+
+
+@dataclass(frozen=True)
+class TimedTokens:
+    """A hypothesis's token ids (no blanks), the encoder frame each was emitted at and
+    the search's confidence in each (`asr.decoding.confidence`)."""
+
+    tokens: list[int]
+    frames: list[int]
+    confidences: list[float]
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.frames) == len(self.confidences):
+            raise ValueError(
+                f"{len(self.tokens)} tokens, {len(self.frames)} frames and "
+                f"{len(self.confidences)} confidences"
+            )
+
+    @classmethod
+    def empty(cls) -> TimedTokens:
+        return cls([], [], [])
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A token sequence (no blanks), its log-probability summed over the alignments that
+    were merged into it (plus its biasing bonus, where a graph was given), and the frame
+    each token was emitted at and its confidence in the most probable of them."""
+
+    tokens: tuple[int, ...]
+    score: float
+    frames: tuple[int, ...] = ()
+    confidences: tuple[float, ...] = ()
+
+    def timed(self) -> TimedTokens:
+        return TimedTokens(list(self.tokens), list(self.frames), list(self.confidences))
+
+
+# -- rows of a batch-first predictor state (a tensor or a tuple of them) -------------------
+
+
+def take_rows(state: PredictorState, index: Tensor) -> PredictorState:
+    """Rows `index` of a batch-first predictor state."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, index)
+    return tuple(take_rows(part, index) for part in state)
+
+
+def cat_rows(states: list[PredictorState]) -> PredictorState:
+    """Batch-first predictor states stacked along the batch."""
+    if isinstance(states[0], Tensor):
+        return torch.cat(states)
+    return tuple(cat_rows([s[i] for s in states]) for i in range(len(states[0])))
+
+
+def put_rows(state: PredictorState, index: Tensor, rows: PredictorState) -> PredictorState:
+    """`state` with its rows `index` replaced by `rows`."""
+    if isinstance(state, Tensor):
+        return state.index_copy(0, index, rows)
+    return tuple(put_rows(s, index, r) for s, r in zip(state, rows, strict=True))
+
+
+def where_rows(mask: Tensor, new: PredictorState, old: PredictorState) -> PredictorState:
+    """Per row: `new` where mask (R,) is True, else `old`."""
+    if isinstance(new, Tensor):
+        return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
+    return tuple(where_rows(mask, n, o) for n, o in zip(new, old, strict=True))
+
+
+def copy_rows_into(target: PredictorState, source: PredictorState) -> None:
+    """Copy a predictor state into `target`'s tensors, in place (static buffers)."""
+    if isinstance(target, Tensor):
+        target.copy_(source)
+        return
+    for t, s in zip(target, source, strict=True):
+        copy_rows_into(t, s)
+
+
+def zeros_like_rows(state: PredictorState, rows: int) -> PredictorState:
+    """Zeros of `state`'s shape with `rows` rows."""
+    if isinstance(state, Tensor):
+        return state.new_zeros((rows, *state.shape[1:]))
+    return tuple(zeros_like_rows(s, rows) for s in state)
+
+
+@dataclass(frozen=True)
+class HypothesisState:
+    """What each row carries into the next step: `pred` (R, D_joint) the projected
+    predictor output after its last token, `predictor` the predictor's state, and
+    `biasing_node` (R,) its state in the biasing graph (0, the root, without one)."""
+
+    pred: Tensor
+    predictor: PredictorState
+    biasing_node: Tensor
+
+    @classmethod
+    def start(cls, model: Transducer, rows: int, device: torch.device | str) -> HypothesisState:
+        """`rows` hypotheses before their first token (the predictor fed blank)."""
+        predictor, joiner = model.predictor, model.joiner
+        blanks = torch.full((rows,), model.blank_id, device=device, dtype=torch.long)
+        out, state = predictor.step(blanks, predictor.init_state(rows, device))
+        nodes = torch.zeros(rows, dtype=torch.long, device=device)
+        return cls(joiner.project_predictor(out), state, nodes)
+
+    def after(
+        self, model: Transducer, tokens: Tensor, biasing_next: Tensor | None
+    ) -> HypothesisState:
+        """Every row's state after appending `tokens` (R,): the predictor stepped and
+        projected, the biasing node moved along `biasing_next` (the graph's `next` table;
+        None: no graph, the nodes stay)."""
+        out, state = model.predictor.step(tokens, self.predictor)
+        nodes = self.biasing_node
+        if biasing_next is not None:
+            nodes = biasing_next[nodes, tokens]
+        return HypothesisState(model.joiner.project_predictor(out), state, nodes)
+
+    def take(self, index: Tensor) -> HypothesisState:
+        return HypothesisState(
+            self.pred.index_select(0, index),
+            take_rows(self.predictor, index),
+            self.biasing_node.index_select(0, index),
+        )
+
+    @staticmethod
+    def cat(parts: list[HypothesisState]) -> HypothesisState:
+        return HypothesisState(
+            torch.cat([p.pred for p in parts]),
+            cat_rows([p.predictor for p in parts]),
+            torch.cat([p.biasing_node for p in parts]),
+        )
+
+    def put(self, index: Tensor, rows: HypothesisState) -> HypothesisState:
+        """This state with its rows `index` replaced by `rows`."""
+        return HypothesisState(
+            self.pred.index_copy(0, index, rows.pred.to(self.pred.dtype)),
+            put_rows(self.predictor, index, rows.predictor),
+            self.biasing_node.index_copy(0, index, rows.biasing_node),
+        )
+
+    def where(self, mask: Tensor, new: HypothesisState) -> HypothesisState:
+        """Per row: `new`'s where mask (R,) is True, else this state's."""
+        nodes = self.biasing_node
+        if new.biasing_node is not nodes:  # (`after` without a graph keeps the same tensor)
+            nodes = torch.where(mask, new.biasing_node, nodes)
+        return HypothesisState(
+            torch.where(mask[:, None], new.pred, self.pred),
+            where_rows(mask, new.predictor, self.predictor),
+            nodes,
+        )
