@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from asr.decoding.biasing import BiasingGraph, keep_half
-from asr.decoding.checks import check_encoder_output
+from asr.decoding.checks import check_beam, check_encoder_output
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.models.aed import EncoderDecoder, StaticDecoderState
 
@@ -34,10 +34,7 @@ class AedSearchOptions:
     nbest: int = 1
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
-        if not 1 <= self.nbest <= self.beam_size:
-            raise ValueError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
+        check_beam(self.beam_size, self.nbest)
         if not self.max_tps > 0:
             raise ValueError(f"max_tps must be positive, got {self.max_tps}")
 

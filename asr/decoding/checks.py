@@ -14,6 +14,15 @@ def check_encoder_output(encoder_out: Tensor, encoder_lens: Tensor) -> None:
         )
 
 
+def check_beam(beam_size: int, nbest: int) -> None:
+    """Raise ValueError unless a beam of `beam_size` >= 1 can give an n-best list of
+    `nbest` (1 to beam_size)."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be in [1, beam_size={beam_size}], got {nbest}")
+
+
 def check_same_biasing(graphs: list) -> object:
     """The one biasing graph (or None) of progresses stacked into one search step: rows
     scored with different graphs cannot share a step (`asr.decoding.search.advance_each`

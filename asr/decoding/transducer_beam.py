@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from asr.decoding.biasing import BiasingGraph, keep_half
-from asr.decoding.checks import check_encoder_output, check_same_biasing
+from asr.decoding.checks import check_beam, check_encoder_output, check_same_biasing
 from asr.decoding.confidence import token_confidence
 from asr.decoding.hypotheses import Hypothesis, HypothesisState, TimedTokens
 from asr.models.transducer import Transducer
@@ -42,14 +42,11 @@ class BeamOptions:
     nbest: int = 1
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        check_beam(self.beam_size, self.nbest)
         if self.max_symbols_per_frame < 1:
             raise ValueError(
                 f"max_symbols_per_frame must be >= 1, got {self.max_symbols_per_frame}"
             )
-        if not 1 <= self.nbest <= self.beam_size:
-            raise ValueError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
 
 
 def _log_add(a: float, b: float) -> float:
