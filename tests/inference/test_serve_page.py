@@ -66,9 +66,9 @@ def wait_for(driver, condition: str, timeout: float = 60.0) -> dict:
     """Poll `window.asrPage` until the JS `condition` on it (`page`) holds -> the page."""
     deadline = time.monotonic() + timeout
     while True:
-        page = driver.execute_script("return window.asrPage")
         if driver.execute_script(f"const page = window.asrPage; return {condition};"):
-            return page
+            return driver.execute_script("return window.asrPage")  # read after it holds
+        page = driver.execute_script("return window.asrPage")
         assert time.monotonic() < deadline, (
             condition,
             page,
