@@ -208,9 +208,11 @@ def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio)
     assert all(code == 1008 for i, (_, code) in enumerate(errors) if i != 2)
 
 
-async def timed_messages(base: str, samples: np.ndarray, pace: float) -> list[tuple[float, dict]]:
-    """Stream `samples` in 0.1 s pieces `pace` seconds apart -> each message with the time
-    it arrived (read as they come, not after the end)."""
+async def timed_messages(
+    base: str, samples: np.ndarray, pace: float, until: asyncio.Event
+) -> list[tuple[float, dict]]:
+    """Stream `samples` in 0.1 s pieces `pace` seconds apart, over and over until `until`
+    is set -> each message with the time it arrived (read as they come)."""
     async with websockets.connect(base.replace("http", "ws") + "/ws") as ws:
         got: list[tuple[float, dict]] = []
 
@@ -219,9 +221,10 @@ async def timed_messages(base: str, samples: np.ndarray, pace: float) -> list[tu
                 got.append((time.monotonic(), json.loads(message)))
 
         reader = asyncio.create_task(read())
-        for at in range(0, len(samples), PIECE):
-            await ws.send(samples[at : at + PIECE].astype("<f4").tobytes())
-            await asyncio.sleep(pace)
+        while not until.is_set():
+            for at in range(0, len(samples), PIECE):
+                await ws.send(samples[at : at + PIECE].astype("<f4").tobytes())
+                await asyncio.sleep(pace)
         await ws.send(json.dumps({"type": "end"}))
         await reader
     return got
@@ -254,10 +257,13 @@ def test_equal_phrase_lists_share_one_graph_built_off_the_event_loop(
     with serving(recognizer, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
 
         async def scenario() -> tuple[list[tuple[float, dict]], list[list[dict]]]:
-            plain = asyncio.create_task(timed_messages(base, audio[0], pace=0.05))
+            built = asyncio.Event()  # the plain stream goes on until the 8 are done
+            plain = asyncio.create_task(timed_messages(base, audio[0], 0.05, built))
             await asyncio.sleep(0.3)
             boosted = [stream(base, audio[1][:32000], context=phrases) for _ in range(8)]
-            return await plain, await asyncio.gather(*boosted)
+            finished = await asyncio.gather(*boosted)
+            built.set()
+            return await plain, finished
 
         plain, boosted = asyncio.run(scenario())
     assert recognizer.biasing_graphs.builds == builds + 1 and len(window) == 2
