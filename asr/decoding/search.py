@@ -91,6 +91,19 @@ def _greedy(options: GreedyOptions, device: torch.device) -> TransducerSearch:
 _SEARCHES = {GreedyOptions: _greedy, BeamOptions: lambda options, _: BeamSearch(options)}
 
 
+def search_whole(
+    search: TransducerSearch[P],
+    model: Transducer,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    biasing: BiasingGraph | None = None,
+) -> P:
+    """The progress after whole utterances (a batch of at least one): `start`, then one
+    `advance`."""
+    progress = search.start(model, encoder_out.size(0), encoder_out.device, biasing)
+    return search.advance(model, progress, encoder_out, encoder_lens)
+
+
 def decode_with(
     search: TransducerSearch,
     model: Transducer,
@@ -98,12 +111,10 @@ def decode_with(
     encoder_lens: Tensor,
     biasing: BiasingGraph | None = None,
 ) -> list[TimedTokens]:
-    """Whole utterances: `start`, one `advance`, `best`."""
-    batch = encoder_out.size(0)
-    if batch == 0:
+    """Whole utterances' best hypotheses (`search_whole`, then `best`)."""
+    if encoder_out.size(0) == 0:
         return []
-    progress = search.start(model, batch, encoder_out.device, biasing)
-    return search.best(search.advance(model, progress, encoder_out, encoder_lens))
+    return search.best(search_whole(search, model, encoder_out, encoder_lens, biasing))
 
 
 def advance_each(
@@ -234,6 +245,5 @@ def decode_nbest(
     search = BeamSearch(dataclasses.replace(options, nbest=nbest))
     if encoder_out.size(0) == 0:
         return []
-    progress = search.start(model, encoder_out.size(0), encoder_out.device, biasing)
-    progress = search.advance(model, progress, encoder_out, encoder_lens)
+    progress = search_whole(search, model, encoder_out, encoder_lens, biasing)
     return [[(list(h.tokens), h.score) for h in hyps] for hyps in search.nbest(progress)]

@@ -195,15 +195,13 @@ class _Beam:
 @dataclass(frozen=True)
 class BeamProgress:
     """Beam search of a batch between chunks: per utterance its `_Beam` of K rows, every
-    row's state (B * K rows, `HypothesisState`), the biasing graph (None: none), the
-    frames each utterance has consumed (`first_frame` of `start` included) and the bonus
-    each row would give back if the utterance ended now (`held`)."""
+    row's state (B * K rows, `HypothesisState`), the biasing graph (None: none) and the
+    frames each utterance has consumed (`first_frame` of `start` included)."""
 
     beams: list[_Beam]
     rows: HypothesisState
     biasing: BiasingGraph | None
     consumed: list[int]
-    held: list[float]
 
     @property
     def beam_size(self) -> int:
@@ -213,6 +211,9 @@ class BeamProgress:
         """Per utterance its `n` best hypotheses so far, best first, scored as if the
         utterance ended here (a partial match of a biasing phrase gives its bonus back)."""
         k = self.beam_size
+        held = [0.0] * (len(self.beams) * k)
+        if self.biasing is not None:
+            held = self.biasing.held[self.rows.biasing_node].tolist()
         results = []
         for b, beam in enumerate(self.beams):
             rows = zip(
@@ -220,7 +221,7 @@ class BeamProgress:
                 beam.scores,
                 beam.frames,
                 beam.confidences,
-                self.held[b * k : b * k + k],
+                held[b * k : b * k + k],
                 strict=True,
             )
             hyps = [
@@ -240,7 +241,6 @@ class BeamProgress:
             self.rows.take(at),
             self.biasing,
             [self.consumed[i] for i in index],
-            [self.held[r] for r in rows],
         )
 
     @staticmethod
@@ -250,7 +250,6 @@ class BeamProgress:
             HypothesisState.cat([p.rows for p in parts]),
             check_same_biasing([p.biasing for p in parts]),
             [c for p in parts for c in p.consumed],
-            [h for p in parts for h in p.held],
         )
 
 
@@ -352,7 +351,6 @@ class BeamSearch:
             HypothesisState.start(model, batch_size * k, device),
             None if biasing is None else biasing.to(device),
             [first_frame] * batch_size,
-            [0.0] * (batch_size * k),
         )
 
     @torch.inference_mode()
@@ -401,11 +399,8 @@ class BeamSearch:
                     rows_state = rows_state.put(
                         at, rows_state.take(at).after(model, last, biasing_next)
                     )
-        held = progress.held
-        if biasing is not None:
-            held = biasing.held[rows_state.biasing_node].tolist()
         consumed = [c + n for c, n in zip(progress.consumed, lens, strict=True)]
-        return BeamProgress(beams, rows_state, biasing, consumed, held)
+        return BeamProgress(beams, rows_state, biasing, consumed)
 
     def best(self, progress: BeamProgress) -> list[TimedTokens]:
         return [hyps[0].timed() if hyps else TimedTokens.empty() for hyps in progress.nbest(1)]

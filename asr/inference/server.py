@@ -249,11 +249,11 @@ class Connection:
         text = self.recognizer.tokenizer.decode(best.tokens)
         messages = [self._message("partial", text)]
         frame_s = self.recognizer.model.frame_seconds
-        segment_start = frames - stream.search_frames
+        segment_start = stream.decoding.search_start
         speech_end = best.frames[-1] + 1 if best.frames else segment_start
         endpoint = detect_endpoint(
             self.rules,
-            decoded_s=stream.search_frames * frame_s,
+            decoded_s=(frames - segment_start) * frame_s,
             trailing_silence_s=(frames - speech_end) * frame_s,
             has_words=bool(text.strip()),
             ended=stream.done,

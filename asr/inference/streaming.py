@@ -171,11 +171,6 @@ class Stream:
         """Encoder frames decoded since the stream's start."""
         return self._decoding.frames
 
-    @property
-    def search_frames(self) -> int:
-        """Encoder frames decoded since the search started (the current segment's)."""
-        return self._decoding.frames - self._decoding.search_start
-
     def best(self) -> TimedTokens:
         """The tokens of the best hypothesis so far, the frame of each (encoder frames
         since the stream's start) and its confidence."""

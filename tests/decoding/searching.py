@@ -8,7 +8,7 @@ from torch import Tensor
 from asr.decoding.biasing import BiasingGraph
 from asr.decoding.hypotheses import Hypothesis, TimedTokens
 from asr.decoding.label_looping import LabelLoopingGreedy
-from asr.decoding.search import decode_with
+from asr.decoding.search import decode_with, search_whole
 from asr.decoding.transducer import FrameLoopingGreedy, GreedyOptions
 from asr.decoding.transducer_beam import BeamOptions, BeamSearch
 from asr.models.transducer import Transducer
@@ -57,8 +57,7 @@ def beam_nbest(
     biasing: BiasingGraph | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search of whole utterances: per utterance its `options.nbest` best."""
-    search = BeamSearch(options)
     if enc.size(0) == 0:
         return []
-    progress = search.start(model, enc.size(0), enc.device, biasing)
-    return search.nbest(search.advance(model, progress, enc, lens))
+    search = BeamSearch(options)
+    return search.nbest(search_whole(search, model, enc, lens, biasing))

@@ -351,7 +351,7 @@ def test_endpoints_follow_the_models_blank_frames(streaming_run, audio):
     # 4 s of silence: segment 1 (no words) restarted after 1.6 s, and again, silently
     assert connection.segment == 1
     stream = connection.stream
-    segment_start = stream.frames_decoded - stream.search_frames
+    segment_start = stream.decoding.search_start
     assert segment_start * recognizer.model.frame_seconds >= closed_at + 1.6
 
 
