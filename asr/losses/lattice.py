@@ -18,6 +18,35 @@ Gradient (with logP = log-likelihood of the targets, occupancy exp(alpha + beta 
 
 with beta_next = beta[t+1, u] for the blank (0 past the last frame of the last node) and
 beta[t, u+1] for the label. `nll_and_logit_grad_` overwrites the logits with it.
+
+The token-and-duration transducer (TDT, Xu et al., 2023, arXiv 2304.06795; `tdt_lattice`):
+from node (t, u) an emission also picks a duration l of `durations` (D of them). A blank
+moves to (t + l, u) and needs l >= 1; the label y[u] moves to (t + l, u + 1), l = 0
+included. A path ends with a blank that lands exactly on frame F (the sample's frames) at
+u = K (its tokens): the end node (F, K). Arc weights are log p(token) - sigma + log
+p(duration), with sigma NeMo's logit under-normalization.
+
+Every arc moves from anti-diagonal n = t + u to a later one (a blank by l >= 1, a label by
+l + 1 >= 1), so the forward and backward variables are still computed one diagonal at a
+time, vectorized over the diagonal and the samples of a chunk: T + U steps, each reading
+the D diagonals before (after) it, in the same skewed layout, with `reach` rows of padding
+before and after the diagonals so that reading diagonal n - l - 1 (n + l + 1) never leaves
+the buffer.
+
+The end node sits on the virtual row t = F (the lattice has T + 1 rows), so alpha there is
+the likelihood, and the backward recursion starts every sample from beta = 0 at its own
+end node. Arcs are -inf unless they leave a real node (t < F, u <= K) and land on or
+before the end: a blank lands on t + l <= F, a label on t + l < F with u < K.
+
+Gradients (occupancy of an arc: exp(alpha + arc + beta(destination) - logP)):
+
+    dL/dz[k]  = softmax(z)[k] * occupancy(node) - sum_l occupancy(blank, l) [k = blank]
+                                                - sum_l occupancy(label, l) [k = y[u]]
+    dL/de[l]  = softmax(e)[l] * occupancy(node) - occupancy(blank, l) - occupancy(label, l)
+
+for the token logits z and the duration logits e of the node: the token part has the form
+of `GradientTerms`, so `logit_grad_` of either implementation writes it; `duration_grad_`
+writes the small duration part.
 """
 
 from __future__ import annotations
@@ -228,3 +257,168 @@ def nll_and_logit_grad_(
     if terms is not None:
         logit_grad_(logits, labels, terms, blank=blank, weights=weights, grad_clamp=grad_clamp)
     return nll
+
+
+@dataclass
+class TdtGradientTerms:
+    """Per node (C, T, U1) what turns the joiner's logits into d(nll)/d(logits): `tokens`
+    for the token logits (as the plain transducer's), and for the duration logits
+    `log_occupancy` (C, T, U1) with `duration_moves` (C, T, U1, D), the occupancy of the
+    arcs of each duration (blank and label together). -inf and 0 outside a sample."""
+
+    tokens: GradientTerms
+    log_occupancy: Tensor
+    duration_moves: Tensor
+
+    def __getitem__(self, key: object) -> TdtGradientTerms:
+        return TdtGradientTerms(self.tokens[key], self.log_occupancy[key], self.duration_moves[key])
+
+
+def check_lattice_durations(durations: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """`durations` as a tuple, or a ValueError: it must hold 1 and no negative or repeated
+    value (a blank must be able to advance)."""
+    values = tuple(int(d) for d in durations)
+    if not values or min(values) < 0 or len(set(values)) != len(values) or 1 not in values:
+        raise ValueError(f"durations={list(values)} must hold 1 and no negative or repeated value")
+    return values
+
+
+def duration_log_probs_(duration_logits: Tensor, out: Tensor) -> Tensor:
+    """log_softmax of the duration logits (..., D) into `out` (same shape, any layout)."""
+    return out.copy_(torch.log_softmax(duration_logits.to(out.dtype), dim=-1))
+
+
+def _diagonal_buffer(
+    c: int, rows: int, u1: int, reach: int, like: Tensor, extra: tuple[int, ...] = ()
+) -> tuple[Tensor, Tensor]:
+    """A -inf buffer for `rows` x `u1` nodes of `c` lattices, and two views of it:
+    (diagonals (C, reach + rows + U1 - 1 + reach, U1, *extra) with node (t, u) at
+    [:, reach + t + u, U1 - 1 - u], nodes (C, rows, U1, *extra) with u flipped)."""
+    total = 2 * reach + rows + 2 * (u1 - 1)
+    inner = 1
+    for size in extra:
+        inner *= size
+    buf = like.new_full((c, total, u1, *extra), NEG_INF)
+    inner_strides = buf.stride()[3:]
+    diagonals = buf.as_strided(
+        (c, 2 * reach + rows + u1 - 1, u1, *extra),
+        (total * u1 * inner, u1 * inner, (u1 + 1) * inner, *inner_strides),
+    )
+    nodes = buf[:, reach + u1 - 1 : reach + u1 - 1 + rows]
+    return diagonals, nodes
+
+
+def tdt_lattice(
+    lse: Tensor,
+    z_blank: Tensor,
+    z_label: Tensor,
+    duration_lp: Tensor,
+    frames: Tensor,
+    tokens: Tensor,
+    *,
+    durations: tuple[int, ...],
+    sigma: float = 0.0,
+    gradient: bool,
+) -> tuple[Tensor, TdtGradientTerms | None]:
+    """Negative log-likelihoods (C,) of C samples from their node scores: the token
+    logits' `lse`, `z_blank`, `z_label` (C, T, U1; see `asr.losses.lattice.node_scores_`)
+    and the durations' log-probabilities `duration_lp` (C, T, U1, D), values outside each
+    sample's `frames` x `tokens` + 1 ignored. With `gradient`, also the terms of the
+    logit gradient (the token terms written over `lse`, `z_blank`, `z_label`)."""
+    durations = check_lattice_durations(durations)
+    c, t, u1 = lse.shape
+    d = len(durations)
+    if duration_lp.shape != (c, t, u1, d):
+        raise ValueError(f"duration_lp has shape {tuple(duration_lp.shape)}, not {(c, t, u1, d)}")
+    device, dtype = lse.device, lse.dtype
+    reach = max(durations) + 1
+    rows = torch.arange(t, device=device)[None, :, None, None]
+    cols = torch.arange(u1, device=device)[None, None, :, None]
+    lengths = torch.tensor(durations, device=device)[None, None, None, :]
+    f, k = frames[:, None, None, None], tokens[:, None, None, None]
+    node_ok = (rows < f) & (cols <= k)
+    blank_ok = node_ok & (lengths >= 1) & (rows + lengths <= f)
+    label_ok = node_ok & (cols < k) & (rows + lengths < f)
+    blank_lp = (z_blank - lse - sigma)[..., None]
+    label_lp = (z_label - lse - sigma)[..., None]
+    duration_lp = duration_lp.to(dtype)
+    blank_arc = (blank_lp + duration_lp).masked_fill_(~blank_ok, NEG_INF)
+    label_arc = (label_lp + duration_lp).masked_fill_(~label_ok, NEG_INF)
+
+    blank_d, blank_nodes = _diagonal_buffer(c, t + 1, u1, reach, lse, (d,))
+    label_d, label_nodes = _diagonal_buffer(c, t + 1, u1, reach, lse, (d,))
+    blank_nodes[:, :t] = blank_arc.flip(2)
+    label_nodes[:, :t] = label_arc.flip(2)
+    del blank_arc, label_arc
+    alpha_d, alpha_nodes = _diagonal_buffer(c, t + 1, u1, reach, lse)
+
+    which = torch.arange(d, device=device)
+    is_blank = torch.tensor([length >= 1 for length in durations], device=device)
+    blank_which, blank_len = which[is_blank], torch.tensor(durations, device=device)[is_blank]
+    label_len = torch.tensor(durations, device=device)
+    diagonals = alpha_d.size(1)
+    first, last = reach, diagonals - reach  # the real diagonals: [first, last)
+    alpha_d[:, first, u1 - 1] = 0.0  # node (0, 0)
+    label_pad = lse.new_full((d, c, 1), NEG_INF)
+    for m in range(first + 1, last):
+        via_blank = alpha_d[:, m - blank_len].transpose(0, 1)
+        via_blank = via_blank + blank_d[:, m - blank_len, :, blank_which]
+        via_label = alpha_d[:, m - label_len - 1, 1:].transpose(0, 1)
+        via_label = via_label + label_d[:, m - label_len - 1, 1:, which]
+        terms = torch.cat([via_blank, torch.cat([via_label, label_pad], 2)], 0)
+        alpha_d[:, m] = torch.logsumexp(terms, 0)
+    samples = torch.arange(c, device=device)
+    log_p = alpha_nodes[samples, frames, u1 - 1 - tokens]
+    if not gradient:
+        return -log_p, None
+
+    beta_d, beta_nodes = _diagonal_buffer(c, t + 1, u1, reach, lse)
+    end_d, end_nodes = _diagonal_buffer(c, t + 1, u1, reach, lse)
+    end_nodes[samples, frames, u1 - 1 - tokens] = 0.0
+    end_pad = lse.new_full((1, c, 1), NEG_INF)
+    for m in range(last - 1, first - 1, -1):
+        via_blank = beta_d[:, m + blank_len].transpose(0, 1)
+        via_blank = via_blank + blank_d[:, m, :, blank_which].permute(2, 0, 1)
+        via_label = beta_d[:, m + label_len + 1, :-1].transpose(0, 1)
+        via_label = via_label + label_d[:, m, 1:, :].permute(2, 0, 1)
+        terms = torch.cat(
+            [via_blank, torch.cat([end_pad.expand(d, c, 1), via_label], 2), end_d[None, :, m]], 0
+        )
+        beta_d[:, m] = torch.logsumexp(terms, 0)
+
+    top = alpha_d[:, first:last] - log_p[:, None, None]  # log occupancy of reaching a node
+    for i, length in enumerate(durations):  # arcs' occupancies, written over their weights
+        blank_d[:, first:last, :, i] += top + beta_d[:, first + length : last + length]
+        label_d[:, first:last, 1:, i] += top[:, :, 1:]
+        label_d[:, first:last, 1:, i] += beta_d[:, first + length + 1 : last + length + 1, :-1]
+        label_d[:, first:last, 0, i] = NEG_INF
+    blank_moves = blank_nodes[:, :t].flip(2).exp_()  # (C, T, U1, D)
+    label_moves = label_nodes[:, :t].flip(2).exp_()
+    node = node_ok[..., 0]
+    log_occupancy = (alpha_nodes[:, :t] + beta_nodes[:, :t]).flip(2) - log_p[:, None, None]
+    log_occupancy = log_occupancy.masked_fill_(~node, NEG_INF)
+    shift = torch.sub(log_occupancy, lse, out=lse).masked_fill_(~node, NEG_INF)
+    blank_move = z_blank.copy_(blank_moves.sum(-1)).masked_fill_(~node, 0.0)
+    neg_label_move = z_label.copy_(label_moves.sum(-1)).neg_().masked_fill_(~node, 0.0)
+    duration_moves = blank_moves.add_(label_moves).masked_fill_(~node[..., None], 0.0)
+    tokens_terms = GradientTerms(shift, blank_move, neg_label_move)
+    return -log_p, TdtGradientTerms(tokens_terms, log_occupancy, duration_moves)
+
+
+def duration_grad_(
+    duration_logits: Tensor,
+    terms: TdtGradientTerms,
+    *,
+    weights: Tensor | None = None,
+    grad_clamp: float | None = None,
+) -> Tensor:
+    """Overwrite a group's duration logits (G, T, U1, D) with d(sum_g weights[g]
+    nll[g])/de from `terms` (G, T, U1): softmax(e) * occupancy - the arcs' occupancies;
+    zero outside each sample, optionally clamped."""
+    lp = torch.log_softmax(duration_logits.to(terms.log_occupancy.dtype), dim=-1)
+    grad = lp.add_(terms.log_occupancy[..., None]).exp_().sub_(terms.duration_moves)
+    if grad_clamp is not None:
+        grad.clamp_(-grad_clamp, grad_clamp)
+    if weights is not None:
+        grad.mul_(weights.to(grad.dtype)[:, None, None, None])
+    return duration_logits.copy_(grad)

@@ -108,6 +108,7 @@ def build_model(
         predictor_dim=predictor.output_dim,
         vocab_size=vocab_size,
         joint_dim=config.joiner.joint_dim,
+        durations=config.joiner.durations,
     )
     ctc_head = _ctc_head(config, encoder, vocab_size)
     return Transducer(encoder, predictor, joiner, ctc_head=ctc_head, blank_id=config.blank_id)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.config_keys import check_choice
+from asr.config_keys import ConfigError, check_choice
 from asr.models.acoustic import AcousticModel
 
 PredictorState = Tensor | tuple[Tensor, ...]
@@ -54,9 +54,32 @@ class JoinerConfig:
     the other parts.
 
     - `joint_dim`: width of the joint space the encoder and predictor outputs are projected to.
+    - `durations`: null (a plain transducer), or the frames an emission may skip, which
+      makes it a token-and-duration transducer (TDT; NeMo's `[0, 1, 2, 3, 4]`): the joiner
+      also emits one logit per duration. It must hold 1, no negative and no repeated value.
     """
 
     joint_dim: int = 320
+    durations: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.durations is not None:
+            object.__setattr__(self, "durations", check_durations(self.durations))
+
+
+def check_durations(durations: object, key: str = "model.joiner.durations") -> tuple[int, ...]:
+    """`durations` as a tuple of ints, or a ConfigError naming `key`: a TDT duration set
+    holds 1 (a blank must be able to advance one frame), no negative and no repeated value."""
+    values = list(durations) if isinstance(durations, list | tuple) else None
+    if not values or not all(isinstance(d, int) and not isinstance(d, bool) for d in values):
+        raise ConfigError(
+            f"{key}={durations!r} must be a list of frame counts, like [0, 1, 2, 3, 4]"
+        )
+    if min(values) < 0 or len(set(values)) != len(values) or 1 not in values:
+        raise ConfigError(
+            f"{key}={values} must hold 1 and no negative or repeated value, like [0, 1, 2, 3, 4]"
+        )
+    return tuple(values)
 
 
 class Predictor(nn.Module):
@@ -142,19 +165,39 @@ class Joiner(nn.Module):
     """logits = output(tanh(enc_proj(enc) + pred_proj(pred))), broadcast over (T, U+1).
 
     The projections act on the un-broadcast inputs, so they run once per frame and once
-    per token; only the add, tanh and output layer run T x (U+1) times.
+    per token; only the add, tanh and output layer run T x (U+1) times. With `durations`
+    (a token-and-duration transducer) the output layer has V + D outputs: the V token
+    logits, then one logit per duration, in the order of `durations` (`split`).
     """
 
-    def __init__(self, *, encoder_dim: int, predictor_dim: int, joint_dim: int, vocab_size: int):
+    def __init__(
+        self,
+        *,
+        encoder_dim: int,
+        predictor_dim: int,
+        joint_dim: int,
+        vocab_size: int,
+        durations: tuple[int, ...] | None = None,
+    ):
         super().__init__()
         self.vocab_size = vocab_size
+        self.durations = None if durations is None else check_durations(durations)
+        self.num_durations = 0 if durations is None else len(durations)
         self.enc_proj = nn.Linear(encoder_dim, joint_dim)
         self.pred_proj = nn.Linear(predictor_dim, joint_dim)
-        self.output = nn.Linear(joint_dim, vocab_size)
+        self.output = nn.Linear(joint_dim, vocab_size + self.num_durations)
 
     def forward(self, enc: Tensor, pred: Tensor) -> Tensor:
-        """enc (..., T, 1, D_enc), pred (..., 1, U+1, D_pred) -> logits (..., T, U+1, V)."""
+        """enc (..., T, 1, D_enc), pred (..., 1, U+1, D_pred) -> logits (..., T, U+1, V)
+        (V + D with durations)."""
         return self.joint(self.project_encoder(enc), self.project_predictor(pred))
+
+    def split(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The joiner's logits (..., V + D) -> (token logits (..., V), duration logits
+        (..., D), or None for a plain transducer); views, no copy."""
+        if self.durations is None:
+            return logits, None
+        return logits[..., : self.vocab_size], logits[..., self.vocab_size :]
 
     def project_encoder(self, x: Tensor) -> Tensor:
         """(..., D_enc) -> (..., D_joint)."""
@@ -223,6 +266,11 @@ class Transducer(AcousticModel):
         self.encoder, self.predictor, self.joiner = encoder, predictor, joiner
         self.ctc_head = ctc_head
         self.vocab_size, self.blank_id = vocab_size, blank_id
+
+    @property
+    def durations(self) -> tuple[int, ...] | None:
+        """The frames an emission may skip (a token-and-duration transducer), or None."""
+        return getattr(self.joiner, "durations", None)
 
     def forward(
         self,
