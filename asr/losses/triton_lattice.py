@@ -1,7 +1,8 @@
-"""The transducer lattice of `asr.losses.lattice` as three Triton kernels, one launch each.
+"""The transducer lattice of `asr.losses.lattice` as four Triton kernels, one launch each.
 
-Same contracts as the PyTorch reference (`node_scores_`, `lattice`, `logit_grad_`), but a
-fixed number of launches per chunk or group instead of a few ops per anti-diagonal.
+Same contracts as the PyTorch reference (`node_scores_`, `lattice`, `logit_grad_`,
+`tdt_lattice`), but a fixed number of launches per chunk or group instead of a few ops per
+anti-diagonal.
 
 - `node_scores_`: one program per block of nodes, a streaming logsumexp over V in blocks
   (running max and rescaled sum), plus two gathers; the logits are only read.
@@ -21,6 +22,19 @@ fixed number of launches per chunk or group instead of a few ops per anti-diagon
   Memory per node: the three inputs (rewritten in place) and one alpha; per sample
   2 * BLOCK_U ring values.
 - `logit_grad_`: one program per block of nodes, one pass over V writing the gradient.
+- `tdt_lattice`: the token-and-duration lattice, one program per sample over its diagonals
+  n = 0 .. F+K (the end node (F, K) on a virtual row t = F). Every arc moves to a later
+  diagonal (a blank by l >= 1, a label by l + 1), so diagonal n reads the D diagonals before
+  it (alpha) or after it (beta): both live in (C, T + 1, U1) scratch, not a ring, each value
+  written once. Blocks are BLOCK_U lanes x BLOCK_D = next_power_of_2(D) durations, entry
+  (u, i) the arcs of duration i into or out of node (n - u, u); a node's value is one
+  logsumexp over its row. Forward step: read, store alpha of n, barrier. Backward step:
+  read the inputs of diagonal n and beta after it, store beta of n, barrier, then write the
+  token terms over the inputs of n, and `log_occupancy` and `duration_moves` (new tensors).
+  After the forward pass a node's inputs are read only in its own step, so again one
+  barrier per step orders every overwrite after the reads; num_stages=1. Memory per node:
+  the three inputs (rewritten) and D duration log-probs (read), alpha and beta, and with
+  the gradient 1 + D outputs. num_warps grows with the block (at most 8): registers.
 
 Kernels run compiled on CUDA, or in Triton's interpreter on CPU tensors when there is no
 GPU (or TRITON_INTERPRET=1): slow, but it makes the kernels testable anywhere.
@@ -36,7 +50,7 @@ import triton.language as tl
 from torch import Tensor
 from triton import knobs
 
-from asr.losses.lattice import GradientTerms
+from asr.losses.lattice import GradientTerms, TdtGradientTerms, check_lattice_durations
 
 INTERPRET = knobs.runtime.interpret or not torch.cuda.is_available()
 TILE = 4096  # elements of a (nodes x vocabulary) block in the per-node kernels
@@ -186,6 +200,120 @@ def _lattice_kernel(
 
 
 @_jit
+def _row_max(x):
+    """tl.max(x, 1) in both modes (Triton's own is not callable from an interpreted kernel);
+    the interpreter reduces with numpy for Triton's standard combine functions."""
+    return tl.reduce(x, 1, tl.standard._elementwise_max)
+
+
+@_jit
+def _row_sum(x):
+    """tl.sum(x, 1) in both modes, as `_row_max`."""
+    return tl.reduce(x, 1, tl.standard._sum_combine)
+
+
+@_jit
+def _logsumexp2(a, b, c):
+    """Per lane, logsumexp of the rows of `a` and `b` (BLOCK_U x BLOCK_D) and of `c`
+    (BLOCK_U); -inf, not NaN, where all are -inf."""
+    top = tl.maximum(tl.maximum(_row_max(a), _row_max(b)), c)
+    shift = tl.where(top == float("-inf"), 0.0, top)  # no inf - inf
+    total = _row_sum(tl.exp(a - shift[:, None])) + _row_sum(tl.exp(b - shift[:, None]))
+    total += tl.exp(c - shift)  # >= 1 (the top term's 1) unless all are -inf, then 0: no log(0)
+    return top + tl.log(tl.maximum(total, 1.0))
+
+
+@_jit
+def _tdt_lattice_kernel(
+    lse_ptr, zb_ptr, zl_ptr, dlp_ptr, durations_ptr, frames_ptr, tokens_ptr, sigma_ptr,
+    nll_ptr, alpha_ptr, beta_ptr, occupancy_ptr, moves_ptr,
+    t_max, u1, lse_s0, lse_s1, lse_s2, zb_s0, zb_s1, zb_s2, zl_s0, zl_s1, zl_s2,
+    dlp_s0, dlp_s1, dlp_s2, dlp_s3,
+    GRADIENT: tl.constexpr, D: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    c = tl.program_id(0).to(tl.int64)
+    f = tl.load(frames_ptr + c).to(tl.int32)
+    k = tl.load(tokens_ptr + c).to(tl.int32)
+    sigma = tl.load(sigma_ptr)
+    dtype = lse_ptr.dtype.element_ty
+    neg_inf = tl.full([BLOCK_U], float("-inf"), dtype)
+    u = tl.arange(0, BLOCK_U)
+    i = tl.arange(0, BLOCK_D)  # durations on the second axis: [lane, duration] blocks
+    is_duration = (i < D)[None, :]
+    length = tl.load(durations_ptr + i, mask=i < D, other=0)[None, :]
+    # Per lane u, pointers to node (0, u); node (t, u) is `t` rows (stride s1) further.
+    lse_u = lse_ptr + c * lse_s0 + u * lse_s2
+    zb_u = zb_ptr + c * zb_s0 + u * zb_s2
+    zl_u = zl_ptr + c * zl_s0 + u * zl_s2
+    dlp_u = (dlp_ptr + c * dlp_s0 + u * dlp_s2)[:, None] + i[None, :] * dlp_s3
+    alpha_u = alpha_ptr + c * (t_max + 1) * u1 + u  # T + 1 rows: the end node's row F too
+    for n in range(0, f + k + 1):  # alpha, diagonal n from the D diagonals before it
+        t = n - u
+        node = (t >= 0) & (t <= f) & (u <= k)
+        src = t[:, None] - length  # the row that the arcs of each duration leave
+        blank = (node[:, None] & is_duration) & (length >= 1) & (src >= 0)  # from (src, u)
+        label = (node & (u > 0) & (t < f))[:, None] & is_duration & (src >= 0)  # (src, u - 1)
+        arc = _log_prob(zb_u[:, None], lse_u[:, None], src, zb_s1, lse_s1, blank) - sigma
+        arc += tl.load(dlp_u + src * dlp_s1, mask=blank, other=0.0)
+        via_blank = tl.load(alpha_u[:, None] + src * u1, mask=blank, other=float("-inf")) + arc
+        arc = _log_prob(zl_u[:, None] - zl_s2, lse_u[:, None] - lse_s2, src, zl_s1, lse_s1,
+                        label) - sigma  # fmt: skip
+        arc += tl.load(dlp_u - dlp_s2 + src * dlp_s1, mask=label, other=0.0)
+        via_label = tl.load(alpha_u[:, None] - 1 + src * u1, mask=label, other=float("-inf")) + arc
+        start = tl.where((t == 0) & (u == 0), 0.0, neg_inf)  # alpha = 0 at node (0, 0)
+        alpha = _logsumexp2(via_blank, via_label, start)
+        tl.store(alpha_u + t * u1, alpha, mask=node)
+        tl.debug_barrier()
+    log_p = tl.load(alpha_ptr + c * (t_max + 1) * u1 + f * u1 + k)  # at the end node (F, K)
+    tl.store(nll_ptr + c, -log_p)
+    if GRADIENT:
+        # A sample that no path explains: nll = inf, and occupancies exp(-inf) = 0, not NaN.
+        log_p = tl.where(log_p > float("-inf"), log_p, float("inf"))
+        zero, no_moves = tl.full([BLOCK_U], 0.0, dtype), tl.full([BLOCK_U, BLOCK_D], 0.0, dtype)
+        occupancy_u = occupancy_ptr + c * t_max * u1 + u
+        moves_u = moves_ptr + (c * t_max * u1 + u)[:, None] * D + i[None, :]
+        for row in range(0, t_max):  # nodes outside the sample, which the loop below skips
+            pad = (u < u1) & ((row >= f) | (u > k))
+            tl.store(lse_u + row * lse_s1, neg_inf, mask=pad)
+            tl.store(zb_u + row * zb_s1, zero, mask=pad)
+            tl.store(zl_u + row * zl_s1, zero, mask=pad)
+            tl.store(occupancy_u + row * u1, neg_inf, mask=pad)
+            tl.store(moves_u + row * u1 * D, no_moves, mask=pad[:, None] & is_duration)
+        beta_u = beta_ptr + c * (t_max + 1) * u1 + u
+        for j in range(0, f + k + 1):  # beta and the terms, diagonal n from the D after it
+            n = f + k - j
+            t = n - u
+            node = (t >= 0) & (t <= f) & (u <= k)
+            real = node & (t < f)  # not the virtual row F: no arc leaves it
+            lse = tl.load(lse_u + t * lse_s1, mask=real, other=0.0)
+            blank_lp = _log_prob(zb_u, lse_u, t, zb_s1, lse_s1, real) - sigma
+            label_lp = _log_prob(zl_u, lse_u, t, zl_s1, lse_s1, real & (u < k)) - sigma
+            alpha = tl.load(alpha_u + t * u1, mask=real, other=float("-inf"))
+            top = (alpha - log_p)[:, None]  # log occupancy of reaching the node
+            dest = t[:, None] + length  # the row that the arcs of each duration reach
+            arcs = real[:, None] & is_duration
+            blank = arcs & (length >= 1) & (dest <= f)  # to (dest, u)
+            label = arcs & (u < k)[:, None] & (dest < f)  # to (dest, u + 1)
+            lp = tl.load(dlp_u + t[:, None] * dlp_s1, mask=arcs, other=0.0)
+            blank_arc = tl.where(blank, blank_lp[:, None] + lp, float("-inf"))
+            label_arc = tl.where(label, label_lp[:, None] + lp, float("-inf"))
+            blank_next = tl.load(beta_u[:, None] + dest * u1, mask=blank, other=float("-inf"))
+            label_next = tl.load(beta_u[:, None] + 1 + dest * u1, mask=label, other=float("-inf"))
+            end = tl.where((t == f) & (u == k), 0.0, neg_inf)  # beta = 0 at the end node
+            beta = _logsumexp2(blank_next + blank_arc, label_next + label_arc, end)
+            blank_arc = tl.exp(blank_arc + (top + blank_next))  # the arcs' occupancies
+            label_arc = tl.exp((label_arc + top) + label_next)
+            tl.store(beta_u + t * u1, beta, mask=node)
+            tl.debug_barrier()  # all reads of this diagonal's inputs, beta of n for n - 1, ...
+            tl.store(moves_u + t[:, None] * u1 * D, blank_arc + label_arc, mask=arcs)
+            log_occupancy = (alpha + beta) - log_p
+            tl.store(occupancy_u + t * u1, log_occupancy, mask=real)
+            tl.store(lse_u + t * lse_s1, log_occupancy - lse, mask=real)
+            tl.store(zb_u + t * zb_s1, _row_sum(blank_arc), mask=real)
+            tl.store(zl_u + t * zl_s1, 0.0 - _row_sum(label_arc), mask=real)
+
+
+@_jit
 def _logit_grad_kernel(
     logits_ptr, labels_ptr, shift_ptr, bm_ptr, lm_ptr, weights_ptr, clamp_ptr,
     nodes, t_max, u1, vocab, blank, z_s0, z_s1, z_s2, z_s3,
@@ -262,6 +390,62 @@ def lattice(
         num_stages=1,
     )  # fmt: skip
     return nll, GradientTerms(lse, z_blank, z_label) if gradient else None
+
+
+def tdt_lattice(
+    lse: Tensor,
+    z_blank: Tensor,
+    z_label: Tensor,
+    duration_lp: Tensor,
+    frames: Tensor,
+    tokens: Tensor,
+    *,
+    durations: tuple[int, ...],
+    sigma: float = 0.0,
+    gradient: bool,
+) -> tuple[Tensor, TdtGradientTerms | None]:
+    """`asr.losses.lattice.tdt_lattice` in one launch (one program per sample): nll (C,)
+    from the token scores (C, T, U1) and the durations' log-probabilities `duration_lp`
+    (C, T, U1, D) and, with `gradient`, the `TdtGradientTerms`: the token terms written
+    over the three inputs, `log_occupancy` and `duration_moves` new tensors. Without
+    `gradient` the inputs are left as they are. float32 or float64."""
+    _check_device(lse)
+    durations = check_lattice_durations(durations)
+    c, t, u1 = lse.shape
+    d = len(durations)
+    if duration_lp.shape != (c, t, u1, d):
+        raise ValueError(f"duration_lp has shape {tuple(duration_lp.shape)}, not {(c, t, u1, d)}")
+    block_u, block_d = triton.next_power_of_2(u1), triton.next_power_of_2(d)
+    nll = lse.new_empty(c)
+    alpha = lse.new_empty((c, t + 1, u1))
+    beta = lse.new_empty((c, t + 1, u1) if gradient else (1,))
+    log_occupancy = lse.new_empty((c, t, u1) if gradient else (1,))
+    duration_moves = lse.new_empty((c, t, u1, d) if gradient else (1,))
+    duration_lp = duration_lp.to(lse.dtype)
+    # sigma as a tensor: a float argument would reach the kernel as float32.
+    _tdt_lattice_kernel[(c,)](
+        lse, z_blank, z_label, duration_lp, _durations_on(durations, lse.device), frames, tokens,
+        lse.new_full((1,), sigma), nll, alpha, beta, log_occupancy, duration_moves, t, u1,
+        *lse.stride(), *z_blank.stride(), *z_label.stride(), *duration_lp.stride(),
+        GRADIENT=gradient, D=d, BLOCK_U=block_u, BLOCK_D=block_d,
+        num_warps=min(max(block_u * block_d // 128, 1), 8),
+        num_stages=1,
+    )  # fmt: skip
+    if not gradient:
+        return nll, None
+    tokens_terms = GradientTerms(lse, z_blank, z_label)
+    return nll, TdtGradientTerms(tokens_terms, log_occupancy, duration_moves)
+
+
+_DURATIONS: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
+
+
+def _durations_on(durations: tuple[int, ...], device: torch.device) -> Tensor:
+    """`durations` as an int32 tensor on `device`, made once (no host copy per call)."""
+    key = (durations, device)
+    if key not in _DURATIONS:
+        _DURATIONS[key] = torch.tensor(durations, dtype=torch.int32, device=device)
+    return _DURATIONS[key]
 
 
 def logit_grad_(

@@ -154,6 +154,114 @@ def test_unsupported_devices():
         tri.lattice(lse, lse, lse, lengths, lengths, gradient=False)
 
 
+# The TDT lattice: small lattices, the interpreted kernel takes about a second a case.
+TDT_T, TDT_U1 = 5, 3  # U1 below a power of 2: lanes of the block beyond U1
+DURATION_SETS = [(0, 1, 2, 3, 4), (1,), (0, 1), (1, 2), (0, 1, 2, 4, 8), (2, 0, 1)]
+TDT_TOL = {
+    torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+    torch.float64: {"atol": 1e-10, "rtol": 1e-10},
+}
+
+
+def tdt_batch(seed: int, dtype: torch.dtype, durations: tuple[int, ...]):
+    """Token scores lse, z_blank, z_label (C, T, U1), duration log-probs (C, T, U1, D),
+    frames and tokens (C,): full lengths, one frame (with 2 tokens when a label may take
+    0 frames, else none), shorter ones, one without tokens; every sample has a path."""
+    g = torch.Generator().manual_seed(seed)
+    c = 4
+    lse = torch.rand(c, TDT_T, TDT_U1, generator=g, dtype=dtype) + 2
+    z_blank, z_label = 2 * torch.randn(2, c, TDT_T, TDT_U1, generator=g, dtype=dtype)
+    logits = torch.randn(c, TDT_T, TDT_U1, len(durations), generator=g, dtype=dtype)
+    frames = torch.tensor([TDT_T, 1, 3, 2])
+    tokens = torch.tensor([TDT_U1 - 1, 2 if 0 in durations else 0, 1, 0])
+    tensors = (lse, z_blank, z_label, logits.log_softmax(-1), frames, tokens)
+    return [x.to(DEVICE) for x in tensors]
+
+
+def tdt_outputs(nll, terms) -> dict[str, torch.Tensor]:
+    """The loss and every gradient term by name."""
+    tok = terms.tokens
+    return {"nll": nll, "shift": tok.shift, "blank_move": tok.blank_move,
+            "neg_label_move": tok.neg_label_move, "log_occupancy": terms.log_occupancy,
+            "duration_moves": terms.duration_moves}  # fmt: skip
+
+
+def tdt_outside(frames: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(C, T, U1) True at the nodes outside each sample."""
+    t = torch.arange(TDT_T, device=DEVICE)[None, :, None]
+    u = torch.arange(TDT_U1, device=DEVICE)[None, None, :]
+    return (t >= frames[:, None, None]) | (u > tokens[:, None, None])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("durations", DURATION_SETS)
+def test_tdt_lattice_matches_the_reference(durations, dtype):
+    lse, z_blank, z_label, duration_lp, frames, tokens = tdt_batch(7, dtype, durations)
+    options = {"durations": durations, "sigma": 0.05, "gradient": True}
+    scores = [lse, z_blank, z_label]
+    want = tdt_outputs(*ref.tdt_lattice(*[s.clone() for s in scores], duration_lp, frames,
+                                        tokens, **options))  # fmt: skip
+    wide = lse.new_full((3, *lse.shape[:2], TDT_U1 + 2), float("nan"))  # strided inputs
+    inputs = [wide[i, :, :, :TDT_U1].copy_(s) for i, s in enumerate(scores)]
+    strided_lp = duration_lp.transpose(1, 2).contiguous().transpose(1, 2)
+    got = tdt_outputs(*tri.tdt_lattice(*inputs, strided_lp, frames, tokens, **options))
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, **TDT_TOL[dtype], msg=name)
+    token_terms = [got["shift"], got["blank_move"], got["neg_label_move"]]
+    assert all(x.data_ptr() == y.data_ptr() for x, y in zip(token_terms, inputs, strict=True))
+    assert wide[..., TDT_U1:].isnan().all()  # nothing written beside the views
+    pad = tdt_outside(frames, tokens)
+    assert torch.all(got["shift"][pad] == float("-inf"))
+    assert torch.all(got["log_occupancy"][pad] == float("-inf"))
+    assert torch.all(got["duration_moves"][pad] == 0)
+
+
+@pytest.mark.parametrize(("durations", "dtype"), [((0, 1, 2, 3, 4), torch.float32),
+                                                  ((2, 0, 1), torch.float64)])  # fmt: skip
+def test_tdt_lattice_without_gradient_leaves_the_inputs(durations, dtype):
+    lse, z_blank, z_label, duration_lp, frames, tokens = tdt_batch(8, dtype, durations)
+    scores = [lse, z_blank, z_label]
+    before = [s.clone() for s in (*scores, duration_lp)]
+    options = {"durations": durations, "sigma": 0.05, "gradient": False}
+    want_nll, _ = ref.tdt_lattice(*[s.clone() for s in scores], duration_lp, frames, tokens,
+                                  **options)  # fmt: skip
+    nll, terms = tri.tdt_lattice(*scores, duration_lp, frames, tokens, **options)
+    assert terms is None
+    torch.testing.assert_close(nll, want_nll, **TDT_TOL[dtype])
+    assert all(torch.equal(x, y) for x, y in zip((*scores, duration_lp), before, strict=True))
+
+
+def test_tdt_lattice_of_a_sample_without_a_path():
+    """More tokens than frames and no zero duration: nll = inf, and zero occupancies
+    (no NaN) for that sample; the others as the reference computes them."""
+    durations = (1, 2)
+    lse, z_blank, z_label, duration_lp, frames, tokens = tdt_batch(9, torch.float64, durations)
+    tokens[1] = 2  # one frame, two tokens
+    options = {"durations": durations, "sigma": 0.0, "gradient": True}
+    want = tdt_outputs(*ref.tdt_lattice(lse.clone(), z_blank.clone(), z_label.clone(),
+                                        duration_lp, frames, tokens, **options))  # fmt: skip
+    got = tdt_outputs(*tri.tdt_lattice(lse, z_blank, z_label, duration_lp, frames, tokens,
+                                       **options))  # fmt: skip
+    assert got["nll"][1] == float("inf")
+    assert torch.all(got["shift"][1] == float("-inf"))
+    assert torch.all(got["log_occupancy"][1] == float("-inf"))
+    for name in ("blank_move", "neg_label_move", "duration_moves"):
+        assert torch.all(got[name][1] == 0), name
+    others = [0, 2, 3]
+    for name, value in want.items():
+        torch.testing.assert_close(got[name][others], value[others], **TDT_TOL[torch.float64])
+
+
+def test_tdt_lattice_checks_its_durations():
+    lse, z_blank, z_label, duration_lp, frames, tokens = tdt_batch(10, torch.float32, (0, 1))
+    with pytest.raises(ValueError, match="must hold 1"):
+        tri.tdt_lattice(lse, z_blank, z_label, duration_lp, frames, tokens, durations=(0, 2),
+                        gradient=False)  # fmt: skip
+    with pytest.raises(ValueError, match="duration_lp has shape"):
+        tri.tdt_lattice(lse, z_blank, z_label, duration_lp, frames, tokens, durations=(0, 1, 2),
+                        gradient=False)  # fmt: skip
+
+
 def loss_inputs(seed: int, blank: int, vocab: int = 7):
     """A fused Joiner and a padded batch of 5 with varied lengths (one T=1, one U=0)."""
     g = torch.Generator().manual_seed(seed)
