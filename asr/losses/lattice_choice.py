@@ -1,8 +1,9 @@
 """Which implementation computes the transducer lattice: `lattice = auto | torch | triton`.
 
 Two implementations share one contract (`LatticeOps`: `node_scores_`, `lattice`,
-`logit_grad_`): PyTorch ops (`asr.losses.lattice`, any device, the reference) and Triton
-kernels (`asr.losses.triton_lattice`, one launch per chunk or group, CUDA).
+`logit_grad_`, and `tdt_lattice` for the token-and-duration transducer): PyTorch ops
+(`asr.losses.lattice`, any device, the reference) and Triton kernels
+(`asr.losses.triton_lattice`, one launch per chunk or group, CUDA).
 
 "auto" must never be the reason a run stops. On CUDA it is a `FallbackLattice`: the Triton
 kernels, checked against the reference on a small random lattice the first time each
@@ -31,7 +32,7 @@ from torch import Tensor
 from asr.config_keys import check_choice
 from asr.errors import first_line
 from asr.losses import lattice as torch_lattice
-from asr.losses.lattice import GradientTerms, padded_labels
+from asr.losses.lattice import GradientTerms, TdtGradientTerms, padded_labels
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ LATTICE_IMPLEMENTATIONS = ("auto", "torch", "triton")
 # The first-use check: a few samples of varied lengths (one without tokens), float32.
 CHECK_FRAMES, CHECK_TOKENS, CHECK_VOCAB = (23, 16, 9, 1), (7, 3, 0, 2), 37
 CHECK_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+# The TDT lattice's: durations with 0, a sample without tokens, one of a single frame.
+CHECK_TDT_FRAMES, CHECK_TDT_TOKENS, CHECK_DURATIONS = (9, 5, 1), (4, 0, 2), (0, 1, 2, 3, 4)
 
 
 class LatticeOps(Protocol):
@@ -78,6 +81,20 @@ class LatticeOps(Protocol):
         grad_clamp: float | None = None,
     ) -> Tensor: ...
 
+    def tdt_lattice(
+        self,
+        lse: Tensor,
+        z_blank: Tensor,
+        z_label: Tensor,
+        duration_lp: Tensor,
+        frames: Tensor,
+        tokens: Tensor,
+        *,
+        durations: tuple[int, ...],
+        sigma: float = 0.0,
+        gradient: bool,
+    ) -> tuple[Tensor, TdtGradientTerms | None]: ...
+
 
 def _import_triton_lattice() -> ModuleType:
     from asr.losses import triton_lattice  # imports triton: only when it is wanted
@@ -90,9 +107,9 @@ def _is_out_of_memory(err: BaseException) -> bool:
 
 
 def lattice_disagreement(fast: LatticeOps, reference: LatticeOps, device: torch.device) -> str:
-    """Run both implementations on the same small random lattice on `device` (node
-    scores, lattice with gradient terms, weighted logit gradient); "" when they agree,
-    else what differs. Exceptions of `fast` propagate."""
+    """Run both implementations on the same small random lattices on `device` (node
+    scores, lattice with gradient terms, weighted logit gradient; the TDT lattice with its
+    terms); "" when they agree, else what differs. Exceptions of `fast` propagate."""
     g = torch.Generator().manual_seed(0)
     samples, t, u1, vocab = len(CHECK_FRAMES), max(CHECK_FRAMES), max(CHECK_TOKENS) + 1, CHECK_VOCAB
     logits = (3 * torch.randn(samples, t, u1, vocab, generator=g)).to(device)
@@ -110,9 +127,55 @@ def lattice_disagreement(fast: LatticeOps, reference: LatticeOps, device: torch.
         assert terms is not None
         grad = ops.logit_grad_(z, labels, terms, blank=0, weights=weights)
         results.append((nll, grad))
-    for name, got, want in zip(("loss", "logit gradient"), *results, strict=True):
+    names = ("loss", "logit gradient")
+    return _first_difference(names, *results) or _tdt_disagreement(fast, reference, device, g)
+
+
+def _tdt_disagreement(
+    fast: LatticeOps, reference: LatticeOps, device: torch.device, g: torch.Generator
+) -> str:
+    """`lattice_disagreement` of the TDT lattices: loss and every gradient term."""
+    samples, t, u1 = len(CHECK_TDT_FRAMES), max(CHECK_TDT_FRAMES), max(CHECK_TDT_TOKENS) + 1
+    d = len(CHECK_DURATIONS)
+    lse = (torch.rand(samples, t, u1, generator=g) + 2).to(device)
+    z_blank, z_label = torch.randn(2, samples, t, u1, generator=g).to(device).unbind(0)
+    duration_lp = torch.randn(samples, t, u1, d, generator=g).log_softmax(-1).to(device)
+    frames = torch.tensor(CHECK_TDT_FRAMES, device=device)
+    tokens = torch.tensor(CHECK_TDT_TOKENS, device=device)
+    names = ("TDT loss", "TDT shift term", "TDT blank term", "TDT label term")
+    names += ("TDT log occupancy", "TDT duration term")
+    results = []
+    for ops in (fast, reference):
+        scores = (lse.clone(), z_blank.clone(), z_label.clone())
+        nll, terms = ops.tdt_lattice(
+            *scores,
+            duration_lp,
+            frames,
+            tokens,
+            durations=CHECK_DURATIONS,
+            sigma=0.05,
+            gradient=True,
+        )
+        assert terms is not None
+        tok = terms.tokens
+        results.append(
+            (
+                nll,
+                tok.shift,
+                tok.blank_move,
+                tok.neg_label_move,
+                terms.log_occupancy,
+                terms.duration_moves,
+            )
+        )
+    return _first_difference(names, *results)
+
+
+def _first_difference(names: tuple[str, ...], got: tuple, want: tuple) -> str:
+    """What differs: the first of `names` whose `got` is not close to its `want`, or ""."""
+    for name, got_one, want_one in zip(names, got, want, strict=True):
         try:
-            torch.testing.assert_close(got, want, **CHECK_TOLERANCE)
+            torch.testing.assert_close(got_one, want_one, **CHECK_TOLERANCE)
         except AssertionError as err:
             detail = first_line(err, with_type=False)
             return f"the {name} differs from the PyTorch reference ({detail})"
@@ -204,6 +267,11 @@ class FallbackLattice:
         self, logits: Tensor, labels: Tensor, terms: GradientTerms, **kwargs: Any
     ) -> Tensor:
         return self._call("logit_grad_", logits.device, logits, labels, terms, **kwargs)
+
+    def tdt_lattice(
+        self, lse: Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, TdtGradientTerms | None]:
+        return self._call("tdt_lattice", lse.device, lse, *args, **kwargs)
 
 
 # One per process: once given up, the kernels stay given up for every later loss call

@@ -64,6 +64,25 @@ def wrong_node_scores():
         node_scores_=node_scores_,
         lattice=torch_lattice.lattice,
         logit_grad_=torch_lattice.logit_grad_,
+        tdt_lattice=torch_lattice.tdt_lattice,
+    )
+
+
+def wrong_duration_moves():
+    """Kernels whose TDT lattice compiles but gets the durations' gradient term wrong
+    (the plain lattice is right)."""
+
+    def tdt_lattice(*args, **kwargs):
+        nll, terms = torch_lattice.tdt_lattice(*args, **kwargs)
+        if terms is not None:
+            terms.duration_moves[..., 1] += 0.01
+        return nll, terms
+
+    return SimpleNamespace(
+        node_scores_=torch_lattice.node_scores_,
+        lattice=torch_lattice.lattice,
+        logit_grad_=torch_lattice.logit_grad_,
+        tdt_lattice=tdt_lattice,
     )
 
 
@@ -76,6 +95,27 @@ def batch(seed: int, tokens: int = 5):
     targets = torch.randint(1, 9, (4, tokens), generator=g)
     lengths = torch.tensor([12, 7, 1, 10]), torch.tensor([tokens, 0, 2, tokens - 1])
     return joiner, enc, pred, targets, *lengths
+
+
+DURATIONS = (0, 1, 2, 3, 4)
+
+
+def tdt_inputs(seed: int):
+    """Token scores (C, T, U1), duration log-probs (C, T, U1, D), frames, tokens (C,)."""
+    g = torch.Generator().manual_seed(seed)
+    lse = torch.rand(3, 6, 4, generator=g) + 2
+    z_blank, z_label = torch.randn(2, 3, 6, 4, generator=g)
+    duration_lp = torch.randn(3, 6, 4, len(DURATIONS), generator=g).log_softmax(-1)
+    return lse, z_blank, z_label, duration_lp, torch.tensor([6, 1, 4]), torch.tensor([3, 2, 0])
+
+
+def tdt_results(ops, seed: int) -> list[torch.Tensor]:
+    lse, z_blank, z_label, *rest = tdt_inputs(seed)
+    nll, terms = ops.tdt_lattice(lse, z_blank, z_label, *rest, durations=DURATIONS, sigma=0.05,
+                                 gradient=True)  # fmt: skip
+    tokens = terms.tokens
+    return [nll, tokens.shift, tokens.blank_move, tokens.neg_label_move, terms.log_occupancy,
+            terms.duration_moves]  # fmt: skip
 
 
 def loss_and_grads(joiner, enc, pred, *rest, lattice):
@@ -149,6 +189,32 @@ def test_a_failing_import_falls_back(caplog):
     assert "loading it failed (ImportError: libcuda.so.1" in message
 
 
+def test_a_tdt_kernel_that_fails_falls_back_with_one_warning(caplog):
+    def tdt_fails(name, args):
+        if name == "tdt_lattice":
+            raise RuntimeError("PassManager::run failed")
+
+    fast = CountingOps(fail=tdt_fails)
+    auto = FallbackLattice(lambda: fast, check=False)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        first, second = tdt_results(auto, 0), tdt_results(auto, 0)
+    assert_same(first, tdt_results(torch_lattice, 0))
+    assert_same(second, first)
+    assert fast.calls == 1 and auto.active == "torch"
+    (message,) = warnings_of(caplog)
+    assert "tdt_lattice failed (RuntimeError: PassManager::run failed)" in message
+
+
+def test_a_tdt_kernel_that_disagrees_is_caught_on_first_use(caplog):
+    auto = FallbackLattice(wrong_duration_moves)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        got = loss_and_grads(*batch(7), lattice=auto)  # a plain transducer loss checks it too
+    assert_same(got, loss_and_grads(*batch(7), lattice="torch"))
+    assert_same(tdt_results(auto, 1), tdt_results(torch_lattice, 1))
+    (message,) = warnings_of(caplog)
+    assert "the TDT duration term differs from the PyTorch reference" in message
+
+
 def test_out_of_memory_is_not_a_kernel_failure():
     def out_of_memory(name, args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -172,13 +238,16 @@ def test_triton_fails_loudly(monkeypatch):
 
 
 def test_the_real_kernels_pass_the_first_use_check():
-    """Triton's kernels (interpreted on the CPU here) agree with the reference, so the
-    check cannot give them up by a false alarm."""
+    """Triton's kernels (interpreted on the CPU here), the TDT lattice's included, agree
+    with the reference, so the check cannot give them up by a false alarm."""
     from asr.losses import triton_lattice
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert lattice_disagreement(triton_lattice, torch_lattice, device) == ""
     assert "differs" in lattice_disagreement(wrong_node_scores(), torch_lattice, device)
+    assert "TDT duration term differs" in lattice_disagreement(
+        wrong_duration_moves(), torch_lattice, device
+    )
 
 
 def test_auto_is_the_fallback_on_cuda_and_the_reference_elsewhere():
