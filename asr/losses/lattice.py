@@ -386,7 +386,10 @@ def tdt_lattice(
         )
         beta_d[:, m] = torch.logsumexp(terms, 0)
 
-    top = alpha_d[:, first:last] - log_p[:, None, None]  # log occupancy of reaching a node
+    # A sample no path can explain (more tokens than frames without a zero duration) has
+    # nll = inf and no gradient: its occupancies are exp(-inf) = 0, not NaN.
+    log_p_or_inf = torch.where(log_p > NEG_INF, log_p, float("inf"))
+    top = alpha_d[:, first:last] - log_p_or_inf[:, None, None]  # log occupancy of a node
     for i, length in enumerate(durations):  # arcs' occupancies, written over their weights
         blank_d[:, first:last, :, i] += top + beta_d[:, first + length : last + length]
         label_d[:, first:last, 1:, i] += top[:, :, 1:]
@@ -395,7 +398,8 @@ def tdt_lattice(
     blank_moves = blank_nodes[:, :t].flip(2).exp_()  # (C, T, U1, D)
     label_moves = label_nodes[:, :t].flip(2).exp_()
     node = node_ok[..., 0]
-    log_occupancy = (alpha_nodes[:, :t] + beta_nodes[:, :t]).flip(2) - log_p[:, None, None]
+    log_occupancy = (alpha_nodes[:, :t] + beta_nodes[:, :t]).flip(2)
+    log_occupancy = log_occupancy.sub_(log_p_or_inf[:, None, None])
     log_occupancy = log_occupancy.masked_fill_(~node, NEG_INF)
     shift = torch.sub(log_occupancy, lse, out=lse).masked_fill_(~node, NEG_INF)
     blank_move = z_blank.copy_(blank_moves.sum(-1)).masked_fill_(~node, 0.0)

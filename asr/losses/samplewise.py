@@ -44,6 +44,7 @@ backward runs all three passes with the weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +54,14 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from asr.losses.checks import reduce_nll, validate_inputs
-from asr.losses.lattice import padded_labels
+from asr.losses.lattice import (
+    GradientTerms,
+    TdtGradientTerms,
+    check_lattice_durations,
+    duration_grad_,
+    duration_log_probs_,
+    padded_labels,
+)
 from asr.losses.lattice_choice import LatticeOps, lattice_ops
 
 # Backpropagating through the fused joiner multiplies the (G * T * U1, V) logit gradient by
@@ -129,6 +137,57 @@ def plan_chunks(
     return chunks
 
 
+@dataclass(frozen=True)
+class TdtOptions:
+    """A token-and-duration transducer's lattice: the joiner's last D logits are the
+    durations' (`durations`, frames an emission skips); `sigma` is subtracted from every
+    token log-probability (NeMo's logit under-normalization); the loss is (1 - `omega`)
+    x the TDT loss + `omega` x the plain transducer loss of the token logits."""
+
+    durations: tuple[int, ...]
+    sigma: float = 0.0
+    omega: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "durations", check_lattice_durations(self.durations))
+        if not self.sigma >= 0.0:
+            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+        if not 0.0 <= self.omega < 1.0:
+            raise ValueError(f"omega must be in [0, 1), got {self.omega}")
+
+
+def tdt_options(durations: Sequence[int] | None, sigma: float, omega: float) -> TdtOptions | None:
+    """The TDT options of a loss call, or None for a plain transducer (then `sigma` and
+    `omega` must be 0: they mean nothing without durations)."""
+    if durations is None:
+        if sigma or omega:
+            raise ValueError(f"sigma={sigma} and omega={omega} need durations (a TDT joiner)")
+        return None
+    return TdtOptions(tuple(durations), sigma, omega)
+
+
+def combine_with_transducer(
+    tdt_nll: Tensor,
+    tdt_terms: TdtGradientTerms | None,
+    nll: Tensor,
+    terms: GradientTerms | None,
+    omega: float,
+) -> tuple[Tensor, TdtGradientTerms | None]:
+    """(1 - omega) x the TDT loss + omega x the plain transducer loss, and the same mix
+    of their gradient terms (written over the TDT terms)."""
+    mixed = tdt_nll.mul(1.0 - omega).add_(nll, alpha=omega)
+    if tdt_terms is None or terms is None:
+        return mixed, None
+    tokens = tdt_terms.tokens
+    keep, take = math.log1p(-omega), math.log(omega)
+    torch.logaddexp(tokens.shift.add_(keep), terms.shift.add_(take), out=tokens.shift)
+    tokens.blank_move.mul_(1.0 - omega).add_(terms.blank_move, alpha=omega)
+    tokens.neg_label_move.mul_(1.0 - omega).add_(terms.neg_label_move, alpha=omega)
+    tdt_terms.log_occupancy.add_(keep)
+    tdt_terms.duration_moves.mul_(1.0 - omega)
+    return mixed, tdt_terms
+
+
 @dataclass
 class _Plan:
     """Everything the Function needs besides its tensor inputs."""
@@ -145,6 +204,11 @@ class _Plan:
     logits_dtype: torch.dtype | None
     grad_clamp: float | None
     ops: LatticeOps
+    tdt: TdtOptions | None = None
+
+    @property
+    def num_durations(self) -> int:
+        return 0 if self.tdt is None else len(self.tdt.durations)
 
     def lattice_dtype(self, like: Tensor) -> torch.dtype:
         return torch.float64 if like.dtype == torch.float64 else torch.float32
@@ -200,16 +264,22 @@ class _Groups:
         lse, z_blank, z_label = torch.zeros(
             (3, len(samples), t_max, u1_max), dtype=self.dtype, device=device
         ).unbind(0)
+        durations = plan.num_durations
+        duration_lp = torch.zeros(
+            (len(samples), t_max, u1_max, durations), dtype=self.dtype, device=device
+        )
         starts = [0]
         self.prepare(chunk, sizes)
         for group, (f, u1) in zip(chunk, sizes, strict=True):
             rows = slice(starts[-1], starts[-1] + len(group))
             logits = self.logits(index[rows], f, u1, for_grad=False)
+            vocab = logits.size(-1) - durations
             if labels is None:
-                vocab = logits.size(-1)
                 labels = padded_labels(plan.targets[index], u1_max, blank=plan.blank, vocab=vocab)
+            if durations:
+                duration_log_probs_(logits[..., vocab:], out=duration_lp[rows, :f, :u1])
             ops.node_scores_(
-                logits,
+                logits[..., :vocab],
                 labels[rows, :u1],
                 blank=plan.blank,
                 lse=lse[rows, :f, :u1],
@@ -219,23 +289,31 @@ class _Groups:
             starts.append(rows.stop)
         del logits
         self.release()  # the recursion's temporaries take the group buffers' place
-        chunk_nll, terms = ops.lattice(
-            lse, z_blank, z_label, frames, tokens, gradient=self.want_grad
-        )
+        chunk_nll, terms = self.lattice(lse, z_blank, z_label, duration_lp, frames, tokens)
         nll[index] = chunk_nll
         if terms is None:
             return
-        del lse, z_blank, z_label
+        del lse, z_blank, z_label, duration_lp
         assert labels is not None and weights is not None
         chunk_weights = weights[index]
         self.prepare(chunk, sizes)
         for group, (f, u1), start in zip(chunk, sizes, starts, strict=False):
             rows = slice(start, start + len(group))
             logits = self.logits(index[rows], f, u1, for_grad=True)
+            vocab = logits.size(-1) - durations
+            group_terms = terms[rows, :f, :u1]
+            if isinstance(group_terms, TdtGradientTerms):
+                duration_grad_(
+                    logits[..., vocab:],
+                    group_terms,
+                    weights=chunk_weights[rows],
+                    grad_clamp=plan.grad_clamp,
+                )
+                group_terms = group_terms.tokens
             ops.logit_grad_(
-                logits,
+                logits[..., :vocab],
                 labels[rows, :u1],
-                terms[rows, :f, :u1],
+                group_terms,
                 blank=plan.blank,
                 weights=chunk_weights[rows],
                 grad_clamp=plan.grad_clamp,
@@ -247,6 +325,39 @@ class _Groups:
                 if acc is not None and g is not None:
                     acc.add_(g.to(acc.dtype))
         self.release()
+
+    def lattice(
+        self,
+        lse: Tensor,
+        z_blank: Tensor,
+        z_label: Tensor,
+        duration_lp: Tensor,
+        frames: Tensor,
+        tokens: Tensor,
+    ) -> tuple[Tensor, GradientTerms | TdtGradientTerms | None]:
+        """The chunk's losses and gradient terms from its node scores: the plain lattice,
+        or the TDT lattice (mixed with the plain one by `omega`)."""
+        ops, tdt, gradient = self.plan.ops, self.plan.tdt, self.want_grad
+        if tdt is None:
+            return ops.lattice(lse, z_blank, z_label, frames, tokens, gradient=gradient)
+        plain = None
+        if tdt.omega > 0:  # the plain lattice overwrites its inputs: give it copies
+            scores = (lse.clone(), z_blank.clone(), z_label.clone())
+            plain = ops.lattice(*scores, frames, tokens, gradient=gradient)
+        nll, terms = ops.tdt_lattice(
+            lse,
+            z_blank,
+            z_label,
+            duration_lp,
+            frames,
+            tokens,
+            durations=tdt.durations,
+            sigma=tdt.sigma,
+            gradient=gradient,
+        )
+        if plain is None:
+            return nll, terms
+        return combine_with_transducer(nll, terms, *plain, tdt.omega)
 
     def prepare(self, groups: list[list[int]], sizes: list[tuple[int, int]]) -> None:
         """Allocate buffers for the largest of these groups (sizes: (frames, U1) each)."""
@@ -424,6 +535,9 @@ def samplewise_transducer_loss(
     grad_clamp: float | None = None,
     lattice_chunk_nodes: int = LATTICE_CHUNK_NODES,
     lattice: str | LatticeOps = "auto",
+    durations: Sequence[int] | None = None,
+    sigma: float = 0.0,
+    omega: float = 0.0,
 ) -> Tensor:
     """One sample (or group) at a time: never more than one group's T x (U+1) x V logits.
 
@@ -436,7 +550,12 @@ def samplewise_transducer_loss(
     per-node work ("auto": Triton kernels on CUDA with a fallback to PyTorch ops if they
     fail, PyTorch ops elsewhere; "torch"; "triton"; or a `LatticeOps` object). See
     `asr.losses.samplewise` and `asr.losses.lattice_choice`.
+
+    With `durations`, a token-and-duration transducer (TDT): the joiner's logits are the V
+    token logits then one per duration, and the loss is the TDT lattice's, with `sigma`
+    and `omega` as in `TdtOptions`; still no B x T x U x (V + D) tensor.
     """
+    tdt = tdt_options(durations, sigma, omega)
     max_t, max_u = validate_inputs(
         encoder_out, predictor_out, targets, encoder_lens, target_lens, reduction
     )
@@ -453,7 +572,7 @@ def samplewise_transducer_loss(
         project_encoder, project_predictor, output = parts
         with joiner_precision(logits_dtype, encoder_out, predictor_out) as (enc_in, pred_in):
             enc, pred = project_encoder(enc_in), project_predictor(pred_in)
-        vocab = output.out_features
+        vocab = output.out_features - (0 if tdt is None else len(tdt.durations))
         params = [output.weight] + ([output.bias] if output.bias is not None else [])
     else:
         enc, pred, vocab = encoder_out, predictor_out, None
@@ -463,6 +582,8 @@ def samplewise_transducer_loss(
     frames, tokens = encoder_lens.long(), target_lens.long()
     frames_list, tokens_list = frames.tolist(), tokens.tolist()
     groups = plan_groups(frames_list, tokens_list, group_size, max_group_nodes)
+    if tdt is not None:  # its recursion keeps about 4 D + 12 values a node, not 16
+        lattice_chunk_nodes = max(1, lattice_chunk_nodes * 16 // (4 * len(tdt.durations) + 12))
     plan = _Plan(
         joiner=joiner,
         fused=fused,
@@ -476,6 +597,7 @@ def samplewise_transducer_loss(
         logits_dtype=logits_dtype,
         grad_clamp=grad_clamp,
         ops=lattice_ops(lattice, encoder_out.device),
+        tdt=tdt,
     )
     return _SamplewiseTransducer.apply(plan, enc, pred, *params)
 

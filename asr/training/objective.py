@@ -61,6 +61,11 @@ class TransducerLossConfig:
     - `lattice`: `samplewise`: `auto` (Triton kernels on CUDA, falling back to PyTorch ops
       with a warning if they fail; PyTorch ops elsewhere), `torch`, or `triton` (the
       kernels or an error). See `asr.losses.samplewise` and `asr.losses.lattice_choice`.
+    - `sigma`: a token-and-duration transducer's (`model.joiner.durations` set) logit
+      under-normalization: subtracted from every token log-probability of its lattice
+      (NeMo's default, 0.05); unused without durations.
+    - `omega`: a TDT's share of the plain transducer loss of its token logits, mixed in
+      for stability: (1 - omega) x TDT + omega x transducer (NeMo's default, 0.1).
     """
 
     kind: str = "samplewise"
@@ -71,9 +76,15 @@ class TransducerLossConfig:
     logits_dtype: str | None = None
     grad_clamp: float | None = None
     lattice: str = "auto"
+    sigma: float = 0.05
+    omega: float = 0.1
 
     def __post_init__(self) -> None:
         check_ctc_weight(self.ctc_weight)
+        if not self.sigma >= 0.0:
+            raise ConfigError(f"model.loss.sigma must be >= 0, got {self.sigma}")
+        if not 0.0 <= self.omega < 1.0:
+            raise ConfigError(f"model.loss.omega must be in [0, 1), got {self.omega}")
         check_choice("model.loss.kind", self.kind, sorted(TRANSDUCER_LOSSES))
         check_choice("model.loss.logits_dtype", self.logits_dtype, [*LOGITS_DTYPES, None])
         check_choice("model.loss.lattice", self.lattice, LATTICE_IMPLEMENTATIONS)
@@ -148,6 +159,10 @@ class TransducerObjective:
         if out.predictor_out is None:
             losses["loss"] = losses["ctc"]
             return losses
+        durations = getattr(joiner, "durations", None)
+        tdt = {}
+        if durations is not None:
+            tdt = {"durations": durations, "sigma": self.config.sigma, "omega": self.config.omega}
         losses["transducer"] = self._loss_fn(
             joiner,
             out.encoder_out,
@@ -157,6 +172,7 @@ class TransducerObjective:
             batch.token_lens,
             blank=blank,
             **self._loss_options,
+            **tdt,
         )
         ctc_part = self.config.ctc_weight * losses["ctc"] if "ctc" in losses else 0.0
         losses["loss"] = losses["transducer"] + ctc_part
