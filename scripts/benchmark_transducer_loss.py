@@ -14,7 +14,10 @@ peak minus baseline (what the allocator keeps counts); on CUDA:
 Cases: (a) B=32, T=250, U=50, V=500, D=256, all lengths at the maximum; (b) the same with
 lengths drawn from 50-100 % of the maximum; (c) the paper's batch scaled to this machine:
 B=1024, T=1000 (40 s at 40 ms frames), U=100, V=D=128 (the batched loss would need the
-memory printed as `batched_would_need_mb` and is not run); (d) case a at T=1000, U=100.
+memory printed as `batched_would_need_mb` and is not run); (d) case a at T=1000, U=100;
+tdt_a, tdt_b, tdt_c: cases a, b, c for a token-and-duration transducer (durations 0..4,
+sigma 0.05, omega 0), where "batched" is `batched_transducer_loss` with durations: the
+whole B x T x U x (V + 5) logits and the TDT lattice under autograd (the peers have no TDT).
 The last line carries the formula-predicted memory of the sample-wise loss at the paper's
 full size. Each line also counts the launching aten ops (`torch.profiler`; views and
 metadata excluded) of one forward + backward at B=4 and B=16 of the case's shape, and
@@ -48,6 +51,10 @@ from asr.profiling import PeakMemory, count_launching_ops  # noqa: E402
 MB = 2**20
 
 
+TDT_DURATIONS = (0, 1, 2, 3, 4)  # NeMo's
+TDT_SIGMA = 0.05  # NeMo's; omega = 0: the TDT lattice alone (omega adds the plain one's cost)
+
+
 @dataclass(frozen=True)
 class Case:
     B: int
@@ -57,6 +64,7 @@ class Case:
     D: int
     varied: bool = False
     group_size: int = 1
+    durations: tuple[int, ...] | None = None  # a token-and-duration transducer's
 
 
 CASES = {
@@ -64,6 +72,9 @@ CASES = {
     "b": Case(32, 250, 50, 500, 256, varied=True),
     "c": Case(1024, 1000, 100, 128, 128, group_size=4),
     "d": Case(32, 1000, 100, 500, 256),
+    "tdt_a": Case(32, 250, 50, 500, 256, durations=TDT_DURATIONS),
+    "tdt_b": Case(32, 250, 50, 500, 256, varied=True, durations=TDT_DURATIONS),
+    "tdt_c": Case(1024, 1000, 100, 128, 128, group_size=4, durations=TDT_DURATIONS),
 }
 OPS_BATCHES = (4, 16)  # launching ops are counted at these batch sizes; the slope is per sample
 IMPLS = ("samplewise", "batched", "warprnnt_numba")
@@ -80,7 +91,13 @@ PEER_VENV = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "pytho
 def build_inputs(case: Case, device: str, seed: int = 0) -> tuple:
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    joiner = Joiner(encoder_dim=case.D, predictor_dim=case.D, joint_dim=case.D, vocab_size=case.V)
+    joiner = Joiner(
+        encoder_dim=case.D,
+        predictor_dim=case.D,
+        joint_dim=case.D,
+        vocab_size=case.V,
+        durations=case.durations,
+    )
     enc = torch.randn(case.B, case.T, case.D, generator=g)
     pred = torch.randn(case.B, case.U + 1, case.D, generator=g)
     targets = torch.randint(1, case.V, (case.B, case.U), generator=g)
@@ -96,12 +113,15 @@ def build_inputs(case: Case, device: str, seed: int = 0) -> tuple:
 
 
 def loss_fn(impl: str, case: Case):
+    tdt = {}
+    if case.durations is not None:
+        tdt = {"durations": case.durations, "sigma": TDT_SIGMA}
     if impl == "samplewise":
-        return lambda *a: samplewise_transducer_loss(*a, group_size=case.group_size)
+        return lambda *a: samplewise_transducer_loss(*a, group_size=case.group_size, **tdt)
     if impl == "batched":
         from asr.losses.transducer import batched_transducer_loss  # imports torchaudio
 
-        return batched_transducer_loss
+        return lambda *a: batched_transducer_loss(*a, **tdt)
     peers = {
         "warprnnt_numba": warprnnt_numba_loss,
         "optimized_transducer": optimized_transducer_loss,
@@ -218,7 +238,7 @@ def worker(case_name: str, impl: str, repeats: int, device: str) -> dict:
     torch.set_num_threads(2)
     case = CASES[case_name]
     fn = loss_fn(impl, case)
-    small = Case(2, 8, 6, case.V, case.D)
+    small = Case(2, 8, 6, case.V, case.D, durations=case.durations)
     run_once(fn, *build_inputs(small, device))  # load code and kernels before the baseline
     inputs = build_inputs(case, device)
     times, loss = [], float("nan")
@@ -259,7 +279,7 @@ def formula_bytes(case: Case) -> int:
         batch_size=case.B,
         max_frames=case.T,
         max_tokens=case.U,
-        vocab_size=case.V,
+        vocab_size=case.V + len(case.durations or ()),
         encoder_dim=case.D,
         predictor_dim=case.D,
         joint_dim=case.D,
@@ -271,14 +291,14 @@ def batched_bytes(case: Case) -> int:
     """Logits, their gradient and torchaudio's gradient buffer, plus the joiner's hidden
     activations and their gradient, for the padded batch."""
     nodes = case.B * case.T * (case.U + 1)
-    return 4 * nodes * (3 * case.V + 2 * case.D)
+    return 4 * nodes * (3 * (case.V + len(case.durations or ())) + 2 * case.D)
 
 
 def spawn(case: str, impl: str, args: argparse.Namespace) -> dict:
     python = args.python or sys.executable
     if impl in SOURCE_PEERS and not args.python and PEER_VENV.exists():
         python = str(PEER_VENV)
-    repeats = 1 if case == "c" else args.repeats
+    repeats = 1 if CASES[case].group_size > 1 else args.repeats
     cmd = [python, __file__, "--worker", case, impl, f"--repeats={repeats}"]
     cmd.append(f"--device={args.device}")
     try:
@@ -309,7 +329,9 @@ def paper_case() -> Case:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default="a,b", help="comma-separated: a, b, c")
+    parser.add_argument(
+        "--cases", default="a,b", help="comma-separated: a, b, c, d, tdt_a, tdt_b, tdt_c"
+    )
     parser.add_argument("--impls", default=",".join((*IMPLS, *SOURCE_PEERS, *NOT_HERE)))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -330,7 +352,11 @@ def main(argv: list[str] | None = None) -> None:
                 line = {"case": case, "impl": impl, "status": "skipped", "reason": NOT_HERE[impl]}
                 print(json.dumps(line), flush=True)
                 continue
-            if case == "c" and impl in FULL_LATTICE:
+            if CASES[case].durations is not None and impl not in IMPLS[:2]:
+                line = {"case": case, "impl": impl, "status": "skipped", "reason": "no TDT loss"}
+                print(json.dumps(line), flush=True)
+                continue
+            if CASES[case].group_size > 1 and impl in FULL_LATTICE:
                 need = round(batched_bytes(CASES[case]) / MB)
                 line = {"case": case, "impl": impl, **asdict(CASES[case]), "status": "skipped"}
                 print(json.dumps(line | {"full_lattice_would_need_mb": need}), flush=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -143,9 +144,9 @@ def causal_kernel(symmetric: Tensor, mapping: str = "truncate") -> Tensor:
     return causal
 
 
-def trained_model(path: str | Path) -> tuple[dict[str, Tensor], bool]:
-    """The model's state dict in a bundle or an asr-train checkpoint, and whether that model
-    was streaming (its convolutions causal)."""
+def trained_model(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The model's state dict in a bundle or an asr-train checkpoint, and its `model`
+    config (empty where the file holds none)."""
     path = Path(path)
     if not path.is_file():
         raise InputFault(f"init_from={path}: no such file")
@@ -162,8 +163,28 @@ def trained_model(path: str | Path) -> tuple[dict[str, Tensor], bool]:
         prefix = "model."
         weights = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         config = (stored.get(BUNDLE_KEY) or {}).get("model")
-    streaming = ((config or {}).get("encoder") or {}).get("streaming") is not None
-    return weights, streaming
+    return weights, dict(config or {})
+
+
+def _kind_of_transducer(durations: object) -> str:
+    if durations is None:
+        return "a plain transducer (model.joiner.durations: null)"
+    return f"a token-and-duration transducer (model.joiner.durations: {list(durations)})"
+
+
+def check_same_durations(path: str | Path, config: Mapping[str, Any], model: nn.Module) -> None:
+    """A ConfigError, in one line, when the trained model in `path` (its `config`) and
+    `model` are not both plain transducers or both TDTs with the same durations."""
+    if "joiner" not in config or not hasattr(model, "joiner"):
+        return
+    theirs = (config.get("joiner") or {}).get("durations")
+    theirs = None if theirs is None else tuple(theirs)
+    ours = getattr(model, "durations", None)
+    if theirs != ours:
+        raise ConfigError(
+            f"init_from={path} is {_kind_of_transducer(theirs)}, this model "
+            f"{_kind_of_transducer(ours)}: set model.joiner.durations to the trained model's"
+        )
 
 
 def load_model_weights(model: nn.Module, path: str | Path, mapping: str = "truncate") -> int:
@@ -171,7 +192,9 @@ def load_model_weights(model: nn.Module, path: str | Path, mapping: str = "trunc
     Depthwise kernels of a causal convolution module come from symmetric ones through
     `causal_kernel`; the feature statistics stay `model`'s. A key that is missing or
     unexpected, or a shape that differs, is a `ConfigError` naming them."""
-    weights, streaming_source = trained_model(path)
+    weights, config = trained_model(path)
+    check_same_durations(path, config, model)
+    streaming_source = (config.get("encoder") or {}).get("streaming") is not None
     own = model.state_dict()
     keep = set(FEATURE_STATS_KEYS) & set(own)
     weights = {k: v for k, v in weights.items() if k not in FEATURE_STATS_KEYS}

@@ -26,12 +26,12 @@ from asr.training.schedules import SchedulerConfig, build_scheduler
 ENCODER = ConformerConfig(input_dim=16, d_model=32, num_layers=2, num_heads=2, conv_kernel_size=5)
 
 
-def _transducer(encoder: ConformerConfig = ENCODER):
+def _transducer(encoder: ConformerConfig = ENCODER, durations=None):
     config = {
         "kind": "transducer",
         "encoder": vars(encoder),
         "predictor": {"embed_dim": 16, "hidden_dim": 16},
-        "joiner": {"joint_dim": 16},
+        "joiner": {"joint_dim": 16, "durations": durations},
     }
     return build_model(config, vocab_size=20)
 
@@ -139,6 +139,8 @@ def _bundle(tmp_path: Path, model) -> Path:
     """`model` saved as a bundle holds it (format, config, weights)."""
     path = tmp_path / "model.bundle.pt"
     config = {"encoder": {"streaming": None}}
+    if hasattr(model, "joiner"):
+        config["joiner"] = {"durations": model.durations}
     torch.save({"format": "asr-bundle-1", "model": config, "state_dict": model.state_dict()}, path)
     return path
 
@@ -186,3 +188,15 @@ def test_init_from_a_model_of_another_size_names_what_differs(tmp_path) -> None:
         load_model_weights(_transducer(), _bundle(tmp_path, wider))
     with pytest.raises(InputFault, match="init_from=.*no such file"):
         load_model_weights(_transducer(), tmp_path / "missing.pt")
+
+
+def test_a_tdt_model_and_a_plain_transducer_do_not_start_from_each_other(tmp_path) -> None:
+    tdt, plain = _transducer(durations=[0, 1, 2, 3, 4]), _transducer()
+    with pytest.raises(ConfigError, match=r"^init_from=.* is a token-and-duration transducer"):
+        load_model_weights(plain, _bundle(tmp_path, tdt))
+    with pytest.raises(ConfigError, match=r"^init_from=.* is a plain transducer.*durations"):
+        load_model_weights(tdt, _bundle(tmp_path, plain))
+    other = _transducer(durations=[0, 1, 2])
+    with pytest.raises(ConfigError, match=r"durations: \[0, 1, 2\]"):
+        load_model_weights(other, _bundle(tmp_path, tdt))
+    assert load_model_weights(_transducer(durations=[0, 1, 2, 3, 4]), _bundle(tmp_path, tdt)) > 0
