@@ -2,15 +2,16 @@
 
 A search holds its hypotheses as rows of batched tensors. `HypothesisState` is what a row
 carries into the next step besides its tokens: the predictor's output and state after its
-last token, and its place in the biasing graph (`asr.decoding.biasing`). Taking rows
-(`take`), stacking them (`cat`), replacing some (`put`) and choosing per row between two
-states (`where`) carry every field at once, so a per-hypothesis state that a new search
-feature needs (an LM state, the frames a duration skips) is one more field here and one
-more line in `after`, and every search carries it.
+last token, its place in the biasing graph (`asr.decoding.biasing`), and the frames a
+token-and-duration transducer's last duration still skips (`asr.decoding.durations`).
+Taking rows (`take`), stacking them (`cat`), replacing some (`put`) and choosing per row
+between two states (`where`) carry every field at once, so a per-hypothesis state that a
+new search feature needs (an LM state) is one more field here and one more line in
+`after`, and every search carries it.
 
 What a search gives back: `TimedTokens` (a hypothesis's tokens, the encoder frame of each,
-counted from the start of the audio or stream, and the search's confidence in each) and,
-for n-best lists, `Hypothesis` (the same with its score).
+counted from the start of the audio or stream, the search's confidence in each and the
+frames each lasts) and, for n-best lists, `Hypothesis` (the same with its score).
 
 Legend: R rows (hypotheses), D_joint the joiner's width, V vocabulary.
 """
@@ -27,18 +28,23 @@ from asr.models.transducer import PredictorState, Transducer
 
 @dataclass(frozen=True)
 class TimedTokens:
-    """A hypothesis's token ids (no blanks), the encoder frame each was emitted at and
-    the search's confidence in each (`asr.decoding.confidence`)."""
+    """A hypothesis's token ids (no blanks), the encoder frame each was emitted at, the
+    search's confidence in each (`asr.decoding.confidence`) and the frames each lasts: a
+    token-and-duration transducer's predicted duration (0: the next emission comes in the
+    same frame), one frame for a plain transducer's (`durations` None fills them in)."""
 
     tokens: list[int]
     frames: list[int]
     confidences: list[float]
+    durations: list[int] | None = None  # None: one frame each (filled in)
 
     def __post_init__(self) -> None:
-        if not len(self.tokens) == len(self.frames) == len(self.confidences):
+        if self.durations is None:
+            object.__setattr__(self, "durations", [1] * len(self.tokens))
+        if not len(self.tokens) == len(self.frames) == len(self.confidences) == len(self.durations):
             raise ValueError(
-                f"{len(self.tokens)} tokens, {len(self.frames)} frames and "
-                f"{len(self.confidences)} confidences"
+                f"{len(self.tokens)} tokens, {len(self.frames)} frames, "
+                f"{len(self.confidences)} confidences and {len(self.durations)} durations"
             )
 
     @classmethod
@@ -50,15 +56,18 @@ class TimedTokens:
 class Hypothesis:
     """A token sequence (no blanks), its log-probability summed over the alignments that
     were merged into it (plus its biasing bonus, where a graph was given), and the frame
-    each token was emitted at and its confidence in the most probable of them."""
+    each token was emitted at, its confidence and the frames it lasts (`TimedTokens`) in
+    the most probable of them."""
 
     tokens: tuple[int, ...]
     score: float
     frames: tuple[int, ...] = ()
     confidences: tuple[float, ...] = ()
+    durations: tuple[int, ...] | None = None
 
     def timed(self) -> TimedTokens:
-        return TimedTokens(list(self.tokens), list(self.frames), list(self.confidences))
+        durations = None if self.durations is None else list(self.durations)
+        return TimedTokens(list(self.tokens), list(self.frames), list(self.confidences), durations)
 
 
 # -- rows of a batch-first predictor state (a tensor or a tuple of them) -------------------
@@ -111,12 +120,18 @@ def zeros_like_rows(state: PredictorState, rows: int) -> PredictorState:
 @dataclass(frozen=True)
 class HypothesisState:
     """What each row carries into the next step: `pred` (R, D_joint) the projected
-    predictor output after its last token, `predictor` the predictor's state, and
-    `biasing_node` (R,) its state in the biasing graph (0, the root, without one)."""
+    predictor output after its last token, `predictor` the predictor's state,
+    `biasing_node` (R,) its state in the biasing graph (0, the root, without one), and
+    `skip` (R,) the frames it skips before the next one it visits, counted from the
+    first frame of the next chunk: a TDT duration that jumped past the end of a chunk
+    leaves the rest here (`asr.decoding.durations`; always 0 for a plain transducer).
+    Within a chunk each search keeps its rows' frames in its own working form and writes
+    `skip` when the chunk is done."""
 
     pred: Tensor
     predictor: PredictorState
     biasing_node: Tensor
+    skip: Tensor
 
     @classmethod
     def start(cls, model: Transducer, rows: int, device: torch.device | str) -> HypothesisState:
@@ -125,25 +140,30 @@ class HypothesisState:
         blanks = torch.full((rows,), model.blank_id, device=device, dtype=torch.long)
         out, state = predictor.step(blanks, predictor.init_state(rows, device))
         nodes = torch.zeros(rows, dtype=torch.long, device=device)
-        return cls(joiner.project_predictor(out), state, nodes)
+        return cls(joiner.project_predictor(out), state, nodes, torch.zeros_like(nodes))
 
     def after(
         self, model: Transducer, tokens: Tensor, biasing_next: Tensor | None
     ) -> HypothesisState:
         """Every row's state after appending `tokens` (R,): the predictor stepped and
         projected, the biasing node moved along `biasing_next` (the graph's `next` table;
-        None: no graph, the nodes stay)."""
+        None: no graph, the nodes stay); `skip` stays (the search moves the frames)."""
         out, state = model.predictor.step(tokens, self.predictor)
         nodes = self.biasing_node
         if biasing_next is not None:
             nodes = biasing_next[nodes, tokens]
-        return HypothesisState(model.joiner.project_predictor(out), state, nodes)
+        return HypothesisState(model.joiner.project_predictor(out), state, nodes, self.skip)
+
+    def skipping(self, skip: Tensor) -> HypothesisState:
+        """This state with each row's `skip` (R,) set (the end of a chunk)."""
+        return HypothesisState(self.pred, self.predictor, self.biasing_node, skip)
 
     def take(self, index: Tensor) -> HypothesisState:
         return HypothesisState(
             self.pred.index_select(0, index),
             take_rows(self.predictor, index),
             self.biasing_node.index_select(0, index),
+            self.skip.index_select(0, index),
         )
 
     @staticmethod
@@ -152,6 +172,7 @@ class HypothesisState:
             torch.cat([p.pred for p in parts]),
             cat_rows([p.predictor for p in parts]),
             torch.cat([p.biasing_node for p in parts]),
+            torch.cat([p.skip for p in parts]),
         )
 
     def put(self, index: Tensor, rows: HypothesisState) -> HypothesisState:
@@ -160,15 +181,19 @@ class HypothesisState:
             self.pred.index_copy(0, index, rows.pred.to(self.pred.dtype)),
             put_rows(self.predictor, index, rows.predictor),
             self.biasing_node.index_copy(0, index, rows.biasing_node),
+            self.skip.index_copy(0, index, rows.skip),
         )
 
     def where(self, mask: Tensor, new: HypothesisState) -> HypothesisState:
         """Per row: `new`'s where mask (R,) is True, else this state's."""
-        nodes = self.biasing_node
+        nodes, skip = self.biasing_node, self.skip
         if new.biasing_node is not nodes:  # (`after` without a graph keeps the same tensor)
             nodes = torch.where(mask, new.biasing_node, nodes)
+        if new.skip is not skip:  # (`after` keeps the same tensor)
+            skip = torch.where(mask, new.skip, skip)
         return HypothesisState(
             torch.where(mask[:, None], new.pred, self.pred),
             where_rows(mask, new.predictor, self.predictor),
             nodes,
+            skip,
         )

@@ -14,7 +14,10 @@ replayed several times between checks of whether anything is left to do
 The decisions of each utterance are those of frame-looping greedy search, so the two give
 the same tokens and frames (tested on CPU): at frame t, a blank moves to t + 1; a label is
 emitted and the utterance stays on t, until `max_symbols_per_frame` labels there move it
-to t + 1 (a guard against a joiner that never emits blank).
+to t + 1 (a guard against a joiner that never emits blank). A token-and-duration
+transducer's durations (`asr.decoding.durations`) move a blank max(d, 1) frames on and a
+label d frames on (d = 0: it stays, as above): the frame index of each row simply jumps,
+in both loops, and the frames it jumps over are never visited.
 
 It carries the same `GreedyProgress` as the frame-looping search (`start` + `advance` per
 chunk, `asr.decoding.search`): `advance` loads each row's predictor state and biasing node
@@ -40,6 +43,7 @@ from asr.decoding.biasing import BiasingGraph
 from asr.decoding.checks import check_encoder_output
 from asr.decoding.confidence import token_confidence
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
+from asr.decoding.durations import duration_table, split_logits
 from asr.decoding.hypotheses import (
     HypothesisState,
     TimedTokens,
@@ -65,7 +69,10 @@ class _Buffers:
     (B, S) what was emitted, where and how surely; `count` (B,) how many; `confidence`
     (B,) that of the label found by the inner loop; `node` (B,) each row's biasing state
     (0 without a graph). A biased search also has the graph's tables `biasing_next`,
-    `biasing_advance` (N, V); None otherwise.
+    `biasing_advance` (N, V); None otherwise. A TDT's search also has `duration_frames`
+    (D,) the frames of each duration, `duration` (B,) that of the label found by the
+    inner loop, `durations` (B, S) those of the labels emitted, and `visited` (B,) the
+    frames each row has run the joiner at; None otherwise.
     """
 
     enc: Tensor
@@ -86,6 +93,10 @@ class _Buffers:
     node: Tensor
     biasing_next: Tensor | None = None
     biasing_advance: Tensor | None = None
+    duration_frames: Tensor | None = None
+    duration: Tensor | None = None
+    durations: Tensor | None = None
+    visited: Tensor | None = None
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -198,11 +209,19 @@ class _LabelLoops:
             return torch.zeros(batch, dtype=torch.bool, device=device)
 
         vocab = model.joiner.vocab_size
-        biased = {}
+        optional = {}
         if self.biased:
-            biased = {
+            optional |= {
                 "biasing_next": longs(states, vocab),
                 "biasing_advance": torch.zeros(states, vocab, device=device),
+            }
+        table = duration_table(model, device)
+        if table is not None:
+            optional |= {
+                "duration_frames": table,
+                "duration": longs(batch),
+                "durations": longs(batch, slots),
+                "visited": longs(batch),
             }
         return _Buffers(
             enc=enc.new_zeros((batch, frames, enc.size(2))),
@@ -221,7 +240,7 @@ class _LabelLoops:
             count=longs(batch),
             confidence=torch.zeros(batch, device=device),
             node=longs(batch),
-            **biased,
+            **optional,
         )
 
     def _reset(
@@ -246,7 +265,11 @@ class _LabelLoops:
         b.pred.copy_(state.pred)
         copy_rows_into(b.state, state.predictor)
         b.node.copy_(state.biasing_node)
+        if b.visited is not None:  # a TDT's row starts where its last duration took it
+            b.frame.copy_(state.skip)
         torch.lt(b.frame, b.lens, out=b.active)
+        if b.visited is not None:
+            b.visited.copy_(b.active)
         b.need.copy_(b.active)
         if progress.biasing is not None:
             biasing = progress.biasing.to(enc.device)
@@ -262,7 +285,7 @@ class _LabelLoops:
         """Rows looking for a label: the joiner at their frame; a blank moves them on."""
         last = b.enc.size(1) - 1
         enc = b.enc[b.rows, b.frame.clamp(max=last)]  # (B, D)
-        logits = self.model.joiner.joint(enc, b.pred)
+        logits, duration_logits = split_logits(self.model, self.model.joiner.joint(enc, b.pred))
         log_probs = logits.float().log_softmax(dim=-1)
         if b.biasing_advance is None:
             best = logits.argmax(dim=-1)
@@ -273,10 +296,17 @@ class _LabelLoops:
         found = b.need & ~is_blank
         b.label.copy_(torch.where(found, best, b.label))
         b.confidence.copy_(torch.where(found, token_confidence(log_probs), b.confidence))
-        b.frame.add_(moves.long())
+        if b.duration_frames is None:
+            b.frame.add_(moves.long())
+        else:  # a blank moves on at least one frame
+            duration = b.duration_frames[duration_logits.argmax(dim=-1)]
+            b.duration.copy_(torch.where(found, duration, b.duration))
+            b.frame.add_(torch.where(moves, duration.clamp(min=1), 0))
         b.symbols.masked_fill_(moves, 0)
         torch.lt(b.frame, b.lens, out=b.active)
         b.need.copy_(moves & b.active)
+        if b.visited is not None:
+            b.visited.add_(b.need.long())
 
     def _outer_step(self, b: _Buffers) -> None:
         """Rows that found a label: record it, advance the predictor, count it against
@@ -288,16 +318,25 @@ class _LabelLoops:
         b.frames.scatter_(1, slot, b.frame[:, None])
         b.confidences.scatter_(1, slot, b.confidence[:, None])
         b.count.add_(ready.long())
-        state = HypothesisState(b.pred, b.state, b.node)
+        state = HypothesisState(b.pred, b.state, b.node, b.frame)  # (`skip` is not read)
         state = state.where(ready, state.after(self.model, b.label, b.biasing_next))
         b.pred.copy_(state.pred)
         copy_rows_into(b.state, state.predictor)
         b.node.copy_(state.biasing_node)
-        b.symbols.add_(ready.long())
-        full = ready & (b.symbols >= self.options.max_symbols_per_frame)
+        stays = ready
+        if b.duration_frames is not None:  # a label moves on its duration (0: stays)
+            b.durations.scatter_(1, slot, b.duration[:, None])
+            jumps = torch.where(ready, b.duration, 0)
+            b.frame.add_(jumps)
+            stays = ready & (jumps == 0)
+            b.symbols.masked_fill_(jumps > 0, 0)
+        b.symbols.add_(stays.long())
+        full = stays & (b.symbols >= self.options.max_symbols_per_frame)
         b.frame.add_(full.long())
         b.symbols.masked_fill_(full, 0)
         torch.lt(b.frame, b.lens, out=b.active)
+        if b.visited is not None:  # rows that moved to a frame of theirs
+            b.visited.add_(((ready & ~stays) | full).long() * b.active.long())
         b.need.copy_(b.need | (ready & b.active))
 
     def _fused_step(self, b: _Buffers) -> None:
@@ -325,12 +364,19 @@ class _LabelLoops:
         labels = b.labels[:batch, :width].cpu().tolist()
         frames = b.frames[:batch, :width].cpu().tolist()
         sure = b.confidences[:batch, :width].cpu().tolist()
+        lasting = [[1] * width for _ in range(batch)]  # a plain transducer's: one frame
+        if b.durations is not None:
+            lasting = b.durations[:batch, :width].cpu().tolist()
         emitted = [
-            list(zip(labels[i][:n], frames[i][:n], sure[i][:n], strict=True))
+            list(zip(labels[i][:n], frames[i][:n], sure[i][:n], lasting[i][:n], strict=True))
             for i, n in enumerate(counts)
         ]
         first = torch.arange(batch, device=b.pred.device)
+        skip = progress.rows.skip
+        if b.visited is not None:  # where each row's last duration took it past the chunk
+            skip = b.frame[:batch] - b.lens[:batch]
         rows = HypothesisState(
-            b.pred[:batch].clone(), take_rows(b.state, first), b.node[:batch].clone()
+            b.pred[:batch].clone(), take_rows(b.state, first), b.node[:batch].clone(), skip
         )
-        return progress.extended(rows, emitted, encoder_lens.tolist())
+        visited = None if b.visited is None else b.visited[:batch].tolist()
+        return progress.extended(rows, emitted, encoder_lens.tolist(), visited)

@@ -15,7 +15,9 @@ scored with), and is stacked (`type(progress).cat(parts)`) and taken apart
 (`progress.select(rows)`) so that streams with different histories share one step
 (`advance_each`). Frames count from the start of the audio: `first_frame` starts a search
 later in a stream (after an endpoint). The searches: greedy (`FrameLoopingGreedy` on CPU,
-`LabelLoopingGreedy` on CUDA: the same decisions) and `BeamSearch`.
+`LabelLoopingGreedy` on CUDA: the same decisions) and `BeamSearch`. Each serves a
+token-and-duration transducer too (`asr.decoding.durations`): it skips the frames the
+predicted durations jump over, and its progress counts the frames it visited (`visited`).
 
 Attention decoders are label-synchronous and have no progress over encoder chunks: their
 greedy and beam searches (`asr.decoding.aed`) take their options the same way.

@@ -10,7 +10,10 @@ chunk; rows of different streams are stacked (`GreedyProgress.cat`) and taken ap
 
 With a biasing graph (`asr.decoding.biasing`, given to `start`), each row picks the best of
 log P + what the token earns in the graph (`BiasingGraph.advance`). Each emitted token gets
-the confidence of the distribution it was taken from (`asr.decoding.confidence`).
+the confidence of the distribution it was taken from (`asr.decoding.confidence`). A
+token-and-duration transducer's rows also take the most probable duration and move by it
+(`asr.decoding.durations`), skipping the frames between; where a duration takes a row past
+the chunk's end, the row's `HypothesisState.skip` carries the rest into the next chunk.
 
 Legend: B batch, T frames, V vocabulary, D width. Call ``model.eval()`` first: decoding does
 not change the model's mode, and dropout would make the predictor random.
@@ -28,6 +31,7 @@ from torch import Tensor
 from asr.decoding.biasing import BiasingGraph
 from asr.decoding.checks import check_encoder_output, check_same_biasing
 from asr.decoding.confidence import token_confidence
+from asr.decoding.durations import duration_table, split_logits
 from asr.decoding.hypotheses import HypothesisState, TimedTokens
 from asr.models.transducer import Transducer
 
@@ -48,19 +52,26 @@ class GreedyOptions:
             )
 
 
+Emitted = tuple[int, int, float, int]  # (token, frame in the chunk, confidence, duration)
+
+
 @dataclass(frozen=True)
 class GreedyProgress:
     """A batch's greedy search between chunks: each row's state (`HypothesisState`), the
     biasing graph the rows are scored with (None: none), each row's tokens, their frames
-    (from the start of the audio) and confidences, and the frames consumed (`first_frame`
-    of `start` included)."""
+    (from the start of the audio), confidences and durations (`TimedTokens`), the frames
+    consumed (`first_frame` of `start` included) and the frames visited since `start`:
+    those the search ran the joiner at (all of them for a plain transducer; a TDT skips
+    some, and visited / (consumed - first frame) is the share it ran)."""
 
     rows: HypothesisState
     biasing: BiasingGraph | None
     tokens: list[list[int]]
     frames: list[list[int]]
     confidences: list[list[float]]
+    durations: list[list[int]]
     consumed: list[int]
+    visited: list[int]
 
     @classmethod
     def start(
@@ -75,19 +86,20 @@ class GreedyProgress:
         audio (a stream's search that starts again after an endpoint)."""
         if biasing is not None and biasing.num_phrases:
             _greedy_biasing_warning()
-        empty: list[list] = [[] for _ in range(batch_size)]
         return cls(
             HypothesisState.start(model, batch_size, device),
             None if biasing is None else biasing.to(device),
-            empty,
-            [[] for _ in empty],
-            [[] for _ in empty],
+            [[] for _ in range(batch_size)],
+            [[] for _ in range(batch_size)],
+            [[] for _ in range(batch_size)],
+            [[] for _ in range(batch_size)],
             [first_frame] * batch_size,
+            [0] * batch_size,
         )
 
     def best(self) -> list[TimedTokens]:
-        parts = zip(self.tokens, self.frames, self.confidences, strict=True)
-        return [TimedTokens(list(t), list(f), list(c)) for t, f, c in parts]
+        parts = zip(self.tokens, self.frames, self.confidences, self.durations, strict=True)
+        return [TimedTokens(list(t), list(f), list(c), list(d)) for t, f, c, d in parts]
 
     def select(self, index: list[int]) -> GreedyProgress:
         at = torch.tensor(index, device=self.rows.pred.device)
@@ -97,7 +109,9 @@ class GreedyProgress:
             [self.tokens[i] for i in index],
             [self.frames[i] for i in index],
             [self.confidences[i] for i in index],
+            [self.durations[i] for i in index],
             [self.consumed[i] for i in index],
+            [self.visited[i] for i in index],
         )
 
     @staticmethod
@@ -108,31 +122,47 @@ class GreedyProgress:
             [t for p in parts for t in p.tokens],
             [f for p in parts for f in p.frames],
             [c for p in parts for c in p.confidences],
+            [d for p in parts for d in p.durations],
             [c for p in parts for c in p.consumed],
+            [v for p in parts for v in p.visited],
         )
 
     def extended(
         self,
         rows: HypothesisState,
-        emitted: list[list[tuple[int, int, float]]],
+        emitted: list[list[Emitted]],
         encoder_lens: list[int],
+        visited: list[int] | None = None,
     ) -> GreedyProgress:
         """This progress after a chunk: the rows' new state, each row's emitted (token,
-        frame in the chunk, confidence) and the chunk's valid frames per row."""
-        tokens, frames, confidences = [], [], []
+        frame in the chunk, confidence, duration), the chunk's valid frames per row and
+        the frames of them each row visited (None: all)."""
+        tokens, frames, confidences, durations = [], [], [], []
         for b, found in enumerate(emitted):
-            tokens.append(self.tokens[b] + [token for token, _, _ in found])
-            frames.append(self.frames[b] + [self.consumed[b] + t for _, t, _ in found])
-            confidences.append(self.confidences[b] + [c for _, _, c in found])
+            tokens.append(self.tokens[b] + [token for token, _, _, _ in found])
+            frames.append(self.frames[b] + [self.consumed[b] + t for _, t, _, _ in found])
+            confidences.append(self.confidences[b] + [c for _, _, c, _ in found])
+            durations.append(self.durations[b] + [d for _, _, _, d in found])
         consumed = [c + n for c, n in zip(self.consumed, encoder_lens, strict=True)]
-        return GreedyProgress(rows, self.biasing, tokens, frames, confidences, consumed)
+        seen = self.visited
+        seen = [
+            v + n for v, n in zip(seen, encoder_lens if visited is None else visited, strict=True)
+        ]
+        return GreedyProgress(
+            rows, self.biasing, tokens, frames, confidences, durations, consumed, seen
+        )
 
 
 class FrameLoopingGreedy:
     """Greedy search that walks the frames in lock-step for the whole batch: one joiner
     call per (frame, symbol) step. A row that emits a non-blank token advances its
     predictor and stays on the frame; the others keep their state. Each row stops at its
-    own length."""
+    own length.
+
+    A token-and-duration transducer (`asr.decoding.durations`) moves each row by the
+    duration it predicts, so rows sit on different frames: each step runs the joiner at
+    the earliest frame a row waits for, for the rows waiting there; the frames no row
+    waits for are never visited."""
 
     def __init__(self, options: GreedyOptions = GreedyOptions()) -> None:
         self.options = options
@@ -156,42 +186,79 @@ class FrameLoopingGreedy:
         check_encoder_output(encoder_out, encoder_lens)
         joiner, blank, biasing = model.joiner, model.blank_id, progress.biasing
         biasing_next = None if biasing is None else biasing.next
+        table = duration_table(model, encoder_out.device)  # None: a plain transducer
         enc = joiner.project_encoder(encoder_out)  # (B, T, D_joint), all frames at once
         rows = progress.rows
         emitted: list[Tensor] = []  # per step: token id, or -1 where nothing was emitted
         confidences: list[Tensor] = []  # per step: the confidence of each row's choice
+        durations: list[Tensor] = []  # per step (TDT): the duration of each row's choice
         step_frames: list[int] = []  # per step: its frame
         lens = encoder_lens.to(encoder_out.device)
-        for t in range(int(lens.max()) if len(lens) else 0):
-            active = t < lens
+        last = int(lens.max()) if len(lens) else 0
+        at = rows.skip.to(lens.device)  # TDT: each row's next frame in this chunk
+        visited = torch.zeros_like(lens)
+        t = 0
+        while True:
+            if table is None:  # every frame in turn, every row on it
+                if t >= last:
+                    break
+                active = t < lens
+            else:
+                waiting = at < lens
+                if not bool(waiting.any()):
+                    break
+                t = int(at.masked_fill(~waiting, last).min())
+                active = waiting & (at == t)
+                visited += active
             for _ in range(self.options.max_symbols_per_frame):
-                logits = joiner.joint(enc[:, t], rows.pred)
-                log_probs = logits.float().log_softmax(dim=-1)
+                token_logits, duration_logits = split_logits(
+                    model, joiner.joint(enc[:, t], rows.pred)
+                )
+                log_probs = token_logits.float().log_softmax(dim=-1)
                 if biasing is None:
-                    tokens = logits.argmax(dim=-1)  # (B,)
+                    tokens = token_logits.argmax(dim=-1)  # (B,)
                 else:
                     bonus = biasing.advance.index_select(0, rows.biasing_node)
                     bonus[:, blank] = 0.0
                     tokens = (log_probs + bonus).argmax(dim=-1)
                 emit = active & (tokens != blank)
+                stay = emit
+                if table is not None:
+                    duration = table[duration_logits.argmax(dim=-1)]
+                    moves = torch.where(emit, duration, duration.clamp(min=1))
+                    at = torch.where(active, t + moves, at)
+                    stay = emit & (duration == 0)
                 if not bool(emit.any()):
+                    active = stay
                     break
                 emitted.append(torch.where(emit, tokens, -1))
                 confidences.append(token_confidence(log_probs))
+                if table is not None:
+                    durations.append(duration)
                 step_frames.append(t)
                 rows = rows.where(emit, rows.after(model, tokens, biasing_next))
-                active = emit
-        found: list[list[tuple[int, int, float]]] = [[] for _ in progress.consumed]
+                active = stay
+            if table is None:
+                t += 1
+            else:  # rows that emitted the most tokens a frame may have move on
+                at = torch.where(active, t + 1, at)
+        found: list[list[Emitted]] = [[] for _ in progress.consumed]
         if emitted:
             steps = torch.stack(emitted, dim=1).cpu().tolist()  # (B, steps)
             sureness = torch.stack(confidences, dim=1).cpu().tolist()
+            lasting = [[1] * len(steps[0]) for _ in steps]  # a plain transducer's: one frame
+            if table is not None:
+                lasting = torch.stack(durations, dim=1).cpu().tolist()
             for b, row in enumerate(steps):
                 found[b] = [
-                    (token, step_frames[s], sureness[b][s])
+                    (token, step_frames[s], sureness[b][s], lasting[b][s])
                     for s, token in enumerate(row)
                     if token >= 0
                 ]
-        return progress.extended(rows, found, encoder_lens.tolist())
+        if table is None:
+            return progress.extended(rows, found, encoder_lens.tolist())
+        rows = rows.skipping(at - lens)
+        return progress.extended(rows, found, encoder_lens.tolist(), visited.tolist())
 
     def best(self, progress: GreedyProgress) -> list[TimedTokens]:
         return progress.best()
