@@ -2,10 +2,13 @@
 and the output formats of `asr-transcribe --timestamps` (text, json, srt, ctm).
 
 A word begins at a SentencePiece piece that starts with "▁". It starts when its first
-token was emitted (the start of that encoder frame) and ends one frame after its last
-token, but never after the next word starts. Times are in seconds from the start of the
-audio. Its confidence is its least confident token's (`asr.decoding.confidence`): it is a
-field of the word, so words and confidences never differ in number.
+token was emitted (the start of that encoder frame) and ends when its last token ends, but
+never after the next word starts: a token lasts the frames the search gives it
+(`TimedTokens.durations`: one frame for a plain transducer's token; a token-and-duration
+transducer's predicted duration, 0 when the next comes in the same frame). Times are in
+seconds from the start of the audio. Its confidence is its least confident token's
+(`asr.decoding.confidence`): it is a field of the word, so words and confidences never
+differ in number.
 """
 
 from __future__ import annotations
@@ -54,27 +57,31 @@ def words_from_tokens(
     token_seconds: float,
     audio_end: float = math.inf,
     confidences: Sequence[float] | None = None,
+    ends: Sequence[float] | None = None,
 ) -> list[Word]:
     """Words of a hypothesis's `pieces` (SentencePiece pieces, one per token) emitted at
-    `starts` seconds, each token lasting `token_seconds` (an encoder frame), in audio that
-    ends at `audio_end` seconds (no word ends later); with the tokens' `confidences`, each
-    word's (its least confident token's)."""
+    `starts` seconds, each token lasting `token_seconds` (an encoder frame) or ending at
+    its time in `ends`, in audio that ends at `audio_end` seconds (no word ends later);
+    with the tokens' `confidences`, each word's (its least confident token's)."""
     if len(pieces) != len(starts):
         raise ValueError(f"{len(pieces)} pieces but {len(starts)} times")
     if confidences is not None and len(confidences) != len(pieces):
         raise ValueError(f"{len(pieces)} pieces but {len(confidences)} confidences")
+    if ends is not None and len(ends) != len(pieces):
+        raise ValueError(f"{len(pieces)} pieces but {len(ends)} end times")
     sure = confidences if confidences is not None else [None] * len(pieces)
-    groups: list[tuple[str, float, float, list]] = []  # (text, first start, last's, confidences)
-    for piece, start, confidence in zip(pieces, starts, sure, strict=True):
+    ends = ends if ends is not None else [start + token_seconds for start in starts]
+    groups: list[tuple[str, float, float, list]] = []  # (text, first start, last end, confidences)
+    for piece, start, stop, confidence in zip(pieces, starts, ends, sure, strict=True):
         if starts_word(piece) or not groups:
-            groups.append((piece.lstrip(WORD_START), start, start, [confidence]))
+            groups.append((piece.lstrip(WORD_START), start, stop, [confidence]))
         else:
             text, first, _, tokens = groups[-1]
-            groups[-1] = (text + piece, first, start, [*tokens, confidence])
+            groups[-1] = (text + piece, first, stop, [*tokens, confidence])
     groups = [g for g in groups if g[0]]  # a lone "▁" that nothing followed
     words = []
     for i, (text, first, last, tokens) in enumerate(groups):
-        end = min(last + token_seconds, audio_end)
+        end = min(last, audio_end)
         if i + 1 < len(groups):
             end = min(end, groups[i + 1][1])
         confidence = None if confidences is None else round(word_confidence(tokens), 4)
@@ -99,10 +106,13 @@ def words_of_hypothesis(
     audio_end: float = math.inf,
 ) -> list[Word]:
     """The words of a search's hypothesis, with times in seconds from `offset` (where its
-    frame 0 is in the audio) and confidences; no word ends after `audio_end`."""
+    frame 0 is in the audio) and confidences; a token ends its duration after its frame
+    (`TimedTokens.durations`); no word ends after `audio_end`."""
     pieces = [tokenizer.id_to_piece(i) for i in hyp.tokens]
     starts = [offset + frame * frame_seconds for frame in hyp.frames]
-    return words_from_tokens(pieces, starts, frame_seconds, audio_end, hyp.confidences)
+    lasting = hyp.durations or []
+    ends = [start + d * frame_seconds for start, d in zip(starts, lasting, strict=True)]
+    return words_from_tokens(pieces, starts, frame_seconds, audio_end, hyp.confidences, ends)
 
 
 def transcript_of_hypothesis(

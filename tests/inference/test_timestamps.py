@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from asr.decoding.hypotheses import TimedTokens
 from asr.inference.timestamps import (
     SRT_MAX_WORDS,
     Transcript,
@@ -11,6 +12,7 @@ from asr.inference.timestamps import (
     render,
     to_srt,
     words_from_tokens,
+    words_of_hypothesis,
     words_of_text,
 )
 
@@ -34,6 +36,36 @@ def test_a_word_ends_where_the_next_starts_when_tokens_crowd() -> None:
     assert words_from_tokens(["▁"], [0.5], FRAME) == []  # a bare boundary is no word
     with pytest.raises(ValueError, match="2 pieces but 1 times"):
         words_from_tokens(["▁A", "B"], [0.0], FRAME)
+
+
+class _Pieces:
+    PIECES = ["<blk>", "▁THE", "▁CAT", "S", "▁SAT"]
+
+    def id_to_piece(self, idx: int) -> str:
+        return self.PIECES[idx]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.PIECES[i] for i in ids).replace("▁", " ").strip()
+
+
+def test_a_token_ends_its_duration_after_its_frame() -> None:
+    """A TDT's tokens last their predicted durations: THE lasts 3 frames, CAT 0 (S follows
+    in the same frame) and S 2, SAT 4, cut at the audio's end; a plain transducer's last
+    one frame each (durations None)."""
+    tdt = TimedTokens([1, 2, 3, 4], [0, 5, 5, 9], [0.9, 0.8, 0.7, 0.6], [3, 0, 2, 4])
+    words = words_of_hypothesis(tdt, _Pieces(), FRAME, offset=1.0, audio_end=1.5)
+    assert [(w.word, w.start, w.end) for w in words] == [
+        ("THE", 1.0, 1.12),
+        ("CATS", 1.2, 1.28),
+        ("SAT", 1.36, 1.5),
+    ]
+    assert [w.confidence for w in words] == [0.9, 0.7, 0.6]
+    plain = TimedTokens([1, 2, 3, 4], [0, 5, 5, 9], [0.9, 0.8, 0.7, 0.6])
+    assert plain.durations == [1, 1, 1, 1]
+    words = words_of_hypothesis(plain, _Pieces(), FRAME, offset=1.0)
+    assert [w.end for w in words] == [1.04, 1.24, 1.4]
+    with pytest.raises(ValueError, match="2 tokens, 2 frames, 2 confidences and 1 durations"):
+        TimedTokens([1, 2], [0, 1], [0.5, 0.5], [1])
 
 
 def _transcript(count: int, step: float = 0.5) -> Transcript:
