@@ -72,9 +72,11 @@ Phrases = Sequence[str | tuple[str, float] | BiasingPhrase]
 @dataclass(frozen=True)
 class StreamDecoding:
     """A stream's model-side state between chunks: the encoder's caches, the search's
-    progress (`search`), the encoder frames decoded since the stream's start (`frames`)
-    and the frame at which the search started (`search_start`: 0, or the frame of the
-    last endpoint)."""
+    progress (`search`: with a token-and-duration transducer, also how far past the
+    chunk's end each hypothesis's last duration jumped, `HypothesisState.skip`, where the
+    next chunk resumes it), the encoder frames decoded since the stream's start
+    (`frames`) and the frame at which the search started (`search_start`: 0, or the frame
+    of the last endpoint)."""
 
     encoder: StreamingState
     search: Progress

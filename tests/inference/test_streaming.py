@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from asr.data.features import FeatureConfig
+from asr.decoding.hypotheses import TimedTokens
 from asr.decoding.transducer_beam import BeamOptions
 from asr.inference.audio import read_audio
 from asr.inference.recognizer import Recognizer
@@ -23,7 +24,12 @@ FEATURES = FeatureConfig(frontend="librosa", normalize="none")
 CHUNKS, LEFTS = (2, 4), (6, 12)
 
 
-def _model(vocab_size: int, streaming: bool = True, subsampling_cache: bool = False) -> Transducer:
+def _model(
+    vocab_size: int,
+    streaming: bool = True,
+    subsampling_cache: bool = False,
+    durations: list[int] | None = None,
+) -> Transducer:
     torch.manual_seed(0)
     encoder = {"input_dim": 80, "d_model": 32, "num_layers": 2, "num_heads": 2}
     encoder |= {"conv_kernel_size": 5, "subsampling_channels": 8, "dropout": 0.0}
@@ -39,7 +45,7 @@ def _model(vocab_size: int, streaming: bool = True, subsampling_cache: bool = Fa
             "kind": "transducer",
             "encoder": encoder,
             "predictor": {"embed_dim": 32, "hidden_dim": 32, "dropout": 0.0},
-            "joiner": {"joint_dim": 32},
+            "joiner": {"joint_dim": 32, "durations": durations},
         },
         vocab_size,
     )
@@ -56,15 +62,21 @@ def audio(test_flacs: list[Path]) -> list[np.ndarray]:
 def _whole(model: Transducer, samples: np.ndarray, chunking: Chunking, beam: int):
     """(tokens, frames) of the whole utterance through the chunked masks (and followed by
     the silence that ends a stream)."""
+    hyp = _whole_hypothesis(model, samples, chunking, beam)
+    return hyp.tokens, hyp.frames
+
+
+def _whole_hypothesis(
+    model: Transducer, samples: np.ndarray, chunking: Chunking, beam: int
+) -> TimedTokens:
+    """`_whole`'s best hypothesis (with its confidences and durations)."""
     recognizer = Recognizer(model, None, FEATURES, chunking=chunking)  # type: ignore[arg-type]
     feats = recognizer.features_of(samples)
     with torch.no_grad():
         out, lens = model.encode(feats[None], torch.tensor([feats.shape[0]]), chunking)
     if beam == 1:
-        hyp = greedy_timed(model, out, lens)[0]
-        return hyp.tokens, hyp.frames
-    best = beam_nbest(model, out, lens, BeamOptions(beam))[0][0]
-    return list(best.tokens), list(best.frames)
+        return greedy_timed(model, out, lens)[0]
+    return beam_nbest(model, out, lens, BeamOptions(beam))[0][0].timed()
 
 
 def _streamed(
@@ -106,6 +118,42 @@ def test_streaming_equals_the_whole_utterance_through_the_same_masks(
         assert _streamed(recognizer, audio[:1], piece, [0]) == expected[:1], piece
     # Three concurrent streams that start (and so end) at different times.
     assert _streamed(recognizer, audio, 1600, [0, 3, 11]) == expected
+
+
+@pytest.mark.parametrize(
+    "chunk,left,beam", [(2, 6, 1), (4, 12, 4)], ids=["2-6-greedy", "4-12-beam4"]
+)
+def test_a_tdt_streams_as_it_decodes_the_whole_utterance_through_the_same_masks(
+    tokenizer, audio, chunk, left, beam
+):
+    """A token-and-duration transducer: a duration that jumps past a chunk's end carries
+    into the next chunk (`HypothesisState.skip`), so streaming gives the whole utterance's
+    tokens, frames and durations, and skips the frames it skips."""
+    model = _model(tokenizer.vocab_size, durations=[0, 1, 2, 3, 4])
+    chunking = Chunking(chunk, left)
+    recognizer = StreamingRecognizer(model, tokenizer, FEATURES, chunking, beam_size=beam)
+
+    def timed(hyp):
+        return hyp.tokens, hyp.frames, hyp.durations
+
+    expected = [timed(_whole_hypothesis(model, a, chunking, beam)) for a in audio]
+    assert all(tokens for tokens, _, _ in expected)  # random weights emit tokens
+    assert any(d > 1 for _, _, durations in expected for d in durations)
+    streams = [recognizer.create_stream() for _ in audio]
+    carried = 0  # rows whose duration jumped past the end of a chunk
+    for start in range(0, max(len(a) for a in audio) + 1600, 1600):  # 0.1 s pieces, together
+        for stream, samples in zip(streams, audio, strict=True):
+            if start < len(samples):
+                stream.accept_waveform(samples[start : start + 1600])
+            else:
+                stream.finish()
+        while stepped := recognizer.decode_round(streams):
+            carried += sum(int(s.decoding.search.rows.skip[0]) > 0 for s in stepped)
+    assert all(s.done for s in streams)
+    assert [timed(s.best()) for s in streams] == expected
+    assert carried > 0
+    for stream in streams:  # the search ran the joiner on fewer frames than it decoded
+        assert stream.decoding.search.visited[0] < stream.frames_decoded
 
 
 def test_partial_results_grow_and_the_final_one_comes_after_finish(tokenizer, audio):
