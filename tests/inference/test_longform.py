@@ -1,14 +1,16 @@
 """Cutting recordings at pauses and in overlapping windows, and stitching the pieces back:
 on constructed energies, and on a file of joined demo utterances whose word times the
-synthesizer recorded."""
+synthesizer recorded (decoded, once, by a token-and-duration transducer)."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from asr.benchmarks.longform import JoinedRecording, error_summary, join_cuts, matched_starts
 from asr.data.corpus import load_cuts
+from asr.data.features import FeatureConfig
 from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.longform import (
@@ -21,6 +23,7 @@ from asr.inference.longform import (
     stitch,
     stitch_recordings,
 )
+from asr.inference.recognizer import Recognizer
 from asr.inference.segments import (
     BLOCK_SECONDS,
     Segment,
@@ -31,6 +34,7 @@ from asr.inference.segments import (
     speech_stretches,
 )
 from asr.inference.timestamps import Word
+from asr.models.build import build_model
 
 LOUD, QUIET = -2.0, -12.0  # log power: 43 dB apart, both above the -60 dBFS silence
 
@@ -190,3 +194,35 @@ def test_stitch_puts_stretches_one_after_the_other() -> None:
     first, second = Segment(0.0, 3.0, 0), Segment(4.0, 6.0, 1)
     words = stitch([(first, _words(("A", 0.5))), (second, _words(("B", 4.5)))], timed=True)
     assert [w.word for w in words] == ["A", "B"]
+
+
+def test_a_tdt_model_transcribes_a_long_recording_as_its_segments(
+    joined: JoinedRecording, tokenizer
+) -> None:
+    """Long-form decoding needs nothing of a token-and-duration transducer: a random-weight
+    TDT gives the words of its segments, decoded one by one, with ordered times that end
+    inside the recording."""
+    torch.manual_seed(0)
+    encoder = {"input_dim": 80, "d_model": 32, "num_layers": 1, "num_heads": 2}
+    encoder |= {"conv_kernel_size": 5, "subsampling_channels": 8, "dropout": 0.0}
+    config = {
+        "kind": "transducer",
+        "encoder": encoder,
+        "predictor": {"embed_dim": 32, "hidden_dim": 32, "dropout": 0.0},
+        "joiner": {"joint_dim": 32, "durations": [0, 1, 2, 3, 4]},
+    }
+    model = build_model(config, tokenizer.vocab_size).eval()
+    recognizer = Recognizer(model, tokenizer, FeatureConfig())
+    (whole,) = recognizer.transcribe(joined.path, timestamps=True)
+    source = open_audio(joined.path)
+    segments = segments_of(source, recognizer.windows)
+    assert len(segments) > 1
+    one_by_one = []
+    for segment in segments:
+        feats = recognizer.features_of(source.read(segment.start, segment.end))
+        (part,) = recognizer.transcripts_of_features([feats], [segment.start], [segment.end])
+        one_by_one += part.words
+    assert whole.words == one_by_one and len(whole.words) > 10
+    starts = [w.start for w in whole.words]
+    assert starts == sorted(starts) and starts[0] >= 0
+    assert all(w.start <= w.end <= joined.duration for w in whole.words)
