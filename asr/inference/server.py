@@ -250,7 +250,8 @@ class Connection:
         messages = [self._message("partial", text)]
         frame_s = self.recognizer.model.frame_seconds
         segment_start = stream.decoding.search_start
-        speech_end = best.frames[-1] + 1 if best.frames else segment_start
+        # where the last token ends: one frame on for a plain transducer's, a TDT's duration
+        speech_end = best.frames[-1] + best.durations[-1] if best.frames else segment_start
         endpoint = detect_endpoint(
             self.rules,
             decoded_s=(frames - segment_start) * frame_s,
