@@ -149,8 +149,8 @@ class _Beam:
 
     @classmethod
     def start(cls, k: int) -> _Beam:
-        empty = [()] * k
-        return cls([0.0] + [-math.inf] * (k - 1), empty, [0] * k, empty, empty, empty)
+        scores = [0.0] + [-math.inf] * (k - 1)
+        return cls(scores, [()] * k, [0] * k, [()] * k, [()] * k, [()] * k)
 
     def in_frame(self, t: int) -> list[int]:
         """The rows on frame t."""
