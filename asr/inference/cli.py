@@ -176,7 +176,9 @@ def export_main(argv: list[str] | None = None) -> None:
     """`asr-export`: checkpoint(s) -> bundle."""
     parser = argparse.ArgumentParser(description="Export a checkpoint as an inference bundle.")
     parser.add_argument(
-        "checkpoint", type=Path, help="a .ckpt, or a run's checkpoints/ (or exp) directory"
+        "checkpoint",
+        type=Path,
+        help="a .ckpt, or a run's checkpoints/ (or exp) directory; --format onnx: or a bundle",
     )
     add_checkpoint_arguments(parser)
     parser.add_argument(

@@ -32,7 +32,21 @@ from torch import nn
 from asr.data.features import FeatureConfig
 from asr.data.tokenizer import Tokenizer
 from asr.frames import SAMPLE_RATE
-from asr.inference.bundle import bundle_from_checkpoints, check_decodable, model_from_bundle
+from asr.inference.bundle import (
+    CHECKPOINT_SUFFIX,
+    bundle_from_checkpoints,
+    check_decodable,
+    load_bundle,
+    model_from_bundle,
+)
+from asr.inference.onnx_durations import (
+    DURATIONS_KEY,
+    ONLINE_TDT,
+    TDT_URL,
+    TDT_URL_KEY,
+    installed_sherpa_onnx,
+    sherpa_tdt_note,
+)
 from asr.inference.onnx_graphs import (
     AedDecoderGraph,
     EncoderGraph,
@@ -93,6 +107,8 @@ def contract_of(model: Transducer | EncoderDecoder) -> str:
         return "aed"
     streaming = getattr(model.encoder, "streaming", None)
     if streaming is not None and streaming.streaming_chunk_sizes:
+        if model.durations is not None:
+            raise ValueError(ONLINE_TDT)
         if model.predictor.kind != "lstm":
             raise ValueError(
                 "a streaming model is exported in sherpa-onnx's online NeMo contract, which "
@@ -116,15 +132,19 @@ def export_onnx(
     chunk_ms: float | None = None,
     left_context_ms: float | None = None,
 ) -> OnnxExport:
-    """Write the ONNX files of the model averaged over `paths` (with `ema`, its EMA weights)
-    into `output_dir`, fp32 and (with `int8`) quantized; each graph is checked against
-    PyTorch on inputs of another size than the traced ones before anything is written.
-    `report` receives one line per graph done (the export takes tens of seconds). A
-    streaming model is exported at its trained chunk of `chunk_ms` and left context of
-    `left_context_ms` milliseconds (None: the largest trained)."""
-    bundle = bundle_from_checkpoints(paths, ema)
-    check_decodable(bundle, paths[-1])
-    model, tokenizer, features = model_from_bundle(bundle)
+    """Write the ONNX files of the model averaged over `paths` (with `ema`, its EMA weights;
+    or of the bundle `paths[0]` that asr-export wrote) into `output_dir`, fp32 and (`int8`)
+    quantized; each graph is checked against PyTorch on inputs of another size than the
+    traced ones before anything is written. `report` receives one line per graph done (the
+    export takes tens of seconds). A streaming model is exported at its trained chunk of
+    `chunk_ms` and left context of `left_context_ms` milliseconds (None: the largest
+    trained)."""
+    if len(paths) == 1 and Path(paths[0]).suffix != CHECKPOINT_SUFFIX:
+        model, tokenizer, features = load_bundle(paths[0], ema)
+    else:
+        bundle = bundle_from_checkpoints(paths, ema)
+        check_decodable(bundle, paths[-1])
+        model, tokenizer, features = model_from_bundle(bundle)
     features_config = FeatureConfig(**features)
     contract = contract_of(model)
     chunking = None
@@ -172,6 +192,8 @@ def _sherpa_note(
     """Why sherpa-onnx cannot decode the export of `model` as it is; None when it can."""
     if contract == "aed":
         return "sherpa-onnx has no contract for this attention decoder: asr-transcribe --onnx"
+    if model.durations is not None and (tdt := sherpa_tdt_note(contract, installed_sherpa_onnx())):
+        return tdt
     if contract == "nemo_streaming" and features.frontend != "librosa":
         return (
             f"sherpa-onnx's online NeMo recognizer computes the librosa front end; this model "
@@ -469,8 +491,12 @@ def _check_graph(graph: _Graph, path: Path, tolerance: float = 1e-3) -> None:
         want = want.numpy()
         if want.shape != have.shape:
             raise RuntimeError(f"{path}: {name} has shape {have.shape}, PyTorch's {want.shape}")
-        diff = float(np.abs(want.astype(np.float64) - have).max()) if want.size else 0.0
-        if diff > tolerance * max(1.0, float(np.abs(want).max())):
+        # equal infinities (a TDT joiner's untrained skips) are equal; a NaN is a difference
+        same, gap = want == have, np.zeros(want.shape)
+        np.subtract(want, have, out=gap, where=~same, dtype=np.float64)
+        diff = float(np.nan_to_num(np.abs(gap), nan=np.inf).max()) if want.size else 0.0
+        finite = np.abs(want[np.isfinite(want)])
+        if diff > tolerance * max(1.0, float(finite.max()) if finite.size else 0.0):
             raise RuntimeError(f"{path}: {name} differs from PyTorch's by {diff:.3g}")
 
 
@@ -505,6 +531,9 @@ def _metadata(
         "frontend": features.frontend,
         "subsampling_factor": encoder.subsampling_factor,
     }
+    durations = None if isinstance(model, EncoderDecoder) else model.durations
+    if durations is not None:
+        common[DURATIONS_KEY] = ",".join(map(str, durations))
     if contract.startswith("nemo"):
         return _nemo_metadata(model, features, common, chunking)
     meta: dict[str, dict[str, Any]] = {"all": common, ENCODER: {"model_type": "conformer"}}
@@ -549,6 +578,8 @@ def _nemo_metadata(
         "model_type": "EncDecRNNTBPEModel",
         "model_author": "asr",
     }
+    if model.durations is not None:
+        nemo[TDT_URL_KEY] = TDT_URL  # sherpa-onnx: a TDT joiner (asr.inference.onnx_durations)
     if chunking is not None:  # the online contract
         span = chunking.chunk * encoder.subsampling_factor
         layers, d = len(encoder.layers), encoder.output_dim

@@ -9,7 +9,8 @@ outputs around a model's parts, one per file of each sherpa-onnx contract.
   -> `outputs` (N, J, T'), `encoded_lengths`; decoder `targets` (N, 1) int32,
   `target_length`, `states_h`, `states_c` (layers, N, H) -> `outputs` (N, J, 1), lengths,
   the next states; joiner (N, J, T), (N, J, U) -> (N, T, U, V); ids in NeMo's order, the
-  blank last.
+  blank last. A token-and-duration transducer's joiner gives one duration logit per skip
+  after them, and the encoder's metadata says TDT (`asr.inference.onnx_durations`).
 - NeMo's online contract (a streaming encoder): the encoder takes one chunk and the caches
   `cache_last_channel`, `cache_last_time`, `cache_last_channel_len`, and gives their next
   values (`NemoStreamingEncoderGraph`); decoder and joiner as offline.
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.inference.onnx_durations import NO_SKIP_LOGIT, skip_layout
 from asr.models.aed import DecoderState, EncoderDecoder, _heads
 from asr.models.attention import lengths_to_mask
 from asr.models.conformer import Chunking, ConformerEncoder, StreamingState
@@ -183,31 +185,57 @@ class NemoDecoderGraph(nn.Module):
         return out[:, :, None], lengths, next_h.transpose(0, 1), next_c.transpose(0, 1)
 
 
+class SkipLogits(nn.Module):
+    """A TDT joiner's duration logits (..., D), in the order of its durations -> sherpa-onnx's
+    layout (`asr.inference.onnx_durations.skip_layout`): logit i for a skip of i frames,
+    -inf for a skip that was not trained."""
+
+    def __init__(self, durations: tuple[int, ...] | None) -> None:
+        super().__init__()
+        layout = None if durations is None else skip_layout(durations)
+        index = None if layout is None else torch.tensor(layout)
+        self.register_buffer("layout", index, persistent=False)
+
+    def forward(self, logits: Tensor) -> Tensor:
+        if self.layout is None:
+            return logits
+        floor = logits.new_full((*logits.shape[:-1], 1), NO_SKIP_LOGIT)
+        return torch.cat([logits, floor], dim=-1).index_select(-1, self.layout)
+
+
 class NemoJoinerGraph(nn.Module):
     """sherpa-onnx's NeMo joiner: `encoder_outputs` (N, J, T), `decoder_outputs` (N, J, U),
-    both projected -> `outputs` (N, T, U, V) with the blank last."""
+    both projected -> `outputs` (N, T, U, V) with the blank last; a TDT joiner's duration
+    logits follow the V token logits, one per skip (`SkipLogits`)."""
 
     def __init__(self, model: Transducer) -> None:
         super().__init__()
         self.joiner = model.joiner
         vocab = model.vocab_size
         self.register_buffer("order", torch.arange(1, vocab + 1) % vocab, persistent=False)
+        self.skips = SkipLogits(model.durations)
 
     def forward(self, encoder_outputs: Tensor, decoder_outputs: Tensor) -> Tensor:
         enc = encoder_outputs.transpose(1, 2)[:, :, None, :]  # (N, T, 1, J)
         dec = decoder_outputs.transpose(1, 2)[:, None, :, :]  # (N, 1, U, J)
-        return self.joiner.joint(enc, dec).index_select(-1, self.order)
+        tokens, durations = self.joiner.split(self.joiner.joint(enc, dec))
+        tokens = tokens.index_select(-1, self.order)
+        return tokens if durations is None else torch.cat([tokens, self.skips(durations)], -1)
 
 
 class JoinerGraph(nn.Module):
-    """Projected encoder frame and predictor output -> logits."""
+    """Projected encoder frame and predictor output -> logits (a TDT joiner's duration
+    logits one per skip, `SkipLogits`)."""
 
     def __init__(self, model: Transducer) -> None:
         super().__init__()
         self.joiner = model.joiner
+        self.skips = SkipLogits(model.durations)
 
     def forward(self, encoder_out: Tensor, decoder_out: Tensor) -> Tensor:
-        return self.joiner.joint(encoder_out, decoder_out)
+        logits = self.joiner.joint(encoder_out, decoder_out)
+        tokens, durations = self.joiner.split(logits)
+        return logits if durations is None else torch.cat([tokens, self.skips(durations)], -1)
 
 
 def aed_memory(model: EncoderDecoder, encoder_out: Tensor, encoder_lens: Tensor) -> Tensor:

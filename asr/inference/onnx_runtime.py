@@ -21,6 +21,7 @@ from asr.decoding.search import default_options
 from asr.errors import first_line
 from asr.frames import FRAME_SHIFT_SECONDS
 from asr.inference.longform import WindowConfig
+from asr.inference.onnx_durations import durations_of, exported_columns
 from asr.inference.recognizer import Recognizer
 from asr.models.conformer import Chunking
 from asr.tokens import WORD_START
@@ -172,10 +173,27 @@ class _NemoLstmPredictor(_LstmPredictor):
 
 
 class _Joiner:
-    """joiner.onnx: the encoder and predictor outputs come projected from their graphs."""
+    """joiner.onnx: the encoder and predictor outputs come projected from their graphs. A
+    TDT joiner's logits are given back as the model's: V token logits, then one per
+    duration in the order of `durations` (`split` parts them)."""
 
-    def __init__(self, session: Any) -> None:
-        self.session = session
+    def __init__(
+        self, session: Any, vocab_size: int, durations: tuple[int, ...] | None = None
+    ) -> None:
+        self.session, self.vocab_size, self.durations = session, vocab_size, durations
+        self.num_durations = 0 if durations is None else len(durations)
+        columns = None if durations is None else exported_columns(vocab_size, durations)
+        self._columns = None if columns is None else torch.tensor(columns)
+
+    def split(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        """As `asr.models.transducer.Joiner.split`: (token logits, duration logits or None)."""
+        if self.durations is None:
+            return logits, None
+        return logits[..., : self.vocab_size], logits[..., self.vocab_size :]
+
+    def _logits(self, exported: np.ndarray, shape: torch.Size) -> Tensor:
+        logits = torch.from_numpy(exported).view(*shape, -1)
+        return logits if self._columns is None else logits.index_select(-1, self._columns)
 
     def project_encoder(self, x: Tensor) -> Tensor:
         return x
@@ -190,7 +208,7 @@ class _Joiner:
             "decoder_out": _numpy(dec.reshape(-1, dec.size(-1)).float()),
         }
         (logit,) = _run(self.session, feed)
-        return torch.from_numpy(logit).view(*enc.shape[:-1], -1)
+        return self._logits(logit, enc.shape[:-1])
 
 
 class _NemoJoiner(_Joiner):
@@ -203,7 +221,7 @@ class _NemoJoiner(_Joiner):
             "decoder_outputs": _numpy(dec.reshape(-1, dec.size(-1), 1).float()),
         }
         (logit,) = _run(self.session, feed)
-        return torch.from_numpy(logit).view(*enc.shape[:-1], -1)
+        return self._logits(logit, enc.shape[:-1])
 
 
 class _Model:
@@ -235,13 +253,19 @@ class _Model:
 
 
 class OnnxTransducer(_Model):
-    """encoder.onnx, decoder.onnx and joiner.onnx as a transducer for `asr.decoding`."""
+    """encoder.onnx, decoder.onnx and joiner.onnx as a transducer for `asr.decoding` (a
+    token-and-duration one where `durations` is set, as `Transducer.durations`)."""
 
     def __init__(
         self, encoder: _Encoder, predictor: Any, joiner: _Joiner, blank_id: int, factor: int
     ) -> None:
         super().__init__(encoder, factor)
         self.predictor, self.joiner, self.blank_id = predictor, joiner, blank_id
+        self.vocab_size = joiner.vocab_size
+
+    @property
+    def durations(self) -> tuple[int, ...] | None:
+        return self.joiner.durations
 
 
 @dataclass
@@ -354,7 +378,9 @@ def load_onnx_model(
             decoder_session, layers, hidden
         )
     joiner = (_NemoJoiner if nemo else _Joiner)(
-        open_session(directory / onnx_file(JOINER, int8), threads)
+        open_session(directory / onnx_file(JOINER, int8), threads),
+        tokens.vocab_size,
+        durations_of(meta),
     )
     factor = int(meta["subsampling_factor"])
     return OnnxTransducer(encoder, predictor, joiner, blank, factor), tokens, features
