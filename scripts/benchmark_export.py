@@ -8,7 +8,8 @@ search on every utterance of the manifest, one utterance at a time (a file trans
 it comes), audio read once beforehand, each decoder warmed up on the first utterance:
 
 - `wer` lines: WER of PyTorch at the default tokens per frame (3) and at sherpa-onnx's
-  limit (1 in icefall's contract, a stateless predictor; 10 in NeMo's, an LSTM one), of
+  limit (1 in icefall's contract, a stateless predictor; 10 in NeMo's, an LSTM one; 5 for
+  a token-and-duration transducer in NeMo's), of
   this package's onnxruntime decoder (`--onnx`, fp32 and int8) and of sherpa-onnx (fp32,
   int8) at that limit;
 - `equality` lines: the share of utterances on which sherpa-onnx's hypothesis equals
@@ -32,6 +33,7 @@ import torch
 
 from asr.data.corpus import cut_text, load_cuts
 from asr.frames import SAMPLE_RATE
+from asr.inference.onnx_durations import SHERPA_TDT_TOKENS_PER_FRAME
 from asr.inference.onnx_export import export_onnx
 from asr.inference.onnx_runtime import (
     DECODER,
@@ -91,8 +93,11 @@ def main() -> None:
     refs = [cut_text(cut) for cut in cuts]
     seconds = sum(cut.duration for cut in cuts)
     results: dict[str, dict] = {}
-    stateless = load_onnx_recognizer(args.onnx).model.predictor.kind == "stateless"
+    exported = load_onnx_recognizer(args.onnx).model
+    stateless = exported.predictor.kind == "stateless"
     limit = 1 if stateless else 10  # sherpa-onnx's greedy search: icefall's, NeMo's
+    if exported.durations is not None:  # NeMo's TDT greedy search (DecodeOneTDT)
+        limit = SHERPA_TDT_TOKENS_PER_FRAME
 
     def record(name: str, threads: int, transcribe: Transcriber) -> None:
         transcribe(audio[0])  # warm-up: first-call allocations and kernel choices untimed

@@ -40,7 +40,7 @@
 # (asr-export-shar: its audio as FLAC and its stored features, docs/data.md) into
 # data/demo/shar/train-clean-100-<features>/, named as the features manifest they come from.
 #
-# EXPERIMENT picks the Hydra preset (default demo; demo_stateless, demo_streaming,
+# EXPERIMENT picks the Hydra preset (default demo; demo_tdt, demo_stateless, demo_streaming,
 # demo_aed_deep, demo_aed_flash), EXP its directory (exp/<experiment>).
 set -euo pipefail
 
@@ -222,6 +222,19 @@ if [[ -f $exp/decode-test-clean/wer.json ]]; then
     printf ', %s%% (beam search, %s)' "$(wer "$exp/decode-test-clean-beam$beam")" "$beam"
   fi
   echo
+  # A token-and-duration transducer: beside make demo's plain transducer (same data, budget).
+  if [[ -n $(setting model.joiner.durations) ]]; then
+    plain=exp/demo/decode-test-clean
+    if [[ -f $plain/wer.json ]]; then
+      printf "  make demo's transducer: %s%% (greedy)" "$(wer "$plain")"
+      if [[ -f $plain-beam$beam/wer.json ]]; then
+        printf ', %s%% (beam search, %s)' "$(wer "$plain-beam$beam")" "$beam"
+      fi
+      echo
+    else
+      echo "  make demo's transducer is not trained here: make demo gives the WER to compare"
+    fi
+  fi
   # A streaming model: greedy WER per chunk, beside the full-context model it started from.
   base=exp/demo; init=$(setting init_from); [[ -n $init ]] && base=$(dirname "$init")
   base=$base/decode-test-clean
