@@ -640,6 +640,7 @@ def predicted_peak_bytes(
     max_group_nodes: int | None = None,
     dtype_bytes: int = 4,
     lattice_chunk_nodes: int = LATTICE_CHUNK_NODES,
+    num_durations: int = 0,
 ) -> int:
     """Peak extra memory of forward + backward with the fused joiner, in bytes (fp32 lattice).
 
@@ -648,19 +649,26 @@ def predicted_peak_bytes(
     G x T x U1 x V, hidden activations G x T x U1 x J, the backward block) with the three
     per-node terms of its chunk's lattice, or the chunk's recursion (about 11 fp32 values
     per node, the group buffers freed). In backward: the stored gradients plus the
-    gradients of `encoder_out` and `predictor_out`.
+    gradients of `encoder_out` and `predictor_out`. With `num_durations` (a TDT; V the
+    token vocabulary), D more logits a node, 3 + D values kept and about 4 D + 12 while the
+    recursion runs.
     """
     u1, f4 = max_tokens + 1, 4
     nodes = min(group_size, batch_size) * max_frames * u1
     if max_group_nodes is not None:
         nodes = min(nodes, max(max_group_nodes, max_frames * u1))
+    kept, recursion = 3, 11  # fp32 values a node: kept through the groups; while it runs
+    if num_durations:  # a TDT: the duration log-probabilities too, a longer recursion
+        kept, recursion = 3 + num_durations, 4 * num_durations + 12
+        lattice_chunk_nodes = max(1, lattice_chunk_nodes * 16 // recursion)
+        vocab_size += num_durations
     chunk = min(batch_size * max_frames * u1, max(lattice_chunk_nodes, nodes))
     projections = batch_size * (max_frames + u1) * joint_dim * f4
     workspace = nodes * (vocab_size + joint_dim) * dtype_bytes
     if dtype_bytes != f4:
         workspace += nodes * vocab_size * f4
     block = min(max(BACKWARD_CHUNK_ROWS, -(-nodes // BACKWARD_CHUNKS)), nodes)
-    workspace += block * joint_dim * dtype_bytes + 3 * chunk * f4
-    forward = 2 * projections + max(workspace, 11 * chunk * f4)
+    workspace += block * joint_dim * dtype_bytes + kept * chunk * f4
+    forward = 2 * projections + max(workspace, recursion * chunk * f4)
     backward = projections + batch_size * (max_frames * encoder_dim + u1 * predictor_dim) * f4
     return int(max(forward, backward))
