@@ -1,5 +1,5 @@
 """A transducer loss through a joiner with seeded weights, and its gradients: what the
-check's `lattice` section and the bench's `loss-headline` section compute."""
+check's `lattice` section and the bench's loss sections compute."""
 
 from __future__ import annotations
 
@@ -13,11 +13,22 @@ from asr.models.transducer import Joiner
 Loss = Callable[..., Tensor]
 
 
-def seeded_joiner(encoder_dim: int, predictor_dim: int, joint_dim: int, vocab: int) -> Joiner:
-    """A `Joiner` of these sizes with the weights torch's seed 0 gives (on the CPU)."""
+def seeded_joiner(
+    encoder_dim: int,
+    predictor_dim: int,
+    joint_dim: int,
+    vocab: int,
+    durations: tuple[int, ...] | None = None,
+) -> Joiner:
+    """A `Joiner` of these sizes (a TDT joiner with `durations`) with the weights torch's
+    seed 0 gives (on the CPU)."""
     torch.manual_seed(0)
     return Joiner(
-        encoder_dim=encoder_dim, predictor_dim=predictor_dim, joint_dim=joint_dim, vocab_size=vocab
+        encoder_dim=encoder_dim,
+        predictor_dim=predictor_dim,
+        joint_dim=joint_dim,
+        vocab_size=vocab,
+        durations=durations,
     )
 
 

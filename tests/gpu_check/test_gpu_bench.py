@@ -14,10 +14,10 @@ import pytest
 
 from asr.gpu_check.bench_batching import LOSSES, STRATEGIES
 from asr.gpu_check.bench_batching import REHEARSAL_CASE as BATCHING
-from asr.gpu_check.bench_loss import LATTICES, TARGET_BYTES
 from asr.gpu_check.bench_loss import REHEARSAL_CASE as LOSS
 from asr.gpu_check.bench_streaming import MAX_BLANK_BIAS
 from asr.gpu_check.bench_streaming import REHEARSAL_CASE as STREAMING
+from asr.gpu_check.loss_runs import LATTICES, TARGET_BYTES
 from asr.gpu_check.runner import GPU_BENCH
 
 ROOT = Path(__file__).resolve().parents[2]
