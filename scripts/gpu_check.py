@@ -10,14 +10,16 @@ reports them (`-o` to choose); each section runs in its own process with its own
 limit (`asr.gpu_check.runner`). Without a CUDA device it prints one line and ends.
 docs/gpu.md says how to read the lines; recipes/librispeech/RESULTS.md holds the runs.
 
-Sections: env (versions, device), lattice, training, aed, ddp, ssl.
+Sections: env (versions, device), lattice, training, aed, ddp, ssl, streaming.
 
 Code paths that only a GPU executes, and the section that executes each:
 
 - asr/losses/triton_lattice.py: `_node_scores_kernel`, `_lattice_kernel` (its
   `tl.debug_barrier()` is a real CTA barrier only when compiled), `_logit_grad_kernel`,
   compiled by Triton's CUDA backend (CPU tests run them interpreted) -> lattice (against the
-  PyTorch lattice and torchaudio at T = 1,000, U = 150, V = 1,024), training, ddp.
+  PyTorch lattice and torchaudio at T = 1,000, U = 150, V = 1,024), training, ddp; and
+  `_tdt_lattice_kernel`, the token-and-duration transducer's lattice -> lattice (against
+  the PyTorch `tdt_lattice`, in fp32 and float64, at T = 1,000, U = 150, durations 0-4).
 - asr/losses/lattice_choice.py: `AUTO_ON_CUDA`, `lattice=auto`'s fallback, and its
   first-use check on a GPU -> lattice (`auto` record), training (`lattice` fields).
 - asr/losses/transducer.py: `batched_transducer_loss` through torchaudio's CUDA RNN-T

@@ -84,9 +84,14 @@ def test_lattice_implementations_agree(rehearsal: dict) -> None:
         ("triton", "torch_float64"),
         ("torch", "torch_float64"),
         ("torchaudio", "torch_float64"),
+        ("triton_tdt", "torch_tdt"),  # the TDT lattice, after `auto`
+        ("triton_tdt", "torch_tdt_float64"),
+        ("torch_tdt", "torch_tdt_float64"),
     ]
     assert all(a["ok"] and a["loss_rel"] <= 1e-5 for a in agreements)
-    assert [a["grad_rtol"] for a in agreements] == [1e-3, 5e-2, 5e-2, 5e-2]
+    assert [a["grad_rtol"] for a in agreements] == [1e-3, 5e-2, 5e-2, 5e-2, 1e-3, 5e-2, 5e-2]
+    tdt = records(rehearsal, "lattice", "tdt_implementation")
+    assert [t["implementation"] for t in tdt] == ["triton_tdt", "torch_tdt", "torch_tdt_float64"]
     measured = records(rehearsal, "lattice", "implementation")
     assert all(m["padding_grad_max"] == 0.0 for m in measured)
     (auto,) = records(rehearsal, "lattice", "auto")
