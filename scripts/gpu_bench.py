@@ -1,5 +1,5 @@
 """The GPU bench: the headline claims this framework is built on, measured at their own scale
-on one GPU in at most 9 minutes.
+on one GPU in at most 9.5 minutes.
 
     make gpu-bench                                         # in make test's environment
     python scripts/gpu_bench.py --only loss-headline       # one section (comma-separated)
@@ -18,6 +18,11 @@ Sections, each with the claim it measures:
   length of 40 seconds, using only 6 GB of memory": its peak memory above the inputs and
   its time per batch with the Triton and the PyTorch lattice, beside torchaudio's
   `rnnt_loss` at the largest batch it fits on the GPU.
+- tdt-loss (`asr.gpu_check.bench_tdt_loss`): the same claim for a token-and-duration
+  transducer (Xu et al., arXiv 2304.06795; durations 0-4): the sample-wise TDT loss at
+  loss-headline's batch with the Triton and the PyTorch lattice (target 6 GB), and at
+  LibriSpeech sizes (32 x 20 s) against the batched TDT loss: peak memory and time of
+  each, sample-wise over batched (targets: at most 1/10 of the memory, no slower).
 - batching (`asr.gpu_check.bench_batching`): Żelasko et al. (arXiv 2503.05931), 2D
   bucketing, TPS filtering and the OOM-probing batch-size search against one
   `max_duration` over 1D buckets ("more than 50 % of computation spent on padding"

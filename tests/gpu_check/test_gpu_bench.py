@@ -17,6 +17,7 @@ from asr.gpu_check.bench_batching import REHEARSAL_CASE as BATCHING
 from asr.gpu_check.bench_loss import REHEARSAL_CASE as LOSS
 from asr.gpu_check.bench_streaming import MAX_BLANK_BIAS
 from asr.gpu_check.bench_streaming import REHEARSAL_CASE as STREAMING
+from asr.gpu_check.bench_tdt_loss import REHEARSAL_HEADLINE as TDT
 from asr.gpu_check.loss_runs import LATTICES, TARGET_BYTES
 from asr.gpu_check.runner import GPU_BENCH
 
@@ -24,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_sections_and_their_limits() -> None:
-    names = ["loss-headline", "batching", "decode", "streaming"]
+    names = ["loss-headline", "tdt-loss", "batching", "decode", "streaming"]
     assert list(GPU_BENCH.section_names) == names
     assert all(s.limit_s <= 180 for s in GPU_BENCH.sections)  # 3 minutes each on one H100
-    assert sum(s.limit_s for s in GPU_BENCH.sections) <= 540  # 9 minutes in all
+    # 9.5 minutes in all: the whole bench and the runner's own start within 10 minutes
+    assert sum(s.limit_s for s in GPU_BENCH.sections) <= 570
     decode = next(s for s in GPU_BENCH.sections if s.name == "decode")
     assert (decode.module, decode.limit_s, decode.rehearsal_limit_s) == (
         "asr.gpu_check.bench_decode", 150, 240,
@@ -112,6 +114,25 @@ def test_loss_headline_measures_both_lattices_and_torchaudios_largest_batch(
     ratio = baseline["seconds_per_utterance"] / triton["seconds_per_utterance"]
     assert against["seconds_per_utterance_ratio"] == pytest.approx(ratio, rel=1e-3)
     (summary,) = records(rehearsal, "loss-headline", "summary")
+    assert summary["warnings"] == [] and summary["failures"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_tdt_loss_measures_the_headline_batch_and_the_batched_loss(rehearsal: dict) -> None:
+    """The section's records as the runner relays them (their fields in detail:
+    test_tdt_loss_section.py)."""
+    (setup,) = records(rehearsal, "tdt-loss", "setup")
+    assert (setup["batch"], setup["durations"]) == (TDT.batch, [0, 1, 2, 3, 4])
+    measured = records(rehearsal, "tdt-loss", "samplewise")
+    assert [m["lattice"] for m in measured] == list(LATTICES)
+    assert all(not m["scaled"] and m["meets_target"] for m in measured)
+    compared = records(rehearsal, "tdt-loss", "librispeech")
+    assert [(c["loss"], c["lattice"]) for c in compared] == [
+        ("samplewise", "triton"), ("samplewise", "torch"), ("batched", None),
+    ]  # fmt: skip
+    assert len(records(rehearsal, "tdt-loss", "against_batched")) == len(LATTICES)
+    (summary,) = records(rehearsal, "tdt-loss", "summary")
     assert summary["warnings"] == [] and summary["failures"] == []
 
 
