@@ -108,3 +108,27 @@ def streaming_run(
     )
     train_tiny(cfg)
     return exp_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="session")
+def streaming_tdt_run(
+    streaming_run, compose_train, train_tiny, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """`streaming_run` as a token-and-duration transducer (durations 0-4), on the features
+    `streaming_run` computed (within the CTC warm-up too: its joiner emits many tokens, with
+    all durations): its last checkpoint."""
+    exp_dir = tmp_path_factory.mktemp("streaming_tdt") / "exp"
+    cfg = compose_train(
+        exp_dir,
+        "experiment=demo_streaming",
+        "init_from=null",
+        "model.joiner.durations=[0,1,2,3,4]",
+        "model.loss.transducer_start_step=280",
+        "model.encoder.streaming.chunk_sizes=[2,4,-1]",
+        "model.encoder.streaming.left_contexts=[8]",
+        "trainer.max_epochs=1",
+        "trainer.max_steps=6",
+        "optim.lr=3e-3",
+    )
+    train_tiny(cfg)
+    return exp_dir / "checkpoints" / "last.ckpt"

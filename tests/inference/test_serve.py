@@ -156,6 +156,26 @@ def test_concurrent_streams_get_the_recognizers_text_with_partials_and_word_time
     assert served["streams"] == 0 and served["batches"] < chunks
 
 
+def test_a_tdt_model_is_served_with_the_text_it_decodes(streaming_tdt_run, audio):
+    """A token-and-duration transducer streams through asr-serve as through its recognizer:
+    the same finals, words in order (durations that jump past a chunk carry over)."""
+    tdt = load_streaming_recognizer(streaming_tdt_run, 160)
+    assert tdt.model.durations == (0, 1, 2, 3, 4)
+    expected = [t.text for t in tdt.transcribe(audio[:2])]
+    assert all(expected)
+    with serving(tdt, ServeConfig(endpoints=NO_ENDPOINTS)) as base:
+
+        async def both() -> list[list[dict]]:
+            return await asyncio.gather(*(stream(base, a, "f32le") for a in audio[:2]))
+
+        results = asyncio.run(both())
+    for messages, text in zip(results, expected, strict=True):
+        assert final_text(messages) == text
+        (final,) = [m for m in messages if m["type"] == "final"]
+        times = [t for w in final["words"] for t in (w["start"], w["end"])]
+        assert times == sorted(times)
+
+
 def test_a_segment_ends_at_the_longest_length_and_the_next_continues_the_stream(recognizer, audio):
     samples = np.concatenate([audio[0], audio[1]])
     rules = EndpointRules(1000.0, 1000.0, max_segment_s=1.0)
