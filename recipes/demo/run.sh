@@ -190,6 +190,14 @@ if run 7; then say 7  # greedy search, then beam search (BEAM=1 skips it)
       --beam-size "$beam" --device "$device" -o "$exp/decode-test-clean-beam$beam"
   fi
 fi
+# A token-and-duration transducer is compared with make demo's model (same data, same budget):
+# that one is trained and decoded first when exp/demo has no decode of it.
+if run 7 && [[ -n $(setting model.joiner.durations) && ! -f exp/demo/decode-test-clean/wer.json ]]
+then
+  echo "make demo's transducer (exp/demo), which the TDT is compared with: trained and decoded first"
+  EXPERIMENT=demo EXP=exp/demo bash "$0" --stage 6 --stop-stage 7
+  printf '\n=== back to experiment=%s (%d s elapsed) ===\n' "$experiment" "$SECONDS"
+fi
 if run 8; then say 8
   asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" -o "$exp/model.bundle.pt"
   # A transducer's ONNX graphs too, which sherpa-onnx decodes (about 30 s more; docs/export.md):
@@ -231,8 +239,6 @@ if [[ -f $exp/decode-test-clean/wer.json ]]; then
         printf ', %s%% (beam search, %s)' "$(wer "$plain-beam$beam")" "$beam"
       fi
       echo
-    else
-      echo "  make demo's transducer is not trained here: make demo gives the WER to compare"
     fi
   fi
   # A streaming model: greedy WER per chunk, beside the full-context model it started from.
