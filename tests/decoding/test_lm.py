@@ -1,0 +1,205 @@
+"""The token n-gram estimator (interpolated modified Kneser-Ney), ARPA out and in, and
+asr-train-lm. Expected probabilities come from the formulas, worked by hand or by a
+direct, independent evaluation over the sentences below, never from the estimator."""
+
+import gzip
+import itertools
+import math
+import random
+
+import pytest
+
+from asr.data.tokenizer import train_tokenizer
+from asr.decoding.lm import (
+    BOS,
+    EOS,
+    UNK,
+    NgramLM,
+    main,
+    read_arpa,
+    train_kneser_ney,
+    write_arpa,
+)
+
+
+def test_bigram_worked_by_hand(tmp_path) -> None:
+    # <s> a b </s> and <s> a </s>. Bigram raw counts: <s>a 2, ab 1, a</s> 1, b</s> 1;
+    # unigram continuation counts: a 1 (<s>), b 1 (a), </s> 2 (a, b), <unk> 0.
+    # Both orders' count-of-counts have n3 = 0: KenLM's fallback discounts 0.5, 1, 1.5.
+    # Unigrams: S = 4, gamma = (0.5 + 0.5 + 1) / 4 = 0.5, uniform over 4 tokens:
+    #   p(a) = p(b) = 0.5/4 + 0.5/4 = 0.25, p(</s>) = 1/4 + 0.125 = 0.375, p(<unk>) = 0.125.
+    # After <s>: S = 2, gamma = 1/2: p(a|<s>) = 1/2 + 0.5 * 0.25 = 0.625.
+    # After a: S = 2, gamma = 0.5: p(b|a) = 0.25 + 0.5 * 0.25 = 0.375,
+    #   p(</s>|a) = 0.25 + 0.5 * 0.375 = 0.4375, p(<unk>|a) = 0.5 * 0.125.
+    # After b: S = 1, gamma = 0.5: p(</s>|b) = 0.5 + 0.5 * 0.375 = 0.6875.
+    lm = train_kneser_ney([["a", "b"], ["a"]], order=2)
+    expected = {
+        ((), "a"): 0.25,
+        ((), "b"): 0.25,
+        ((), EOS): 0.375,
+        ((), UNK): 0.125,
+        ((BOS,), "a"): 0.625,
+        ((BOS,), "b"): 0.5 * 0.25,
+        (("a",), "b"): 0.375,
+        (("a",), EOS): 0.4375,
+        (("a",), UNK): 0.0625,
+        (("b",), EOS): 0.6875,
+        (("b",), "a"): 0.5 * 0.25,
+    }
+    for (context, token), p in expected.items():
+        assert lm.log10_prob(context, token) == pytest.approx(math.log10(p), abs=1e-12)
+    assert lm.logprobs[0][(BOS,)] == -99
+    assert lm.backoffs[0][("a",)] == pytest.approx(math.log10(0.5))
+    write_arpa(lm, tmp_path / "lm.arpa")
+    text = (tmp_path / "lm.arpa").read_text()
+    assert "ngram 1=5\nngram 2=4\n" in text and "-99\t<s>\t" in text and text.endswith("\\end\\\n")
+
+
+def _sentences(seed: int = 9) -> list[list[str]]:
+    rng = random.Random(seed)
+    tokens = "abcdefghijkl"
+    return [
+        [rng.choice(tokens[: rng.randint(2, 12)]) for _ in range(rng.randint(1, 6))]
+        for _ in range(25)
+    ]
+
+
+def _reference(sentences: list[list[str]], order: int):
+    """p(w | h) of interpolated modified Kneser-Ney, straight from the definitions:
+    every count is found by scanning the padded sentences."""
+    padded = [(BOS, *s, EOS) for s in sentences]
+
+    def occurrences(gram):
+        k = len(gram)
+        return [(p, i) for p in padded for i in range(len(p) - k + 1) if p[i : i + k] == gram]
+
+    def adjusted(gram):
+        found = occurrences(gram)
+        if len(gram) == order or gram[0] == BOS:
+            return len(found)
+        return len({p[i - 1] for p, i in found if i > 0})
+
+    vocab = sorted({t for s in sentences for t in s} | {EOS, UNK})
+    grams = {
+        k: {p[i : i + k] for p in padded for i in range(len(p) - k + 1)} - {(BOS,)}
+        for k in range(1, order + 1)
+    }
+    discounts = {}
+    for k in range(1, order + 1):
+        n = [sum(adjusted(g) == r for g in grams[k]) for r in range(5)]
+        y = n[1] / (n[1] + 2 * n[2])
+        discounts[k] = (1 - 2 * y * n[2] / n[1], 2 - 3 * y * n[3] / n[2], 3 - 4 * y * n[4] / n[3])
+        assert all(0 < d <= r for r, d in enumerate(discounts[k], 1)), "fallback: pick a seed"
+
+    def prob(history, word):
+        k = len(history) + 1
+        lower = 1 / len(vocab) if k == 1 else prob(history[1:], word)
+        counts = {v: adjusted((*history, v)) for v in vocab}
+        total = sum(counts.values())
+        if total == 0:
+            return lower
+        d = discounts[k]
+        gamma = sum(d[min(c, 3) - 1] for c in counts.values() if c) / total
+        a = counts[word]
+        return (a - d[min(a, 3) - 1] if a else 0) / total + gamma * lower
+
+    return vocab, grams, prob
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_matches_the_formulas_and_sums_to_one(order: int) -> None:
+    sentences = _sentences()
+    lm = train_kneser_ney(sentences, order)
+    vocab, grams, prob = _reference(sentences, order)
+    contexts = {()} | {g[: order - 1] for g in grams[order]} | {("l", "a")[: order - 1]}
+    contexts |= {(BOS,)} | {tuple(c) for c in itertools.product("ab", repeat=order - 1)}
+    for context in contexts:
+        ps = [10 ** lm.log10_prob(context, w) for w in vocab]
+        assert sum(ps) == pytest.approx(1.0, abs=1e-6), context
+        for w, p in zip(vocab, ps, strict=True):
+            assert p == pytest.approx(prob(context, w), rel=1e-9), (context, w)
+
+
+@pytest.mark.parametrize("name", ["lm.arpa", "lm.arpa.gz"])
+def test_arpa_round_trip(tmp_path, name: str) -> None:
+    lm = train_kneser_ney(_sentences(), 3)
+    write_arpa(lm, tmp_path / name)
+    back = read_arpa(tmp_path / name)
+    assert back.order == 3 and back.counts() == lm.counts()
+    for k in range(3):
+        assert back.logprobs[k].keys() == lm.logprobs[k].keys()
+        for gram, logp in lm.logprobs[k].items():
+            assert back.logprobs[k][gram] == pytest.approx(logp, abs=1e-5)
+        for gram, bow in lm.backoffs[k].items():
+            assert back.backoffs[k][gram] == pytest.approx(bow, abs=1e-5)
+
+
+KENLM_STYLE = """\\data\\
+ngram 1=4
+ngram 2=2
+
+\\1-grams:
+-1.0\t<unk>\t0
+0\t<s>\t-0.30103
+-0.30103\t▁A
+-0.5\t</s>
+
+\\2-grams:
+-0.1\t<s> ▁A
+-0.2\t▁A </s>
+
+\\end\\
+"""
+
+
+def test_reads_a_kenlm_style_file(tmp_path) -> None:
+    path = tmp_path / "kenlm.arpa.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write(KENLM_STYLE)
+    lm = read_arpa(path)
+    assert isinstance(lm, NgramLM) and lm.counts() == [4, 2]
+    assert lm.log10_prob([BOS], "▁A") == -0.1
+    assert lm.log10_prob([BOS], EOS) == pytest.approx(-0.30103 - 0.5)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace("\\end\\\n", ""), "missing \\end\\"),
+        (lambda t: t.replace("-0.1\t", "x\t"), ":12: bad number"),
+        (lambda t: t.replace("ngram 2=2", "ngram 2=3"), "declares 3 2-grams, the file has 2"),
+    ],
+)
+def test_malformed_arpa_names_file_and_line(tmp_path, edit, message: str) -> None:
+    path = tmp_path / "bad.arpa"
+    path.write_text(edit(KENLM_STYLE))
+    with pytest.raises(ValueError, match=str(path)) as err:
+        read_arpa(path)
+    assert message in str(err.value)
+
+
+def test_train_lm_command(tmp_path, capsys) -> None:
+    text = tmp_path / "text.txt.gz"
+    lines = ["THE CAT SAT ON THE MAT", "A DOG SAT", "", "THE DOG RAN TO THE CAT"] * 5
+    with gzip.open(text, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    model = tmp_path / "tok.model"
+    tokenizer = train_tokenizer([line for line in lines if line], model, vocab_size=30)
+    out = tmp_path / "lm.arpa"
+    main([str(text), "--tokenizer", str(model), "--order", "3", "-o", str(out)])
+    printed = capsys.readouterr().out
+    lm = read_arpa(out)
+    assert lm.order == 3
+    for k, count in enumerate(lm.counts(), start=1):
+        assert f"{k}-grams: {count}" in printed
+    pieces = {tokenizer.id_to_piece(i) for line in lines for i in tokenizer.encode(line)}
+    assert pieces | {BOS, EOS, UNK} == set(lm.vocabulary())
+    assert "15 sentences" in printed
+
+
+def test_train_lm_command_bad_input(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "none.txt"), "--tokenizer", "x.model", "-o", str(tmp_path / "o")])
+    assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "none.txt"), "--tokenizer", "x", "--order", "7", "-o", "o"])
