@@ -197,43 +197,49 @@ class FrameLoopingGreedy:
         last = int(lens.max()) if len(lens) else 0
         at = rows.skip.to(lens.device)  # TDT: each row's next frame in this chunk
         visited = torch.zeros_like(lens)
+        if table is not None:  # a blank moves on by at least one frame
+            blank_moves = table.clamp(min=1)
         t = 0
         while True:
             if table is None:  # every frame in turn, every row on it
                 if t >= last:
                     break
                 active = t < lens
-            else:
-                waiting = at < lens
-                if not bool(waiting.any()):
+            else:  # the earliest frame a row waits for (`last` for the rows done)
+                waiting = torch.where(at < lens, at, last)
+                t = int(waiting.min())
+                if t >= last:
                     break
-                t = int(at.masked_fill(~waiting, last).min())
-                active = waiting & (at == t)
+                active = waiting == t
                 visited += active
             for _ in range(self.options.max_symbols_per_frame):
                 token_logits, duration_logits = split_logits(
                     model, joiner.joint(enc[:, t], rows.pred)
                 )
-                log_probs = token_logits.float().log_softmax(dim=-1)
+                log_probs = None  # only for the confidence of what is emitted, or biasing
                 if biasing is None:
                     tokens = token_logits.argmax(dim=-1)  # (B,)
                 else:
+                    log_probs = token_logits.float().log_softmax(dim=-1)
                     bonus = biasing.advance.index_select(0, rows.biasing_node)
                     bonus[:, blank] = 0.0
                     tokens = (log_probs + bonus).argmax(dim=-1)
                 emit = active & (tokens != blank)
                 stay = emit
                 if table is not None:
-                    duration = table[duration_logits.argmax(dim=-1)]
-                    moves = torch.where(emit, duration, duration.clamp(min=1))
-                    at = torch.where(active, t + moves, at)
-                    stay = emit & (duration == 0)
+                    choice = duration_logits.argmax(dim=-1)
+                    moves = torch.where(emit, table[choice], blank_moves[choice])
+                    at = torch.where(active, moves.add_(t), at)
+                    stay = emit & (moves == t)  # a duration of 0: still on frame t
                 if not bool(emit.any()):
                     active = stay
                     break
+                if log_probs is None:
+                    log_probs = token_logits.float().log_softmax(dim=-1)
+                duration = None if table is None else table[choice]
                 emitted.append(torch.where(emit, tokens, -1))
                 confidences.append(token_confidence(log_probs))
-                if table is not None:
+                if duration is not None:
                     durations.append(duration)
                 step_frames.append(t)
                 rows = rows.where(emit, rows.after(model, tokens, biasing_next))
