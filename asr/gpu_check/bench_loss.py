@@ -44,14 +44,12 @@ rough).
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from asr.gpu_check.facts import device_facts, package_versions, project_commit
 from asr.gpu_check.loss_runs import (
     PAPER,
     PAPER_ASSUMED,
@@ -63,6 +61,7 @@ from asr.gpu_check.loss_runs import (
     measure_lattices,
     out_of_memory,
     release,
+    run_facts,
     tensor_bytes,
     timed,
 )
@@ -151,16 +150,10 @@ def run(report: Report, options: SectionOptions) -> None:
         audio_seconds=case.audio_seconds,
         paper_claim="loss and gradients for batch 1024 of 40 s audio in 6 GB (arXiv 2211.16270)",
         assumed=PAPER_ASSUMED,
-        dtype="float32",
-        float32_matmul_precision=torch.get_float32_matmul_precision(),
         input_bytes=tensor_bytes(inputs),
         predicted_peak_bytes=formula,
         target_bytes=TARGET_BYTES,
-        triton_interpreted=options.rehearsal,
-        python=platform.python_version(),
-        packages=package_versions(),
-        commit=project_commit(),
-        **device_facts(device),
+        **run_facts(device, options.rehearsal),
     )
     until = deadline - TORCHAUDIO_RESERVE_S
     measured = measure_lattices(report, case, joiner, inputs, until, device)

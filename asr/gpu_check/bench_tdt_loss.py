@@ -39,7 +39,6 @@ set size, rough): its figures say nothing of a GPU, so its ratios give no warnin
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -47,7 +46,6 @@ from typing import Any
 import torch
 
 from asr.errors import first_line
-from asr.gpu_check.facts import device_facts, package_versions, project_commit
 from asr.gpu_check.joiner_loss import Loss
 from asr.gpu_check.loss_runs import (
     LATTICES,
@@ -63,6 +61,7 @@ from asr.gpu_check.loss_runs import (
     measure_lattices,
     out_of_memory,
     release,
+    run_facts,
     samplewise,
     tensor_bytes,
     timed,
@@ -172,17 +171,11 @@ def run(report: Report, options: SectionOptions) -> None:
         librispeech={k: v for k, v in asdict(librispeech).items() if k not in UNUSED},
         librispeech_audio_seconds=librispeech.audio_seconds,
         assumed=PAPER_ASSUMED,
-        dtype="float32",
-        float32_matmul_precision=torch.get_float32_matmul_precision(),
         input_bytes=tensor_bytes(inputs),
         target_bytes=TARGET_BYTES,
         memory_ratio_target=MEMORY_RATIO_TARGET,
         time_ratio_target=TIME_RATIO_TARGET,
-        triton_interpreted=options.rehearsal,
-        python=platform.python_version(),
-        packages=package_versions(),
-        commit=project_commit(),
-        **device_facts(device),
+        **run_facts(device, options.rehearsal),
     )
     until = deadline - LIBRISPEECH_RESERVE_S
     measure_lattices(

@@ -10,6 +10,7 @@ logits then one per duration, and the losses are given `durations` and `sigma`.
 from __future__ import annotations
 
 import gc
+import platform
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from asr.gpu_check.facts import device_facts, package_versions, project_commit
 from asr.gpu_check.joiner_loss import Loss, loss_and_grads, seeded_joiner
 from asr.gpu_check.report import Report
 from asr.gpu_check.timing import clock
@@ -197,3 +199,17 @@ def measure_lattices(
                 f"above its inputs at batch {case.batch}, over the paper's 6 GB"
             )
     return measured
+
+
+def run_facts(device: str, rehearsal: bool) -> dict[str, Any]:
+    """What every loss section's setup record states of the run: fp32 and torch's matmul
+    precision, whether Triton was interpreted, the stack, the commit and the device."""
+    return {
+        "dtype": "float32",
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "triton_interpreted": rehearsal,
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "commit": project_commit(),
+        **device_facts(device),
+    }

@@ -57,6 +57,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from asr.tdt import check_durations
+
 NEG_INF = float("-inf")
 
 
@@ -284,15 +286,6 @@ class TdtGradientTerms:
         return TdtGradientTerms(self.tokens[key], self.log_occupancy[key], self.duration_moves[key])
 
 
-def check_lattice_durations(durations: tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    """`durations` as a tuple, or a ValueError: it must hold 1 and no negative or repeated
-    value (a blank must be able to advance)."""
-    values = tuple(int(d) for d in durations)
-    if not values or min(values) < 0 or len(set(values)) != len(values) or 1 not in values:
-        raise ValueError(f"durations={list(values)} must hold 1 and no negative or repeated value")
-    return values
-
-
 def duration_log_probs_(duration_logits: Tensor, out: Tensor) -> Tensor:
     """log_softmax of the duration logits (..., D) into `out` (same shape, any layout)."""
     return out.copy_(torch.log_softmax(duration_logits.to(out.dtype), dim=-1))
@@ -335,7 +328,7 @@ def tdt_lattice(
     and the durations' log-probabilities `duration_lp` (C, T, U1, D), values outside each
     sample's `frames` x `tokens` + 1 ignored. With `gradient`, also the terms of the
     logit gradient (the token terms written over `lse`, `z_blank`, `z_label`)."""
-    durations = check_lattice_durations(durations)
+    durations = check_durations(durations)
     c, t, u1 = lse.shape
     d = len(durations)
     if duration_lp.shape != (c, t, u1, d):

@@ -57,12 +57,12 @@ from asr.losses.checks import reduce_nll, validate_inputs
 from asr.losses.lattice import (
     GradientTerms,
     TdtGradientTerms,
-    check_lattice_durations,
     duration_grad_,
     duration_log_probs_,
     padded_labels,
 )
 from asr.losses.lattice_choice import LatticeOps, lattice_ops
+from asr.tdt import check_durations
 
 # Backpropagating through the fused joiner multiplies the (G * T * U1, V) logit gradient by
 # the output weight in at most BACKWARD_CHUNKS blocks of rows (at least BACKWARD_CHUNK_ROWS
@@ -149,7 +149,7 @@ class TdtOptions:
     omega: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "durations", check_lattice_durations(self.durations))
+        object.__setattr__(self, "durations", check_durations(self.durations))
         if not self.sigma >= 0.0:
             raise ValueError(f"sigma must be >= 0, got {self.sigma}")
         if not 0.0 <= self.omega < 1.0:

@@ -50,7 +50,8 @@ import triton.language as tl
 from torch import Tensor
 from triton import knobs
 
-from asr.losses.lattice import GradientTerms, TdtGradientTerms, check_lattice_durations
+from asr.losses.lattice import GradientTerms, TdtGradientTerms
+from asr.tdt import check_durations
 
 INTERPRET = knobs.runtime.interpret or not torch.cuda.is_available()
 TILE = 4096  # elements of a (nodes x vocabulary) block in the per-node kernels
@@ -410,7 +411,7 @@ def tdt_lattice(
     over the three inputs, `log_occupancy` and `duration_moves` new tensors. Without
     `gradient` the inputs are left as they are. float32 or float64."""
     _check_device(lse)
-    durations = check_lattice_durations(durations)
+    durations = check_durations(durations)
     c, t, u1 = lse.shape
     d = len(durations)
     if duration_lp.shape != (c, t, u1, d):

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.config_keys import ConfigError, check_choice
+from asr.config_keys import check_choice
 from asr.models.acoustic import AcousticModel
+from asr.tdt import check_durations
 
 PredictorState = Tensor | tuple[Tensor, ...]
 PREDICTOR_KINDS = ("lstm", "stateless")
@@ -64,22 +65,9 @@ class JoinerConfig:
 
     def __post_init__(self) -> None:
         if self.durations is not None:
-            object.__setattr__(self, "durations", check_durations(self.durations))
-
-
-def check_durations(durations: object, key: str = "model.joiner.durations") -> tuple[int, ...]:
-    """`durations` as a tuple of ints, or a ConfigError naming `key`: a TDT duration set
-    holds 1 (a blank must be able to advance one frame), no negative and no repeated value."""
-    values = list(durations) if isinstance(durations, list | tuple) else None
-    if not values or not all(isinstance(d, int) and not isinstance(d, bool) for d in values):
-        raise ConfigError(
-            f"{key}={durations!r} must be a list of frame counts, like [0, 1, 2, 3, 4]"
-        )
-    if min(values) < 0 or len(set(values)) != len(values) or 1 not in values:
-        raise ConfigError(
-            f"{key}={values} must hold 1 and no negative or repeated value, like [0, 1, 2, 3, 4]"
-        )
-    return tuple(values)
+            object.__setattr__(
+                self, "durations", check_durations(self.durations, "model.joiner.durations")
+            )
 
 
 class Predictor(nn.Module):
@@ -181,7 +169,9 @@ class Joiner(nn.Module):
     ):
         super().__init__()
         self.vocab_size = vocab_size
-        self.durations = None if durations is None else check_durations(durations)
+        self.durations = (
+            None if durations is None else check_durations(durations, "model.joiner.durations")
+        )
         self.num_durations = 0 if durations is None else len(durations)
         self.enc_proj = nn.Linear(encoder_dim, joint_dim)
         self.pred_proj = nn.Linear(predictor_dim, joint_dim)

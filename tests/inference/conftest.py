@@ -78,6 +78,20 @@ def aed_run(compose_train, feature_manifests, tmp_path_factory: pytest.TempPathF
     return exp_dir
 
 
+# experiment=demo_streaming shrunk, from scratch, 6 steps within the CTC warm-up (so its
+# joiner emits many tokens): what the streaming fixtures train.
+TINY_STREAMING = (
+    "experiment=demo_streaming",
+    "init_from=null",
+    "model.loss.transducer_start_step=280",
+    "model.encoder.streaming.chunk_sizes=[2,4,-1]",
+    "model.encoder.streaming.left_contexts=[8]",
+    "trainer.max_epochs=1",
+    "trainer.max_steps=6",
+    "optim.lr=3e-3",
+)
+
+
 @pytest.fixture(scope="session")
 def streaming_run(
     compose_train, train_tiny, tiny_corpus, tmp_path_factory: pytest.TempPathFactory
@@ -95,18 +109,7 @@ def streaming_run(
     stats = compute_feature_stats([tiny_corpus.cuts("train-clean-100-librosa-feats")], librosa)
     stats.write(tiny_corpus.root / "feature_stats_librosa.json")
     exp_dir = tmp_path_factory.mktemp("streaming") / "exp"
-    cfg = compose_train(
-        exp_dir,
-        "experiment=demo_streaming",
-        "init_from=null",
-        "model.loss.transducer_start_step=280",
-        "model.encoder.streaming.chunk_sizes=[2,4,-1]",
-        "model.encoder.streaming.left_contexts=[8]",
-        "trainer.max_epochs=1",
-        "trainer.max_steps=6",
-        "optim.lr=3e-3",
-    )
-    train_tiny(cfg)
+    train_tiny(compose_train(exp_dir, *TINY_STREAMING))
     return exp_dir / "checkpoints" / "last.ckpt"
 
 
@@ -118,17 +121,5 @@ def streaming_tdt_run(
     `streaming_run` computed (within the CTC warm-up too: its joiner emits many tokens, with
     all durations): its last checkpoint."""
     exp_dir = tmp_path_factory.mktemp("streaming_tdt") / "exp"
-    cfg = compose_train(
-        exp_dir,
-        "experiment=demo_streaming",
-        "init_from=null",
-        "model.joiner.durations=[0,1,2,3,4]",
-        "model.loss.transducer_start_step=280",
-        "model.encoder.streaming.chunk_sizes=[2,4,-1]",
-        "model.encoder.streaming.left_contexts=[8]",
-        "trainer.max_epochs=1",
-        "trainer.max_steps=6",
-        "optim.lr=3e-3",
-    )
-    train_tiny(cfg)
+    train_tiny(compose_train(exp_dir, *TINY_STREAMING, "model.joiner.durations=[0,1,2,3,4]"))
     return exp_dir / "checkpoints" / "last.ckpt"
