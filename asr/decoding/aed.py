@@ -18,6 +18,7 @@ from torch import Tensor
 from asr.decoding.biasing import BiasingGraph, keep_half
 from asr.decoding.checks import check_beam, check_encoder_output
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
+from asr.decoding.fusion import LmFusion
 from asr.models.aed import EncoderDecoder, StaticDecoderState
 
 
@@ -51,10 +52,13 @@ def decode(
     encoder_lens: Tensor,
     options: AedSearchOptions = AedSearchOptions(),
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[list[int]]:
     """Greedy search when `options.beam_size` is 1 (on CUDA: `StaticGreedySearch`, the
     same tokens replayed from a CUDA graph), else beam search; with `biasing` (phrases to
     boost), always beam search (of width 1: greedy search with the bonus)."""
+    if lm is not None:  # (issue 67: fusion in the attention decoder's searches lands next)
+        raise NotImplementedError("the attention decoder's searches do not fuse an LM yet")
     if options.beam_size == 1 and biasing is None:
         if encoder_out.is_cuda and isinstance(model, EncoderDecoder):
             return cached_static_search(model, options.max_tps)(encoder_out, encoder_lens)
@@ -216,6 +220,7 @@ def beam_search_nbest(
     encoder_lens: Tensor,
     options: AedSearchOptions = AedSearchOptions(beam_size=4),
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[list[tuple[list[int], float]]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> per utterance its `options.nbest` best
     finished hypotheses as (tokens, length-penalized log-probability), best first.

@@ -31,3 +31,12 @@ def check_same_biasing(graphs: list) -> object:
     if any(g is not first for g in graphs):
         raise ValueError("progresses with different biasing graphs cannot be stacked")
     return first
+
+
+def check_same_lm(fusions: list) -> object:
+    """The one language-model fusion (or None) of progresses stacked into one search step,
+    as `check_same_biasing`."""
+    first = fusions[0]
+    if any(f is not first for f in fusions):
+        raise ValueError("progresses fused with different language models cannot be stacked")
+    return first

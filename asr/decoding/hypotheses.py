@@ -3,7 +3,9 @@
 A search holds its hypotheses as rows of batched tensors. `HypothesisState` is what a row
 carries into the next step besides its tokens: the predictor's output and state after its
 last token, its place in the biasing graph (`asr.decoding.biasing`), and the frames a
-token-and-duration transducer's last duration still skips (`asr.decoding.durations`).
+token-and-duration transducer's last duration still skips (`asr.decoding.durations`), and
+with a language model (`asr.decoding.fusion`), its LM states and the fused LM score of
+every next token.
 Taking rows (`take`), stacking them (`cat`), replacing some (`put`) and choosing per row
 between two states (`where`) carry every field at once, so a per-hypothesis state that a
 new search feature needs (an LM state) is one more field here and one more line in
@@ -18,11 +20,13 @@ Legend: R rows (hypotheses), D_joint the joiner's width, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from asr.decoding.fusion import LmFusion
 from asr.models.transducer import PredictorState, Transducer
 
 
@@ -117,6 +121,11 @@ def zeros_like_rows(state: PredictorState, rows: int) -> PredictorState:
     return tuple(zeros_like_rows(s, rows) for s in state)
 
 
+def _optional(op, *parts):
+    """`op` of tensors that are all None (no LM) or all tensors."""
+    return None if parts[0] is None else op(*parts)
+
+
 @dataclass(frozen=True)
 class HypothesisState:
     """What each row carries into the next step: `pred` (R, D_joint) the projected
@@ -126,62 +135,111 @@ class HypothesisState:
     first frame of the next chunk: a TDT duration that jumped past the end of a chunk
     leaves the rest here (`asr.decoding.durations`; always 0 for a plain transducer).
     Within a chunk each search keeps its rows' frames in its own working form and writes
-    `skip` when the chunk is done."""
+    `skip` when the chunk is done. With a language model (`asr.decoding.fusion.LmFusion`;
+    None without): `lm_states` (R, P) its state in each of the P LMs and `lm_scores`
+    (R, V) the fused LM score of every next token (0 for blank)."""
 
     pred: Tensor
     predictor: PredictorState
     biasing_node: Tensor
     skip: Tensor
+    lm_states: Tensor | None = None
+    lm_scores: Tensor | None = None
 
     @classmethod
-    def start(cls, model: Transducer, rows: int, device: torch.device | str) -> HypothesisState:
-        """`rows` hypotheses before their first token (the predictor fed blank)."""
+    def start(
+        cls, model: Transducer, rows: int, device: torch.device | str, lm: LmFusion | None = None
+    ) -> HypothesisState:
+        """`rows` hypotheses before their first token (the predictor fed blank; the LMs
+        after <s>)."""
         predictor, joiner = model.predictor, model.joiner
         blanks = torch.full((rows,), model.blank_id, device=device, dtype=torch.long)
         out, state = predictor.step(blanks, predictor.init_state(rows, device))
         nodes = torch.zeros(rows, dtype=torch.long, device=device)
-        return cls(joiner.project_predictor(out), state, nodes, torch.zeros_like(nodes))
+        lm_states = lm_scores = None
+        if lm is not None:
+            lm_states = lm.start(rows, device)
+            lm_scores = lm.scores(lm_states)
+        return cls(
+            joiner.project_predictor(out),
+            state,
+            nodes,
+            torch.zeros_like(nodes),
+            lm_states,
+            lm_scores,
+        )
 
     def after(
-        self, model: Transducer, tokens: Tensor, biasing_next: Tensor | None
+        self,
+        model: Transducer,
+        tokens: Tensor,
+        biasing_next: Tensor | None,
+        lm: LmFusion | None = None,
     ) -> HypothesisState:
         """Every row's state after appending `tokens` (R,): the predictor stepped and
         projected, the biasing node moved along `biasing_next` (the graph's `next` table;
-        None: no graph, the nodes stay); `skip` stays (the search moves the frames)."""
+        None: no graph, the nodes stay), the LM states stepped and scored (`lm`, None: no
+        LM); `skip` stays (the search moves the frames)."""
         out, state = model.predictor.step(tokens, self.predictor)
         nodes = self.biasing_node
         if biasing_next is not None:
             nodes = biasing_next[nodes, tokens]
-        return HypothesisState(model.joiner.project_predictor(out), state, nodes, self.skip)
+        lm_states, lm_scores = self.lm_states, self.lm_scores
+        if lm is not None:
+            lm_states = lm.step(lm_states, tokens)
+            lm_scores = lm.scores(lm_states)
+        return HypothesisState(
+            model.joiner.project_predictor(out), state, nodes, self.skip, lm_states, lm_scores
+        )
 
     def skipping(self, skip: Tensor) -> HypothesisState:
         """This state with each row's `skip` (R,) set (the end of a chunk)."""
-        return HypothesisState(self.pred, self.predictor, self.biasing_node, skip)
+        return dataclasses.replace(self, skip=skip)
 
     def take(self, index: Tensor) -> HypothesisState:
+        def rows(t):
+            return t.index_select(0, index)
+
         return HypothesisState(
             self.pred.index_select(0, index),
             take_rows(self.predictor, index),
             self.biasing_node.index_select(0, index),
             self.skip.index_select(0, index),
+            _optional(rows, self.lm_states),
+            _optional(rows, self.lm_scores),
         )
 
     @staticmethod
     def cat(parts: list[HypothesisState]) -> HypothesisState:
+        with_lm = {p.lm_states is not None for p in parts}
+        if len(with_lm) > 1:
+            raise ValueError("hypotheses with and without a language model cannot be stacked")
+
+        def stacked(name: str) -> Tensor | None:
+            return None if True not in with_lm else torch.cat([getattr(p, name) for p in parts])
+
         return HypothesisState(
             torch.cat([p.pred for p in parts]),
             cat_rows([p.predictor for p in parts]),
             torch.cat([p.biasing_node for p in parts]),
             torch.cat([p.skip for p in parts]),
+            stacked("lm_states"),
+            stacked("lm_scores"),
         )
 
     def put(self, index: Tensor, rows: HypothesisState) -> HypothesisState:
         """This state with its rows `index` replaced by `rows`."""
+
+        def put(t: Tensor, r: Tensor) -> Tensor:
+            return t.index_copy(0, index, r)
+
         return HypothesisState(
             self.pred.index_copy(0, index, rows.pred.to(self.pred.dtype)),
             put_rows(self.predictor, index, rows.predictor),
             self.biasing_node.index_copy(0, index, rows.biasing_node),
             self.skip.index_copy(0, index, rows.skip),
+            _optional(put, self.lm_states, rows.lm_states),
+            _optional(put, self.lm_scores, rows.lm_scores),
         )
 
     def where(self, mask: Tensor, new: HypothesisState) -> HypothesisState:
@@ -191,9 +249,15 @@ class HypothesisState:
             nodes = torch.where(mask, new.biasing_node, nodes)
         if new.skip is not skip:  # (`after` keeps the same tensor)
             skip = torch.where(mask, new.skip, skip)
+
+        def pick(n: Tensor, o: Tensor) -> Tensor:
+            return torch.where(mask[:, None], n, o)
+
         return HypothesisState(
             torch.where(mask[:, None], new.pred, self.pred),
             where_rows(mask, new.predictor, self.predictor),
             nodes,
             skip,
+            _optional(pick, new.lm_states, self.lm_states),
+            _optional(pick, new.lm_scores, self.lm_scores),
         )

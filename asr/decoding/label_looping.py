@@ -44,6 +44,7 @@ from asr.decoding.checks import check_encoder_output
 from asr.decoding.confidence import token_confidence
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.decoding.durations import duration_table, split_logits
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import (
     HypothesisState,
     TimedTokens,
@@ -128,7 +129,10 @@ class LabelLoopingGreedy:
         device: torch.device | str,
         biasing: BiasingGraph | None = None,
         first_frame: int = 0,
+        lm: LmFusion | None = None,
     ) -> GreedyProgress:
+        if lm is not None:  # (issue 67: fusion in these loops lands next)
+            raise NotImplementedError("label-looping greedy search does not fuse an LM yet")
         return GreedyProgress.start(model, batch_size, device, biasing, first_frame)
 
     def advance(

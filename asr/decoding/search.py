@@ -4,20 +4,21 @@ A transducer search is a small strategy object (its options) with an explicit pr
 the encoder has `step(x, state, chunking) -> (y, state)`:
 
     search = transducer_search(options, device)           # from its options
-    progress = search.start(model, batch_size, device, biasing=None, first_frame=0)
+    progress = search.start(model, batch_size, device, biasing=None, first_frame=0, lm=None)
     progress = search.advance(model, progress, encoder_out, encoder_lens)   # per chunk
     hypotheses = search.best(progress)                     # list[TimedTokens]
 
 Whole-utterance decoding is `start` + one `advance` (`decode_with`); streaming is one
 `advance` per chunk. A progress holds everything the search keeps between chunks (each
-row's `HypothesisState`, tokens, frames, confidences, and the biasing graph its rows are
-scored with), and is stacked (`type(progress).cat(parts)`) and taken apart
-(`progress.select(rows)`) so that streams with different histories share one step
-(`advance_each`). Frames count from the start of the audio: `first_frame` starts a search
-later in a stream (after an endpoint). The searches: greedy (`FrameLoopingGreedy` on CPU,
-`LabelLoopingGreedy` on CUDA: the same decisions) and `BeamSearch`. Each serves a
-token-and-duration transducer too (`asr.decoding.durations`): it skips the frames the
-predicted durations jump over, and its progress counts the frames it visited (`visited`).
+row's `HypothesisState`, tokens, frames, confidences, and the biasing graph and the
+language model (`asr.decoding.fusion.LmFusion`) its rows are scored with), and is stacked
+(`type(progress).cat(parts)`) and taken apart (`progress.select(rows)`) so that streams
+with different histories share one step (`advance_each`). Frames count from the start of
+the audio: `first_frame` starts a search later in a stream (after an endpoint). The
+searches: greedy (`FrameLoopingGreedy` on CPU, `LabelLoopingGreedy` on CUDA: the same
+decisions) and `BeamSearch`. Each serves a token-and-duration transducer too
+(`asr.decoding.durations`): it skips the frames the predicted durations jump over, and its
+progress counts the frames it visited (`visited`).
 
 Attention decoders are label-synchronous and have no progress over encoder chunks: their
 greedy and beam searches (`asr.decoding.aed`) take their options the same way.
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from asr.decoding import aed
 from asr.decoding.biasing import BiasingGraph
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import TimedTokens
 from asr.decoding.label_looping import LabelLoopingGreedy
 from asr.decoding.transducer import FrameLoopingGreedy, GreedyOptions, GreedyProgress
@@ -57,9 +59,11 @@ class TransducerSearch(Protocol[P]):
         device: torch.device | str,
         biasing: BiasingGraph | None = None,
         first_frame: int = 0,
+        lm: LmFusion | None = None,
     ) -> P:
         """`batch_size` utterances before their first frame (frame `first_frame` of the
-        audio), each scored with `biasing` (None: no phrases)."""
+        audio), each scored with `biasing` (None: no phrases) and `lm` (None: no language
+        model)."""
         ...
 
     def advance(
@@ -99,10 +103,11 @@ def search_whole(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> P:
     """The progress after whole utterances (a batch of at least one): `start`, then one
     `advance`."""
-    progress = search.start(model, encoder_out.size(0), encoder_out.device, biasing)
+    progress = search.start(model, encoder_out.size(0), encoder_out.device, biasing, lm=lm)
     return search.advance(model, progress, encoder_out, encoder_lens)
 
 
@@ -112,11 +117,12 @@ def decode_with(
     encoder_out: Tensor,
     encoder_lens: Tensor,
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[TimedTokens]:
     """Whole utterances' best hypotheses (`search_whole`, then `best`)."""
     if encoder_out.size(0) == 0:
         return []
-    return search.best(search_whole(search, model, encoder_out, encoder_lens, biasing))
+    return search.best(search_whole(search, model, encoder_out, encoder_lens, biasing, lm))
 
 
 def advance_each(
@@ -128,10 +134,10 @@ def advance_each(
 ) -> list[P]:
     """Advance each of `progresses` (one per row of encoder_out (N, T, D_enc), N = their
     rows) in as few search steps as can be shared: those scored with the same biasing
-    graph (or none) are stacked into one."""
-    groups: dict[int, list[int]] = {}
+    graph and language model (or none) are stacked into one."""
+    groups: dict[tuple[int, int], list[int]] = {}
     for i, progress in enumerate(progresses):
-        groups.setdefault(id(progress.biasing), []).append(i)
+        groups.setdefault((id(progress.biasing), id(progress.lm)), []).append(i)
     advanced: list[P | None] = [None] * len(progresses)
     for rows in groups.values():
         stacked = type(progresses[rows[0]]).cat([progresses[i] for i in rows])
@@ -195,14 +201,15 @@ def decode(
     encoder_lens: Tensor,
     options: SearchOptions | None = None,
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> B token-id lists (the best hypothesis),
     with the search of the model's kind (greedy by default); `biasing`: phrases to boost
-    (`asr.decoding.biasing`)."""
+    (`asr.decoding.biasing`); `lm`: a language model to fuse (`asr.decoding.fusion`)."""
     options = options or default_options(model)
     if is_attention_decoder(model):
-        return aed.decode(model, encoder_out, encoder_lens, _aed_options(options), biasing)
-    hyps = decode_timed(model, encoder_out, encoder_lens, options, biasing)
+        return aed.decode(model, encoder_out, encoder_lens, _aed_options(options), biasing, lm)
+    hyps = decode_timed(model, encoder_out, encoder_lens, options, biasing, lm)
     return [hyp.tokens for hyp in hyps]
 
 
@@ -212,6 +219,7 @@ def decode_timed(
     encoder_lens: Tensor,
     options: SearchOptions | None = None,
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[TimedTokens]:
     """`decode`'s best hypotheses with the encoder frame and the confidence of each token
     (transducers; an attention decoder raises ValueError)."""
@@ -219,7 +227,7 @@ def decode_timed(
     if not has_token_times(model):
         raise ValueError(NO_TOKEN_TIMES)
     search = transducer_search(options, encoder_out.device)
-    return decode_with(search, model, encoder_out, encoder_lens, biasing)
+    return decode_with(search, model, encoder_out, encoder_lens, biasing, lm)
 
 
 def decode_nbest(
@@ -229,11 +237,13 @@ def decode_nbest(
     options: SearchOptions,
     nbest: int,
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[list[tuple[list[int], float]]]:
     """Per utterance its `nbest` best hypotheses as (token ids, score), best first, from the
     beam search of `options` (a beam at least `nbest` wide). Scores are log-probabilities
     (attention decoders: divided by the length penalty), plus the biasing bonus of the
-    phrases they completed where `biasing` is given."""
+    phrases they completed where `biasing` is given, plus the fused LM scores (the end of
+    the sentence included) where `lm` is given."""
     beam = getattr(options, "beam_size", 1)
     if not 1 <= nbest <= beam:
         raise ValueError(
@@ -241,11 +251,11 @@ def decode_nbest(
         )
     if is_attention_decoder(model):
         wide = dataclasses.replace(_aed_options(options), nbest=nbest)
-        return aed.beam_search_nbest(model, encoder_out, encoder_lens, wide, biasing)
+        return aed.beam_search_nbest(model, encoder_out, encoder_lens, wide, biasing, lm)
     if not isinstance(options, BeamOptions):
         raise TypeError(f"a Transducer's n-best list comes from BeamOptions, got {options!r}")
     search = BeamSearch(dataclasses.replace(options, nbest=nbest))
     if encoder_out.size(0) == 0:
         return []
-    progress = search_whole(search, model, encoder_out, encoder_lens, biasing)
+    progress = search_whole(search, model, encoder_out, encoder_lens, biasing, lm)
     return [[(list(h.tokens), h.score) for h in hyps] for hyps in search.nbest(progress)]

@@ -9,7 +9,9 @@ chunk; rows of different streams are stacked (`GreedyProgress.cat`) and taken ap
 (`select`) between steps.
 
 With a biasing graph (`asr.decoding.biasing`, given to `start`), each row picks the best of
-log P + what the token earns in the graph (`BiasingGraph.advance`). Each emitted token gets
+log P + what the token earns in the graph (`BiasingGraph.advance`); with a language model
+(`asr.decoding.fusion.LmFusion`, given to `start`), + the fused LM score of the token (blank
+none): both add. Each emitted token gets
 the confidence of the distribution it was taken from (`asr.decoding.confidence`). A
 token-and-duration transducer's rows also take the most probable duration and move by it
 (`asr.decoding.durations`), skipping the frames between; where a duration takes a row past
@@ -29,9 +31,10 @@ import torch
 from torch import Tensor
 
 from asr.decoding.biasing import BiasingGraph
-from asr.decoding.checks import check_encoder_output, check_same_biasing
+from asr.decoding.checks import check_encoder_output, check_same_biasing, check_same_lm
 from asr.decoding.confidence import token_confidence
 from asr.decoding.durations import duration_table, split_logits
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import HypothesisState, TimedTokens
 from asr.models.transducer import Transducer
 
@@ -58,7 +61,8 @@ Emitted = tuple[int, int, float, int]  # (token, frame in the chunk, confidence,
 @dataclass(frozen=True)
 class GreedyProgress:
     """A batch's greedy search between chunks: each row's state (`HypothesisState`), the
-    biasing graph the rows are scored with (None: none), each row's tokens, their frames
+    biasing graph the rows are scored with (None: none), the language model fused in
+    (`lm`, None: none), each row's tokens, their frames
     (from the start of the audio), confidences and durations (`TimedTokens`), the frames
     consumed (`first_frame` of `start` included) and the frames visited since `start`:
     those the search ran the joiner at (all of them for a plain transducer; a TDT skips
@@ -72,6 +76,7 @@ class GreedyProgress:
     durations: list[list[int]]
     consumed: list[int]
     visited: list[int]
+    lm: LmFusion | None = None
 
     @classmethod
     def start(
@@ -81,13 +86,16 @@ class GreedyProgress:
         device: torch.device | str,
         biasing: BiasingGraph | None = None,
         first_frame: int = 0,
+        lm: LmFusion | None = None,
     ) -> GreedyProgress:
         """`batch_size` rows before their first frame, which is frame `first_frame` of the
-        audio (a stream's search that starts again after an endpoint)."""
+        audio (a stream's search that starts again after an endpoint), scored with
+        `biasing` and `lm` (None: none)."""
         if biasing is not None and biasing.num_phrases:
             _greedy_biasing_warning()
+        lm = None if lm is None else lm.for_model(model.vocab_size, model.blank_id, device)
         return cls(
-            HypothesisState.start(model, batch_size, device),
+            HypothesisState.start(model, batch_size, device, lm),
             None if biasing is None else biasing.to(device),
             [[] for _ in range(batch_size)],
             [[] for _ in range(batch_size)],
@@ -95,6 +103,7 @@ class GreedyProgress:
             [[] for _ in range(batch_size)],
             [first_frame] * batch_size,
             [0] * batch_size,
+            lm,
         )
 
     def best(self) -> list[TimedTokens]:
@@ -112,6 +121,7 @@ class GreedyProgress:
             [self.durations[i] for i in index],
             [self.consumed[i] for i in index],
             [self.visited[i] for i in index],
+            self.lm,
         )
 
     @staticmethod
@@ -125,6 +135,7 @@ class GreedyProgress:
             [d for p in parts for d in p.durations],
             [c for p in parts for c in p.consumed],
             [v for p in parts for v in p.visited],
+            check_same_lm([p.lm for p in parts]),
         )
 
     def extended(
@@ -149,7 +160,7 @@ class GreedyProgress:
             v + n for v, n in zip(seen, encoder_lens if visited is None else visited, strict=True)
         ]
         return GreedyProgress(
-            rows, self.biasing, tokens, frames, confidences, durations, consumed, seen
+            rows, self.biasing, tokens, frames, confidences, durations, consumed, seen, self.lm
         )
 
 
@@ -174,8 +185,9 @@ class FrameLoopingGreedy:
         device: torch.device | str,
         biasing: BiasingGraph | None = None,
         first_frame: int = 0,
+        lm: LmFusion | None = None,
     ) -> GreedyProgress:
-        return GreedyProgress.start(model, batch_size, device, biasing, first_frame)
+        return GreedyProgress.start(model, batch_size, device, biasing, first_frame, lm)
 
     @torch.inference_mode()
     def advance(
@@ -184,7 +196,7 @@ class FrameLoopingGreedy:
         """The search after the next frames, encoder_out (B, T, D_enc) with encoder_lens
         (B,) valid."""
         check_encoder_output(encoder_out, encoder_lens)
-        joiner, blank, biasing = model.joiner, model.blank_id, progress.biasing
+        joiner, blank, biasing, lm = model.joiner, model.blank_id, progress.biasing, progress.lm
         biasing_next = None if biasing is None else biasing.next
         table = duration_table(model, encoder_out.device)  # None: a plain transducer
         enc = joiner.project_encoder(encoder_out)  # (B, T, D_joint), all frames at once
@@ -216,14 +228,17 @@ class FrameLoopingGreedy:
                 token_logits, duration_logits = split_logits(
                     model, joiner.joint(enc[:, t], rows.pred)
                 )
-                log_probs = None  # only for the confidence of what is emitted, or biasing
-                if biasing is None:
+                log_probs = None  # only for the confidence of what is emitted, or fusion
+                if biasing is None and lm is None:
                     tokens = token_logits.argmax(dim=-1)  # (B,)
                 else:
                     log_probs = token_logits.float().log_softmax(dim=-1)
-                    bonus = biasing.advance.index_select(0, rows.biasing_node)
-                    bonus[:, blank] = 0.0
-                    tokens = (log_probs + bonus).argmax(dim=-1)
+                    scores = log_probs if lm is None else log_probs + rows.lm_scores
+                    if biasing is not None:
+                        bonus = biasing.advance.index_select(0, rows.biasing_node)
+                        bonus[:, blank] = 0.0
+                        scores = scores + bonus
+                    tokens = scores.argmax(dim=-1)
                 emit = active & (tokens != blank)
                 stay = emit
                 if table is not None:
@@ -242,7 +257,7 @@ class FrameLoopingGreedy:
                 if duration is not None:
                     durations.append(duration)
                 step_frames.append(t)
-                rows = rows.where(emit, rows.after(model, tokens, biasing_next))
+                rows = rows.where(emit, rows.after(model, tokens, biasing_next, lm))
                 active = stay
             if table is None:
                 t += 1

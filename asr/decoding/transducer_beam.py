@@ -8,8 +8,11 @@ token-and-duration transducer (`asr.decoding.durations`) each hypothesis sits on
 its last duration took it to, and the frames no hypothesis sits on are never visited.
 
 A biasing graph (`asr.decoding.biasing`, given to `start`) adds what each token earns to
-its extension's score; each hypothesis carries its state in the graph. Each emitted token
-gets a confidence from the distribution it was taken from (`asr.decoding.confidence`).
+its extension's score; each hypothesis carries its state in the graph. A language model
+(`asr.decoding.fusion.LmFusion`, given to `start`) adds its fused score of each token (blank
+none; both add), and of the sentence's end once, when the hypotheses are read (`nbest`).
+Each emitted token gets a confidence from the distribution it was taken from
+(`asr.decoding.confidence`).
 
 Legend: B batch, K beam size, T frames, V vocabulary, D width. Call ``model.eval()``
 first: decoding does not change the model's mode, and dropout would make the predictor
@@ -27,9 +30,15 @@ import torch
 from torch import Tensor
 
 from asr.decoding.biasing import BiasingGraph, keep_half
-from asr.decoding.checks import check_beam, check_encoder_output, check_same_biasing
+from asr.decoding.checks import (
+    check_beam,
+    check_encoder_output,
+    check_same_biasing,
+    check_same_lm,
+)
 from asr.decoding.confidence import token_confidence
 from asr.decoding.durations import durations_of, fold_landings, landings, split_logits
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import Hypothesis, HypothesisState, TimedTokens
 from asr.models.transducer import Transducer
 
@@ -248,13 +257,14 @@ class BeamProgress:
     row's state (B * K rows, `HypothesisState`), the biasing graph (None: none), the
     frames each utterance has consumed (`first_frame` of `start` included) and those it
     visited since `start` (ran the joiner at: all for a plain transducer, fewer for a
-    TDT)."""
+    TDT), and the language model fused in (None: none)."""
 
     beams: list[_Beam]
     rows: HypothesisState
     biasing: BiasingGraph | None
     consumed: list[int]
     visited: list[int]
+    lm: LmFusion | None = None
 
     @property
     def beam_size(self) -> int:
@@ -262,13 +272,16 @@ class BeamProgress:
 
     def nbest(self, n: int) -> list[list[Hypothesis]]:
         """Per utterance its `n` best hypotheses so far, best first, scored as if the
-        utterance ended here (a partial match of a biasing phrase gives its bonus back;
-        a TDT's hypotheses with the same tokens on different frames are one, their scores
-        log-added)."""
+        utterance ended here (a partial match of a biasing phrase gives its bonus back,
+        a language model scores the sentence's end; a TDT's hypotheses with the same
+        tokens on different frames are one, their scores log-added)."""
         k = self.beam_size
         held = [0.0] * (len(self.beams) * k)
         if self.biasing is not None:
             held = self.biasing.held[self.rows.biasing_node].tolist()
+        if self.lm is not None:  # what ending earns: the opposite of what is given back
+            ends = self.lm.end_scores(self.rows.lm_states).tolist()
+            held = [h - e for h, e in zip(held, ends, strict=True)]
         results = []
         for b, beam in enumerate(self.beams):
             rows = zip(
@@ -298,6 +311,7 @@ class BeamProgress:
             self.biasing,
             [self.consumed[i] for i in index],
             [self.visited[i] for i in index],
+            self.lm,
         )
 
     @staticmethod
@@ -308,6 +322,7 @@ class BeamProgress:
             check_same_biasing([p.biasing for p in parts]),
             [c for p in parts for c in p.consumed],
             [v for p in parts for v in p.visited],
+            check_same_lm([p.lm for p in parts]),
         )
 
 
@@ -319,9 +334,11 @@ def _score_round(
     nodes: Tensor,
     biasing: BiasingGraph | None,
     last_round: bool,
+    lm_scores: Tensor | None = None,
 ) -> _Round:
     """Score the V extensions of the rows `live` (B*K joiner outputs): each hypothesis's
-    score + log P (+ the token's gain in `biasing`, blank none; + log P(duration) for a
+    score + log P (+ the token's gain in `biasing`, blank none; + its fused LM score
+    `lm_scores` (B*K, V), blank none; + log P(duration) for a
     TDT, per frame the durations move it on: `fold_landings`), the K best per utterance
     (with a biasing graph, also the K best as if every partial match ended:
     `keep_half`)."""
@@ -342,6 +359,8 @@ def _score_round(
         bonus[:, blank] = 0.0
         totals[at] += bonus
         held_rows = biasing.held[nodes].tolist()
+    if lm_scores is not None:
+        totals[at] += lm_scores[at].to(dtype)
     confidence = token_confidence(log_probs).tolist()
     durations = durations_of(model)
     if durations is None:  # a blank moves one frame on, a token none (all: the last round)
@@ -446,14 +465,17 @@ class BeamSearch:
         device: torch.device | str,
         biasing: BiasingGraph | None = None,
         first_frame: int = 0,
+        lm: LmFusion | None = None,
     ) -> BeamProgress:
         k = self.options.beam_size
+        lm = None if lm is None else lm.for_model(model.vocab_size, model.blank_id, device)
         return BeamProgress(
             [_Beam.start(k) for _ in range(batch_size)],
-            HypothesisState.start(model, batch_size * k, device),
+            HypothesisState.start(model, batch_size * k, device, lm),
             None if biasing is None else biasing.to(device),
             [first_frame] * batch_size,
             [0] * batch_size,
+            lm,
         )
 
     @torch.inference_mode()
@@ -463,7 +485,7 @@ class BeamSearch:
         """The search after the next frames, encoder_out (B, T, D_enc) with encoder_lens
         (B,) valid."""
         check_encoder_output(encoder_out, encoder_lens)
-        joiner, biasing = model.joiner, progress.biasing
+        joiner, biasing, lm = model.joiner, progress.biasing, progress.lm
         biasing_next = None if biasing is None else biasing.next
         rows_state = progress.rows
         batch, device, k = encoder_out.size(0), encoder_out.device, progress.beam_size
@@ -496,7 +518,9 @@ class BeamSearch:
                 logits = joiner.joint(enc_t, rows_state.pred)  # (B*K, V [+ D])
                 last_round = round_ == self.options.max_symbols_per_frame
                 nodes = rows_state.biasing_node
-                found = _score_round(model, logits, beams, live, nodes, biasing, last_round)
+                found = _score_round(
+                    model, logits, beams, live, nodes, biasing, last_round, rows_state.lm_scores
+                )
                 source = list(range(rows))  # the row each new row continues
                 appended = [-1] * rows  # the token it appends (-1: none)
                 for b in here:
@@ -512,12 +536,12 @@ class BeamSearch:
                     at = torch.tensor(emitting, device=device)
                     last = torch.tensor([appended[i] for i in emitting], device=device)
                     rows_state = rows_state.put(
-                        at, rows_state.take(at).after(model, last, biasing_next)
+                        at, rows_state.take(at).after(model, last, biasing_next, lm)
                     )
         skip = [max(at - n, 0) for beam, n in zip(beams, lens, strict=True) for at in beam.at]
         rows_state = rows_state.skipping(torch.tensor(skip, device=rows_state.skip.device))
         consumed = [c + n for c, n in zip(progress.consumed, lens, strict=True)]
-        return BeamProgress(beams, rows_state, biasing, consumed, visited)
+        return BeamProgress(beams, rows_state, biasing, consumed, visited, lm)
 
     def best(self, progress: BeamProgress) -> list[TimedTokens]:
         return [hyps[0].timed() if hyps else TimedTokens.empty() for hyps in progress.nbest(1)]

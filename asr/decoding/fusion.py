@@ -1,0 +1,478 @@
+"""Language-model fusion: token n-grams in tensor form, shallow fusion and LODR, for every search.
+
+A search that fuses an LM scores each token extension with
+
+    log P_model(token) + lm_weight * log P_lm(token | h) - lodr_weight * log P_lodr(token | h)
+
+(natural logs, h the hypothesis's tokens), blanks with the model's score alone, and a
+finished hypothesis once more with the same weights applied to log P(</s> | h). Shallow
+fusion is the first LM; LODR (low-order density ratio, icefall) subtracts a low-order n-gram
+of the training transcripts, which stands in for the internal LM the transducer learned
+from them, so that the external LM is not counted on top of it.
+
+`TokenLm` is one n-gram (`asr.decoding.lm.NgramLM`, read from ARPA) over a model's token ids,
+as tensors a search steps on the CPU or a GPU with static shapes (a CUDA graph replays it):
+
+- states: the root (the empty history, state 0) and every n-gram of order 1..N-1 (the
+  histories the model conditions on), each with its back-off state (the history without
+  its first token) and back-off weight;
+- arcs: every n-gram of order 2..N, as a sorted key `state * V + token` (V: the model's
+  vocabulary), with its log-probability and the state after it (the longest suffix of the
+  n-gram that is a state); the root's arcs, the unigrams, are a dense (V,) row.
+
+The scores of all V tokens for R states walk each state's back-off chain (at most N - 1
+steps; the root points to itself) and look every (state, token) key up with one
+`searchsorted`: (R, V) lookups per order, no per-state loop, no data-dependent shape. It is
+the layout of NeMo's NGPU-LM (a trie of next-state and back-off tables, arXiv 2505.22857),
+looked up by binary search instead of a custom kernel.
+
+Tokens are matched by piece: the LM's ``<unk>``, ``<s>`` and ``</s>`` are the model's pieces
+of the same names (`asr.tokens.SPECIAL_PIECES`), so the end of a sentence is the score of
+the model's ``</s>`` column (an attention decoder's EOS takes it as it is). A model token the
+LM never saw gets the LM's ``<unk>`` probability. `LmFusion` holds one or two `TokenLm` and
+their weights: a hypothesis's LM state is one row of a (R, P) tensor (P LMs), carried in
+`asr.decoding.hypotheses.HypothesisState` with the fused scores of its next token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from asr.decoding.lm import BOS, EOS, UNK, NgramLM, read_arpa
+
+log = logging.getLogger(__name__)
+
+LN10 = math.log(10.0)
+# The largest LM or LODR weight accepted. Weights that help lie between 0.1 and 0.7 (icefall's
+# LODR recipes use 0.1-0.6 for the LM and 0.1-0.2 for LODR; NGPU-LM's sweeps 0.1-0.6): at 5,
+# one token's LM log-probability (typically -2 to -10) outweighs the acoustic model's choice
+# between its best tokens many times over, so the output is the LM's sentence, not the audio's.
+MAX_LM_WEIGHT = 5.0
+_TABLES_VERSION = 1  # bump when the saved tensor form changes
+
+
+def check_lm_weight(name: str, value: float) -> float:
+    """`value` as a float when it is a usable LM weight (0 to `MAX_LM_WEIGHT`); else a
+    one-line ValueError naming `name`."""
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(weight) or not 0.0 <= weight <= MAX_LM_WEIGHT:
+        raise ValueError(
+            f"{name} must be between 0 and {MAX_LM_WEIGHT} (useful weights: 0.1-0.7), got {value}"
+        )
+    return weight
+
+
+@dataclass(frozen=True)
+class TokenLm:
+    """One back-off n-gram over a model's token ids, as tensors (see the module's docstring).
+
+    `unigram` (V,): ln p(token) with the empty history; `unigram_next` (V,): the state after
+    it; `keys` (A,) sorted `state * V + token` of every higher-order arc, with `arc_logp`
+    (A,) its ln-probability and `arc_next` (A,) the state after it; `backoff_state` (S,),
+    `backoff_weight` (S,) ln; `start_state`: the state after ``<s>``; `end_id`: the token
+    id of ``</s>``; `pieces_hash`: which vocabulary the ids are of."""
+
+    order: int
+    vocab_size: int
+    start_state: int
+    end_id: int
+    unigram: Tensor
+    unigram_next: Tensor
+    keys: Tensor
+    arc_logp: Tensor
+    arc_next: Tensor
+    backoff_state: Tensor
+    backoff_weight: Tensor
+    pieces_hash: str = ""
+
+    @property
+    def num_states(self) -> int:
+        return self.backoff_state.numel()
+
+    @property
+    def num_arcs(self) -> int:
+        return self.keys.numel() + self.unigram.numel()
+
+    def nbytes(self) -> int:
+        """Bytes of its tensors."""
+        tensors = (
+            self.unigram,
+            self.unigram_next,
+            self.keys,
+            self.arc_logp,
+            self.arc_next,
+            self.backoff_state,
+            self.backoff_weight,
+        )
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    def to(self, device: torch.device | str) -> TokenLm:
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        return TokenLm(
+            self.order,
+            self.vocab_size,
+            self.start_state,
+            self.end_id,
+            *(
+                t.to(device)
+                for t in (
+                    self.unigram,
+                    self.unigram_next,
+                    self.keys,
+                    self.arc_logp,
+                    self.arc_next,
+                    self.backoff_state,
+                    self.backoff_weight,
+                )
+            ),
+            pieces_hash=self.pieces_hash,
+        )
+
+    @classmethod
+    def from_ngram(cls, lm: NgramLM, pieces: Sequence[str], source: str = "the LM") -> TokenLm:
+        """The tensor form of `lm` over the vocabulary `pieces` (piece i is token id i). An LM
+        token that is not a piece (a word-level LM given to a BPE model) is a one-line
+        ValueError naming the first and how many there are (`source`: the file, for it)."""
+        ids = {piece: i for i, piece in enumerate(pieces)}
+        unknown = [g[0] for g in lm.logprobs[0] if g[0] not in ids and g[0] not in (BOS, EOS, UNK)]
+        if unknown:
+            raise ValueError(
+                f"{source}: {len(unknown)} of its {lm.counts()[0]} tokens are not the model's "
+                f"pieces, the first {unknown[0]!r} (an LM over words or another tokenizer? "
+                f"train one over the model's pieces: asr-train-lm --tokenizer)"
+            )
+        for special in (BOS, EOS):
+            if special not in ids:
+                raise ValueError(
+                    f"the model's vocabulary has no {special} piece to map the LM's to"
+                )
+            if (special,) not in lm.logprobs[0]:
+                raise ValueError(f"{source}: no {special} unigram: not a sentence-level LM")
+        vocab = len(pieces)
+        # states: the root, then every n-gram of order 1..N-1 (a history)
+        state_of: dict[tuple[int, ...], int] = {(): 0}
+        for k in range(1, lm.order):
+            for gram in lm.logprobs[k - 1]:
+                state_of[tuple(ids.get(p, -1) for p in gram)] = len(state_of)
+
+        def mapped(gram: tuple[str, ...]) -> tuple[int, ...]:
+            return tuple(ids.get(p, -1) for p in gram)  # -1: a token the model lacks
+
+        def longest_state(history: tuple[int, ...]) -> int:
+            while history not in state_of:
+                history = history[1:]
+            return state_of[history]
+
+        num_states = len(state_of)
+        backoff_state = [0] * num_states
+        backoff_weight = [0.0] * num_states
+        for k in range(1, lm.order):
+            bows = lm.backoffs[k - 1]
+            for gram in lm.logprobs[k - 1]:
+                s = state_of[mapped(gram)]
+                backoff_state[s] = longest_state(mapped(gram)[1:])
+                backoff_weight[s] = bows.get(gram, 0.0) * LN10
+        unk = lm.logprobs[0].get((UNK,))
+        floor = (unk if unk is not None else -99.0) * LN10
+        unigram = [floor] * vocab
+        unk_state = state_of.get((ids[UNK],), 0) if UNK in ids and lm.order > 1 else 0
+        unigram_next = [unk_state] * vocab
+        for (piece,), logp in lm.logprobs[0].items():
+            if piece in ids:
+                unigram[ids[piece]] = logp * LN10
+                unigram_next[ids[piece]] = longest_state((ids[piece],)) if lm.order > 1 else 0
+        keys: list[int] = []
+        logps: list[float] = []
+        nexts: list[int] = []
+        for k in range(2, lm.order + 1):
+            for gram, logp in lm.logprobs[k - 1].items():
+                tokens = mapped(gram)
+                if tokens[-1] < 0:
+                    continue  # a token the model cannot emit (<unk> without a piece)
+                context = state_of.get(tokens[:-1])
+                if context is None:  # a history missing from a malformed file
+                    continue
+                keys.append(context * vocab + tokens[-1])
+                logps.append(logp * LN10)
+                nexts.append(longest_state(tokens if k < lm.order else tokens[1:]))
+        keys_t = torch.tensor(keys, dtype=torch.long)
+        order_ = torch.argsort(keys_t)
+        return cls(
+            order=lm.order,
+            vocab_size=vocab,
+            start_state=state_of[(ids[BOS],)] if lm.order > 1 else 0,
+            end_id=ids[EOS],
+            unigram=torch.tensor(unigram, dtype=torch.float32),
+            unigram_next=torch.tensor(unigram_next, dtype=torch.long),
+            keys=keys_t[order_],
+            arc_logp=torch.tensor(logps, dtype=torch.float32)[order_],
+            arc_next=torch.tensor(nexts, dtype=torch.long)[order_],
+            backoff_state=torch.tensor(backoff_state, dtype=torch.long),
+            backoff_weight=torch.tensor(backoff_weight, dtype=torch.float32),
+            pieces_hash=vocabulary_hash(pieces),
+        )
+
+    def lookup(
+        self, states: Tensor, tokens: Tensor, with_next: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        """ln p(token | state) and (`with_next`) the state after it, for states (R,) and
+        tokens (R, C) (or (C,), the same for every row): (R, C) tensors."""
+        if tokens.dim() == 1:
+            tokens = tokens.expand(states.size(0), -1)
+        levels = []  # per back-off level: the arc found, its score (with the back-offs), next
+        backoff = torch.zeros(states.shape, dtype=self.unigram.dtype, device=states.device)
+        state = states
+        last = max(self.keys.numel() - 1, 0)
+        for _ in range(self.order - 1 if self.keys.numel() else 0):
+            query = state[:, None] * self.vocab_size + tokens
+            at = torch.searchsorted(self.keys, query).clamp_(max=last)
+            found = self.keys[at] == query  # (no key has the root's state 0)
+            nxt = self.arc_next[at] if with_next else None
+            levels.append((found, backoff[:, None] + self.arc_logp[at], nxt))
+            backoff = backoff + self.backoff_weight[state]
+            state = self.backoff_state[state]
+        score = backoff[:, None] + self.unigram[tokens]
+        after = self.unigram_next[tokens] if with_next else None
+        for found, logp, nxt in reversed(levels):  # the longest history that has the arc wins
+            score = torch.where(found, logp, score)
+            if with_next:
+                after = torch.where(found, nxt, after)
+        return score, after
+
+    def all_scores(self, states: Tensor) -> Tensor:
+        """ln p(token | state) of every token (R, V) for states (R,)."""
+        every = torch.arange(self.vocab_size, device=states.device)
+        return self.lookup(states, every, with_next=False)[0]
+
+    def step(self, states: Tensor, tokens: Tensor) -> Tensor:
+        """The states (R,) after `tokens` (R,)."""
+        return self.lookup(states, tokens[:, None])[1][:, 0]
+
+    def log_prob(self, tokens: Sequence[int], end: bool = True) -> float:
+        """ln p of a token sequence from ``<s>`` (and ``</s>`` when `end`), for checks."""
+        state = torch.tensor([self.start_state], device=self.device)
+        total = 0.0
+        for token in [*tokens, *([self.end_id] if end else [])]:
+            score, after = self.lookup(state, torch.tensor([[token]], device=self.device))
+            total += float(score[0, 0])
+            state = after[:, 0]
+        return total
+
+    def save(self, path: str | Path) -> None:
+        """Write the tensor form (torch.save), atomically."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        torch.save({"version": _TABLES_VERSION, **fields}, tmp)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenLm:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved.pop("version", None) != _TABLES_VERSION:
+            raise ValueError(f"{path}: not a token LM of this version (write it again)")
+        return cls(**saved)
+
+
+def vocabulary_hash(pieces: Sequence[str]) -> str:
+    """A short hash of a vocabulary's pieces in order."""
+    return hashlib.sha256("\n".join(pieces).encode("utf-8")).hexdigest()[:16]
+
+
+def load_token_lm(path: str | Path, pieces: Sequence[str]) -> TokenLm:
+    """The LM at `path` over the vocabulary `pieces`: an ARPA file (plain or gzipped: read,
+    and its tensor form cached beside it as ``<path>.<vocabulary>.pt``, reused while the
+    ARPA file is unchanged) or such a cache itself. Errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"language model not found: {path}")
+    digest = vocabulary_hash(pieces)
+    if path.suffix == ".pt":
+        lm = TokenLm.load(path)
+        if lm.pieces_hash != digest:
+            raise ValueError(f"{path}: made for another vocabulary than this model's")
+        return lm
+    stat = path.stat()
+    cache = path.with_name(f"{path.name}.{digest}.pt")
+    stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+    if cache.is_file():
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True)
+            if saved.get("version") == _TABLES_VERSION and saved.get("stamp") == stamp:
+                saved.pop("version"), saved.pop("stamp")
+                return TokenLm(**saved)
+        except Exception as err:  # noqa: BLE001 (a broken cache is rebuilt)
+            log.warning("%s: cannot read the cached tensor form (%s); rebuilding it", cache, err)
+    lm = TokenLm.from_ngram(read_arpa(path), pieces, source=str(path))
+    try:
+        tmp = cache.with_name(cache.name + ".tmp")
+        fields = {f: getattr(lm, f) for f in lm.__dataclass_fields__}
+        torch.save({"version": _TABLES_VERSION, "stamp": stamp, **fields}, tmp)
+        os.replace(tmp, cache)
+    except OSError as err:  # a read-only directory: no cache, no harm
+        log.info("not caching %s's tensor form: %s", path, err)
+    return lm
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory free for new tensors on `device` (CUDA: the device's; else available RAM)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class LmFusion:
+    """Shallow fusion of `lm` with `weight` and, optionally, LODR: `lodr` subtracted with
+    `lodr_weight` (see the module's docstring). `blank_id`: the token no LM scores (None:
+    every token is scored, an attention decoder's vocabulary)."""
+
+    lm: TokenLm
+    weight: float
+    lodr: TokenLm | None = None
+    lodr_weight: float = 0.0
+    blank_id: int | None = None
+    _variants: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_lm_weight("lm_weight", self.weight)
+        check_lm_weight("lodr_weight", self.lodr_weight)
+        if self.lodr is not None and self.lodr.vocab_size != self.lm.vocab_size:
+            raise ValueError(
+                f"the LM has {self.lm.vocab_size} tokens and the LODR LM {self.lodr.vocab_size}"
+            )
+
+    @property
+    def parts(self) -> list[tuple[TokenLm, float]]:
+        """Each LM with its signed weight."""
+        parts = [(self.lm, self.weight)]
+        if self.lodr is not None:
+            parts.append((self.lodr, -self.lodr_weight))
+        return parts
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device
+
+    def nbytes(self) -> int:
+        return sum(lm.nbytes() for lm, _ in self.parts)
+
+    def to(self, device: torch.device | str) -> LmFusion:
+        lodr = None if self.lodr is None else self.lodr.to(device)
+        if self.lm.device == torch.device(device) and lodr is self.lodr:
+            return self
+        return LmFusion(self.lm.to(device), self.weight, lodr, self.lodr_weight, self.blank_id)
+
+    def for_model(
+        self, vocab_size: int, blank_id: int | None, device: torch.device | str
+    ) -> LmFusion:
+        """This fusion on `device` for a model of `vocab_size` tokens whose blank (None:
+        none) is not scored; a ValueError when the LM is over another vocabulary."""
+        if vocab_size != self.vocab_size:
+            raise ValueError(
+                f"the LM is over {self.vocab_size} tokens, the model has {vocab_size}: "
+                "an LM trained with another tokenizer"
+            )
+        key = (blank_id, str(torch.device(device)))
+        fusion = self._variants.get(key)  # one object per use, so that progresses stack
+        if fusion is None:
+            fusion = self
+            if blank_id != self.blank_id:
+                fusion = LmFusion(self.lm, self.weight, self.lodr, self.lodr_weight, blank_id)
+            fusion = self._variants[key] = fusion.to(device)
+        return fusion
+
+    def start(self, rows: int, device: torch.device | str) -> Tensor:
+        """The LM states (R, P) of `rows` hypotheses before their first token."""
+        starts = [lm.start_state for lm, _ in self.parts]
+        return torch.tensor(starts, device=device).expand(rows, -1).contiguous()
+
+    def scores(self, states: Tensor) -> Tensor:
+        """The fused LM score of every next token (R, V) for states (R, P), 0 for blank."""
+        total = None
+        for p, (lm, weight) in enumerate(self.parts):
+            part = lm.all_scores(states[:, p]) * weight
+            total = part if total is None else total + part
+        if self.blank_id is not None:
+            total[:, self.blank_id] = 0.0
+        return total
+
+    def step(self, states: Tensor, tokens: Tensor) -> Tensor:
+        """The states (R, P) after `tokens` (R,)."""
+        return torch.stack(
+            [lm.step(states[:, p], tokens) for p, (lm, _) in enumerate(self.parts)], 1
+        )
+
+    def end_scores(self, states: Tensor) -> Tensor:
+        """The fused score of ending the sentence (R,) in states (R, P)."""
+        total = torch.zeros(states.size(0), device=states.device)
+        for p, (lm, weight) in enumerate(self.parts):
+            end = torch.tensor([lm.end_id], device=states.device)
+            total = total + weight * lm.lookup(states[:, p], end, with_next=False)[0][:, 0]
+        return total
+
+    def check_fits(self, device: torch.device | str) -> None:
+        """A one-line MemoryError, before decoding starts, when the LMs' tensors take more
+        than half the memory free on `device`."""
+        device = torch.device(device)
+        need, free = self.nbytes(), free_bytes(device)
+        if need > free // 2:
+            raise MemoryError(
+                f"the language model's tables take {need / 1e9:.2f} GB, more than half the "
+                f"{free / 1e9:.2f} GB free on {device}: prune it (fewer n-grams or a lower "
+                "order) or decode on a device with more memory"
+            )
+
+
+def load_fusion(
+    pieces: Sequence[str],
+    lm: str | Path,
+    lm_weight: float,
+    lodr: str | Path | None = None,
+    lodr_weight: float = 0.0,
+    device: torch.device | str = "cpu",
+) -> LmFusion:
+    """Shallow fusion of the LM file `lm` (ARPA or its cached tensor form) with `lm_weight`,
+    minus the LODR LM `lodr` (None: none) with `lodr_weight`, over the vocabulary `pieces`,
+    on `device` (checked to fit before anything moves there)."""
+    lm_weight = check_lm_weight("lm_weight", lm_weight)
+    lodr_weight = check_lm_weight("lodr_weight", lodr_weight)
+    if lodr is None and lodr_weight:
+        raise ValueError("a LODR weight needs a LODR LM (--lodr)")
+    fusion = LmFusion(
+        load_token_lm(lm, pieces),
+        lm_weight,
+        None if lodr is None else load_token_lm(lodr, pieces),
+        lodr_weight,
+    )
+    fusion.check_fits(device)
+    return fusion.to(device)
