@@ -40,7 +40,13 @@ import numpy as np
 import torch
 
 from asr.cli import command
-from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, read_biasing_phrases
+from asr.decoding.biasing import (
+    DEFAULT_BIASING_SCORE,
+    MAX_BIASING_SCORE,
+    BiasingGraph,
+    check_biasing_score,
+    read_biasing_phrases,
+)
 from asr.frames import SAMPLE_RATE
 from asr.inference.audio import open_audio
 from asr.inference.bundle import (
@@ -114,12 +120,20 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--biasing-score",
-        type=float,
+        type=_biasing_score,
         default=DEFAULT_BIASING_SCORE,
         metavar="S",
         help=f"--biasing-phrases: the bonus per token of a phrase without its own score "
-        f"(default {DEFAULT_BIASING_SCORE:g})",
+        f"(default {DEFAULT_BIASING_SCORE:g}, at most {MAX_BIASING_SCORE:g})",
     )
+
+
+def _biasing_score(text: str) -> float:
+    """`--biasing-score`'s value, checked (`check_biasing_score`)."""
+    try:
+        return check_biasing_score(text, "the score")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _biasing(args: argparse.Namespace, tokenizer) -> BiasingGraph | None:

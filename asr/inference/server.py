@@ -16,8 +16,9 @@ The protocol (docs/serving.md has an example exchange), at ``ws://HOST:PORT/ws``
   "s16le"}`` (format ``f32le``, the default, or ``s16le``; only 16 kHz mono; optionally
   ``"context": ["PHRASE", "PHRASE :SCORE", ...]`` and ``"context_score": S``: biasing
   phrases, which this connection's search boosts, at most
-  `ServeConfig.max_biasing_phrases`; the keys keep the protocol's first name, "context",
-  for the clients already written), then binary frames of PCM in that format, then
+  `ServeConfig.max_biasing_phrases`, and their bonus per token, 0 to
+  `MAX_BIASING_SCORE`; the keys keep the protocol's first name, "context", for the
+  clients already written), then binary frames of PCM in that format, then
   ``{"type": "end"}``;
 - the server answers ``{"type": "partial", "segment": N, "text": ..., "audio_s": ...}``
   after each chunk it decodes (``audio_s``: the seconds of the stream decoded so far),
@@ -60,7 +61,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph
+from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, check_biasing_score
 from asr.decoding.hypotheses import TimedTokens
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
 from asr.inference.endpoint import Endpoint, EndpointRules, detect_endpoint
@@ -189,6 +190,10 @@ class Connection:
         score = message.get("context_score", DEFAULT_BIASING_SCORE)
         if not isinstance(score, int | float) or isinstance(score, bool):
             raise ClientFault(f'"context_score" must be a number, got {score!r}')
+        try:
+            score = check_biasing_score(score, '"context_score"')
+        except ValueError as err:  # e.g. 1e308, which float32 tables hold as inf
+            raise ClientFault(str(err)) from None
         self.format = form
         self.started = True
         return StartRequest(form, phrases, float(score))

@@ -4,15 +4,19 @@ recovering a phrase on a hand-built joiner that it misses without biasing, and a
 phrase list changing nothing in any search."""
 
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from asr.decoding import aed
 from asr.decoding.biasing import (
+    MAX_BIASING_SCORE,
     BiasingGraph,
     BiasingPhrase,
+    SharedBiasingGraphs,
     parse_phrase,
     read_biasing_phrases,
     tokenize_phrase,
@@ -97,6 +101,58 @@ def test_special_tokens_and_bad_scores_are_refused():
     assert parse_phrase(("NEW YORK", 1)) == BiasingPhrase("NEW YORK", 1.0)
 
 
+TOO_LARGE = r"must be >= 0 and at most 50 per token .*got "
+
+
+@pytest.mark.parametrize("score", [50.5, 1e308, math.inf, math.nan, -0.5])
+def test_a_score_past_the_bound_is_refused_wherever_it_enters(score, tokenizer, tmp_path, capsys):
+    """MAX_BIASING_SCORE (50 per token) in a phrase's ":SCORE", a (text, score) pair, a
+    phrase file, the graph's construction (from text or tokens), the graphs a streaming
+    recognizer shares, load_model(...).transcribe and --biasing-score: one line that names
+    the value."""
+    from asr.data.features import FeatureConfig
+    from asr.inference.cli import transcribe_main
+    from asr.inference.recognizer import Recognizer
+
+    got = re.escape(repr(score))
+    assert MAX_BIASING_SCORE == 50.0
+    with pytest.raises(ValueError, match=f"biasing score of 'ZORVAK' {TOO_LARGE}{got}$"):
+        parse_phrase(f"ZORVAK :{score}")
+    with pytest.raises(ValueError, match=f"{TOO_LARGE}{got}$"):
+        parse_phrase(("ZORVAK", score))
+    path = tmp_path / "phrases.txt"
+    path.write_text(f"ZANZIBAR\nZORVAK :{score}\n")
+    with pytest.raises(
+        ValueError, match=f"phrases.txt line 2: biasing score of 'ZORVAK' {TOO_LARGE}"
+    ):
+        read_biasing_phrases(path)
+    with pytest.raises(ValueError, match=f"^biasing score {TOO_LARGE}{got}$"):
+        BiasingGraph.from_phrases(["ZORVAK"], tokenizer, score=score)
+    with pytest.raises(ValueError, match=rf"tokens \[4, 5\] {TOO_LARGE}{got}$"):
+        BiasingGraph.from_tokens([([4, 5], score)], V)
+    with pytest.raises(ValueError, match=f"{TOO_LARGE}{got}$"):
+        SharedBiasingGraphs(tokenizer).get(["ZORVAK"], score)  # create_stream's graphs
+    recognizer = Recognizer(_random_model(tokenizer.vocab_size), tokenizer, FeatureConfig())
+    with pytest.raises(ValueError, match=f"{TOO_LARGE}{got}$"):
+        recognizer.transcribe([np.zeros(1600, np.float32)], biasing=["ZORVAK"], biasing_score=score)
+    with pytest.raises(SystemExit):  # argparse: before the model is read
+        transcribe_main(
+            ["model.pt", "a.flac", "--biasing-phrases", str(path), "--biasing-score", str(score)]
+        )
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --biasing-score: the score must be >= 0 and at most 50" in err
+    assert err.endswith(f"got {score!r}")
+
+
+def test_scores_up_to_the_bound_are_taken(tokenizer):
+    assert parse_phrase("ZORVAK :50") == BiasingPhrase("ZORVAK", 50.0)
+    assert parse_phrase("ZORVAK :0") == BiasingPhrase("ZORVAK", 0.0)
+    graph = BiasingGraph.from_phrases(["ZORVAK", "ZANZIBAR :0.5"], tokenizer, score=50)
+    assert torch.isfinite(graph.gain).all() and float(graph.gain.max()) == 50.0
+    with pytest.raises(ValueError, match="biasing score must be a number, got 'high'"):
+        BiasingGraph.from_phrases(["ZORVAK"], tokenizer, score="high")  # type: ignore[arg-type]
+
+
 def test_phrase_files_and_tokenization(tmp_path, tokenizer):
     path = tmp_path / "phrases.txt"
     path.write_text("# names\nZANZIBAR\n\nDOCTOR ZORVAK :3\n")
@@ -114,7 +170,7 @@ def test_phrase_files_and_tokenization(tmp_path, tokenizer):
         tokenize_phrase("CAFÉ", tokenizer)
     graph = BiasingGraph.from_phrases(["ZANZIBAR", ("ZORVAK", 3.0)], tokenizer)
     assert graph.num_phrases == 2 and graph.vocab_size == tokenizer.vocab_size
-    with pytest.raises(ValueError, match="--biasing-score must be >= 0"):
+    with pytest.raises(ValueError, match="biasing score must be >= 0"):
         BiasingGraph.from_phrases(["ZANZIBAR"], tokenizer, score=-1.0)
     with pytest.raises(ValueError, match="an ONNX export does not hold"):
         BiasingGraph.from_phrases(["ZANZIBAR"], object())  # type: ignore[arg-type]

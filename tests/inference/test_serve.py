@@ -209,6 +209,11 @@ def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio)
                 await misbehave(base, json.dumps({"type": "start", "format": "mp3"})),
                 await misbehave(base, json.dumps({"type": "start", "context": "ZORVAK"})),
                 await misbehave(base, json.dumps({"type": "start", "context": ["CAFÉ"]})),
+                await misbehave(
+                    base,
+                    json.dumps({"type": "start", "context": ["ZORVAK"], "context_score": 1e308}),
+                ),
+                await misbehave(base, json.dumps({"type": "start", "context": ["ZORVAK :51"]})),
             ]
             return await good, bad
 
@@ -225,6 +230,10 @@ def test_bad_input_gets_one_error_and_the_other_streams_go_on(recognizer, audio)
     assert "format 'mp3' is not served" in texts[4]
     assert '"context" must be a list of phrases' in texts[5]
     assert "biasing phrase 'CAFÉ' cannot be tokenized" in texts[6]
+    # the bound on the bonus per token (MAX_BIASING_SCORE): 1e308 overflowed float32
+    assert texts[7].startswith('"context_score" must be >= 0 and at most 50 per token')
+    assert texts[7].endswith("got 1e+308")
+    assert "biasing score of 'ZORVAK' must be >= 0 and at most 50" in texts[8]
     assert all(code == 1008 for i, (_, code) in enumerate(errors) if i != 2)
 
 
