@@ -276,20 +276,23 @@ class TokenLm:
             state = after[:, 0]
         return total
 
-    def save(self, path: str | Path) -> None:
-        """Write the tensor form (torch.save), atomically."""
+    def save(self, path: str | Path, stamp: str = "") -> None:
+        """Write the tensor form (torch.save) atomically, with `stamp`: what it was made
+        from (`load_token_lm`: the ARPA file's size and time)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        torch.save({"version": _TABLES_VERSION, **fields}, tmp)
+        torch.save({"version": _TABLES_VERSION, "stamp": stamp, **fields}, tmp)
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | Path) -> TokenLm:
+    def load(cls, path: str | Path) -> tuple[TokenLm, str]:
+        """A tensor form `save` wrote, and its stamp."""
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if saved.pop("version", None) != _TABLES_VERSION:
             raise ValueError(f"{path}: not a token LM of this version (write it again)")
-        return cls(**saved)
+        stamp = saved.pop("stamp", "")
+        return cls(**saved), stamp
 
 
 def vocabulary_hash(pieces: Sequence[str]) -> str:
@@ -306,7 +309,7 @@ def load_token_lm(path: str | Path, pieces: Sequence[str]) -> TokenLm:
         raise FileNotFoundError(f"language model not found: {path}")
     digest = vocabulary_hash(pieces)
     if path.suffix == ".pt":
-        lm = TokenLm.load(path)
+        lm = TokenLm.load(path)[0]
         if lm.pieces_hash != digest:
             raise ValueError(f"{path}: made for another vocabulary than this model's")
         return lm
@@ -315,18 +318,14 @@ def load_token_lm(path: str | Path, pieces: Sequence[str]) -> TokenLm:
     stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
     if cache.is_file():
         try:
-            saved = torch.load(cache, map_location="cpu", weights_only=True)
-            if saved.get("version") == _TABLES_VERSION and saved.get("stamp") == stamp:
-                saved.pop("version"), saved.pop("stamp")
-                return TokenLm(**saved)
+            lm, made_from = TokenLm.load(cache)
+            if made_from == stamp:
+                return lm
         except Exception as err:  # noqa: BLE001 (a broken cache is rebuilt)
             log.warning("%s: cannot read the cached tensor form (%s); rebuilding it", cache, err)
     lm = TokenLm.from_ngram(read_arpa(path), pieces, source=str(path))
     try:
-        tmp = cache.with_name(cache.name + ".tmp")
-        fields = {f: getattr(lm, f) for f in lm.__dataclass_fields__}
-        torch.save({"version": _TABLES_VERSION, "stamp": stamp, **fields}, tmp)
-        os.replace(tmp, cache)
+        lm.save(cache, stamp)
     except OSError as err:  # a read-only directory: no cache, no harm
         log.info("not caching %s's tensor form: %s", path, err)
     return lm
@@ -440,11 +439,12 @@ class LmFusion:
             total = total + weight * lm.lookup(states[:, p], end, with_next=False)[0][:, 0]
         return total
 
-    def check_fits(self, device: torch.device | str) -> None:
+    def check_fits(self, device: torch.device | str, free: int | None = None) -> None:
         """A one-line MemoryError, before decoding starts, when the LMs' tensors take more
-        than half the memory free on `device`."""
+        than half the memory free on `device` (`free` bytes; None: as measured now)."""
         device = torch.device(device)
-        need, free = self.nbytes(), free_bytes(device)
+        need = self.nbytes()
+        free = free_bytes(device) if free is None else free
         if need > free // 2:
             raise MemoryError(
                 f"the language model's tables take {need / 1e9:.2f} GB, more than half the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from asr.decoding.biasing import BiasingGraph
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import Hypothesis, TimedTokens
 from asr.decoding.label_looping import LabelLoopingGreedy
 from asr.decoding.search import decode_with, search_whole
@@ -20,9 +21,10 @@ def greedy_timed(
     lens: Tensor,
     options: GreedyOptions = GreedyOptions(),
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[TimedTokens]:
     """Frame-looping greedy search of whole utterances."""
-    return decode_with(FrameLoopingGreedy(options), model, enc, lens, biasing)
+    return decode_with(FrameLoopingGreedy(options), model, enc, lens, biasing, lm)
 
 
 def greedy_tokens(
@@ -55,9 +57,10 @@ def beam_nbest(
     lens: Tensor,
     options: BeamOptions = BeamOptions(),
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search of whole utterances: per utterance its `options.nbest` best."""
     if enc.size(0) == 0:
         return []
     search = BeamSearch(options)
-    return search.nbest(search_whole(search, model, enc, lens, biasing))
+    return search.nbest(search_whole(search, model, enc, lens, biasing, lm))
