@@ -1,7 +1,9 @@
-"""Test sets for context biasing, synthesized beside the demo corpus.
+"""Test and dev sets for context biasing, synthesized beside the demo corpus.
 
 Demo speech holding names and rare words that training never heard, the same sentences
-with ordinary words in their place, and the phrase lists to boost.
+with ordinary words in their place, and the phrase lists to boost: a test part to report
+on, and a dev part (other phrases, other sentences) to choose the biasing score and the
+LM weights on.
 
 Made beside a complete demo corpus (`asr.demo.synth`), from its training transcripts:
 
@@ -17,17 +19,28 @@ Made beside a complete demo corpus (`asr.demo.synth`), from its training transcr
   "the" + a noun of the lexicon, read by the same speaker at the same rate and pitch.
   Speakers take turns as in test-clean (the test-only speaker, then the training ones).
   The "distractor" phrases are never spoken; "extra" phrases fill the longer lists.
+- The dev part (`plan_dev_sets`) is made the same way after the test part, from seeded
+  streams of its own, so the test part is what it was before the dev part existed (same
+  phrases, sentences and audio: its figures are published; version 1 of its marker is
+  kept). Its phrases share no word with any of test's 1,000 (its real words come from
+  `DEV_RARE_NOUNS` and `DEV_RARE_NAMES`, its titles from `DEV_TITLES`, and its invented
+  names are new), its sentences are none of test-context's and test-plain's, nor of the
+  corpus's dev and test parts; its turns start with a voice of its own,
+  `DEV_ONLY_SPEAKER`, read by no other part, as test's start with the test-only one.
 
 It writes, under OUT (the demo corpus root, e.g. data/demo):
 
-- ``LibriSpeech/test-context`` and ``LibriSpeech/test-plain``: two parts in the corpus's
-  layout, each with a ``context_sets.json`` marker holding the parameters, so a re-run
-  with the same ones skips (a corpus rebuilt with other parameters removes both parts);
-- ``manifests/librispeech_cuts_test-{context,plain}.jsonl.gz`` (`prepare_manifests`);
-- ``manifests/context_phrases.json``: the phrases (upper case, as the transcripts) and,
-  per test-context utterance, its phrase, role and plain twin;
-- ``manifests/context_phrases_{10,100,1000}.txt``: lists for ``--biasing-phrases``, one
-  phrase a line: half of each (up to all of them) spoken, the rest distractors, then extra.
+- ``LibriSpeech/{test,dev}-context`` and ``LibriSpeech/{test,dev}-plain``: parts in the
+  corpus's layout, each with a ``context_sets.json`` marker holding the parameters, so a
+  re-run with the same ones skips (a corpus rebuilt with other parameters removes them);
+- ``manifests/librispeech_cuts_{test,dev}-{context,plain}.jsonl.gz`` (`prepare_manifests`);
+- ``manifests/context_phrases.json``: test's phrases (upper case, as the transcripts) and,
+  per test-context utterance, its phrase, role and plain twin; the same for the dev part
+  under its key "dev";
+- ``manifests/context_phrases_{10,100,1000}.txt`` (test) and
+  ``manifests/context_phrases_dev_{10,100,1000}.txt`` (dev): lists for
+  ``--biasing-phrases``, one phrase a line: half of each (up to all of them) spoken, the
+  rest distractors, then extra.
 
 Command line: ``asr-make-context-sets OUT [--seed S] [--num-jobs J]``.
 """
@@ -51,13 +64,18 @@ from asr.demo import lexicon as lex
 from asr.demo.plan import (
     ALL_PARTS,
     CONTEXT_PART,
+    DEV_CONTEXT_PART,
+    DEV_PLAIN_PART,
+    EXTRA_PARTS,
     MAX_WORDS,
     MIN_WORDS,
+    PARTS,
     PLAIN_PART,
     SPOKEN_TEXT,
     TEST_ONLY_SPEAKER,
     TRAIN_SPEAKERS,
     UNLABELLED_PART,
+    Speaker,
     Utterance,
 )
 from asr.demo.synth import MARKER as CORPUS_MARKER
@@ -66,8 +84,17 @@ from asr.demo.synth import check_voices, synthesize_all, write_json, write_trans
 MARKER = "context_sets.json"
 PHRASES_JSON = "context_phrases.json"
 LIST_SIZES = (10, 100, 1000)
-_VERSION = 1  # bump when the sets change, so old ones are rebuilt
+# Bump when the sets change, so old ones are rebuilt (2: the dev part). The test part's
+# marker keeps a version of its own, unchanged since 1 because its phrases, sentences and
+# audio are: sets made before the dev part keep their test audio, and get a dev part. Bump
+# _TEST_VERSION (and with it the dev part, whose marker holds it) when test changes.
+_VERSION = 2
+_TEST_VERSION = 1
 SPEAKERS = (TEST_ONLY_SPEAKER, *TRAIN_SPEAKERS)  # test-clean's turns
+# The dev part's own voice (the rp accent of training with a variant no labelled part uses),
+# first in its turns as the test-only speaker is in test's.
+DEV_ONLY_SPEAKER = Speaker(1012, "en-gb-x-rp+m7", 170, 50, 55)
+DEV_SPEAKERS = (DEV_ONLY_SPEAKER, *TRAIN_SPEAKERS)
 
 # Real words that espeak-ng reads well and the demo lexicon lacks. Nouns take "the".
 RARE_NOUNS = lex._w("""
@@ -81,8 +108,21 @@ istanbul melbourne beethoven picasso mozart shakespeare napoleon cleopatra einst
 copenhagen budapest madagascar nairobi amsterdam barcelona stockholm honolulu galileo
 vivaldi magellan
 """)
-# First words of two-word names: lexicon words (they may be training words).
+# The dev part's real words: others of the same kinds, none in the lists above.
+DEV_RARE_NOUNS = lex._w("""
+alligator crocodile gorilla penguin iguana tarantula jellyfish lobster scorpion
+hippopotamus rhinoceros chimpanzee pineapple avocado broccoli spaghetti helicopter
+parachute escalator stethoscope periscope barometer glacier tornado asteroid catapult
+cauldron banjo clarinet
+""")
+DEV_RARE_NAMES = lex._w("""
+tokyo vienna lisbon helsinki dublin cairo santiago jakarta manila chicago rembrandt chopin
+darwin newton columbus aristotle archimedes michelangelo edison vancouver
+""")
+# First words of two-word names: lexicon words (they may be training words); the dev
+# part's are others.
 TITLES = lex._w("doctor captain uncle aunt king queen prince princess judge mayor")
+DEV_TITLES = lex._w("lady master officer sister brother father mother nurse cousin farmer")
 _ONSETS = lex._w("b d f g k l m n p r s t v z br dr gr kr tr st sh th qu")
 _VOWELS = lex._w("a e i o u")
 _CODAS = ("", "", "", "n", "r", "l", "s")  # inside a name
@@ -110,16 +150,28 @@ def invented_name(rng: random.Random) -> str:
     return "".join([syllable(_CODAS), *middle, syllable(_ENDINGS, last=True)])
 
 
-def context_phrases(n: int, *, seed: int = 0, vocabulary: Iterable[str] = frozenset()) -> list[str]:
-    """`n` distinct phrases, lower case: rare real words (`RARE_NOUNS`, `RARE_NAMES`),
-    invented names and two-word names, mixed in turns (2 : 2 : 1 while the real words
-    last). No word of a phrase is in the lexicon or `vocabulary` (the training words)
-    except a title, and no word other than a title is in two phrases."""
-    rng = random.Random(f"{seed}:phrases")
-    taken = set(_LEXICON) | set(vocabulary)
-    rare = [word for word in RARE_NOUNS + RARE_NAMES if word not in taken]
+def context_phrases(
+    n: int,
+    *,
+    seed: int = 0,
+    vocabulary: Iterable[str] = frozenset(),
+    exclude: Iterable[str] = frozenset(),
+    rare: Sequence[str] | None = None,
+    titles: Sequence[str] = TITLES,
+    stream: str = "phrases",
+) -> list[str]:
+    """`n` distinct phrases, lower case: rare real words (`rare`, default `RARE_NOUNS` and
+    `RARE_NAMES`), invented names and two-word names (a title of `titles` or an invented
+    name first), mixed in turns (2 : 2 : 1 while the real words last). No word of a phrase
+    is in the lexicon, `vocabulary` (the training words) or `exclude` except a title, and
+    no word other than a title is in two phrases. `stream` names the seeded draws (the
+    dev part's are not the test part's)."""
+    rng = random.Random(f"{seed}:{stream}")
+    taken = set(_LEXICON) | set(vocabulary) | set(exclude)
+    real = RARE_NOUNS + RARE_NAMES if rare is None else list(rare)
+    rare = [word for word in real if word not in taken]
     rng.shuffle(rare)
-    taken |= set(RARE_NOUNS + RARE_NAMES)
+    taken |= set(RARE_NOUNS + RARE_NAMES + real)
 
     def new_name() -> str:
         for _ in range(10_000):
@@ -136,7 +188,7 @@ def context_phrases(n: int, *, seed: int = 0, vocabulary: Iterable[str] = frozen
             if kind == "rare" and rare:
                 phrases.append(rare.pop())
             elif kind == "two":
-                first = rng.choice(TITLES) if rng.random() < 0.6 else new_name()
+                first = rng.choice(titles) if rng.random() < 0.6 else new_name()
                 phrases.append(f"{first} {new_name()}")
             else:
                 phrases.append(new_name())
@@ -167,39 +219,99 @@ def plan_context_sets(
     distractors: int = 50,
     total: int = max(LIST_SIZES),
 ) -> ContextSets:
-    """Phrases and sentences from the training transcripts (any case): `occurring`
-    phrases spoken in 2 or 3 sentences each (3 for 60 % of them), `distractors` never
-    spoken, and extra phrases up to `total`. Pure and cheap; the same for a seed."""
+    """The test part: phrases and sentences from the training transcripts (any case):
+    `occurring` phrases spoken in 2 or 3 sentences each (3 for 60 % of them),
+    `distractors` never spoken, and extra phrases up to `total`. Pure and cheap; the same
+    for a seed."""
+    texts, known = _training(training_texts)
+    phrases = context_phrases(max(total, occurring + distractors), seed=seed, vocabulary=known)
+    rng = random.Random(f"{seed}:{CONTEXT_PART}")
+    return _plan_sets(
+        phrases, occurring, distractors, rng, known, set(texts), set(RARE_NOUNS), SPEAKERS,
+        (CONTEXT_PART, PLAIN_PART),
+    )  # fmt: skip
+
+
+def plan_dev_sets(
+    training_texts: Iterable[str],
+    test: ContextSets,
+    *,
+    seed: int = 0,
+    occurring: int = 50,
+    distractors: int = 50,
+    total: int = max(LIST_SIZES),
+    held_out: Iterable[str] = (),
+) -> ContextSets:
+    """The dev part, as `plan_context_sets` makes the test part `test` (call it with the
+    same arguments) but from seeded streams of its own: phrases sharing no word with any
+    of test's (its titles `DEV_TITLES`, its real words `DEV_RARE_NOUNS` and
+    `DEV_RARE_NAMES`), sentences that are none of test's, of the training text or of
+    `held_out` (the corpus's dev and test transcripts, any case), read in turns starting
+    with `DEV_ONLY_SPEAKER`. Pure and cheap; the same for a seed."""
+    texts, known = _training(training_texts)
+    tested = test.occurring + test.distractors + test.extra
+    phrases = context_phrases(
+        max(total, occurring + distractors),
+        seed=seed,
+        vocabulary=known,
+        exclude={word for phrase in tested for word in phrase.split()},
+        rare=DEV_RARE_NOUNS + DEV_RARE_NAMES,
+        titles=DEV_TITLES,
+        stream=f"{DEV_CONTEXT_PART}:phrases",
+    )
+    rng = random.Random(f"{seed}:{DEV_CONTEXT_PART}")
+    seen = set(texts) | {utt.text for utt in test.context + test.plain}
+    seen |= {" ".join(text.lower().split()) for text in held_out}
+    return _plan_sets(
+        phrases, occurring, distractors, rng, known, seen, set(DEV_RARE_NOUNS), DEV_SPEAKERS,
+        (DEV_CONTEXT_PART, DEV_PLAIN_PART),
+    )  # fmt: skip
+
+
+def _training(training_texts: Iterable[str]) -> tuple[set[str], set[str]]:
+    """The training sentences (lower case, single spaces) and their words."""
     texts = {" ".join(text.lower().split()) for text in training_texts}
     known = {word for text in texts for word in text.split()}
     if not known:
         raise ValueError("no training text: the phrases must be new to it")
-    phrases = context_phrases(max(total, occurring + distractors), seed=seed, vocabulary=known)
+    return texts, known
+
+
+def _plan_sets(
+    phrases: list[str],
+    occurring: int,
+    distractors: int,
+    rng: random.Random,
+    known: set[str],
+    seen: set[str],
+    nouns: set[str],
+    speakers: Sequence[Speaker],
+    parts: tuple[str, str],
+) -> ContextSets:
+    """The sentences of one part's pair (`parts`: context, plain): the first `occurring`
+    of `phrases` spoken (`nouns` with "the"), in sentences new to `seen` (added to it)."""
     spoken = phrases[:occurring]
-    rng = random.Random(f"{seed}:{CONTEXT_PART}")
     grammar = lex.Grammar(rng, known)
     thrice = set(rng.sample(range(occurring), k=round(0.6 * occurring)))
-    seen = set(texts)
     sets = ContextSets(
         spoken, phrases[occurring : occurring + distractors], phrases[occurring + distractors :],
         [], [], [], [], [],
     )  # fmt: skip
-    numbers = {speaker.id: 0 for speaker in SPEAKERS}
+    numbers = {speaker.id: 0 for speaker in speakers}
     for round_ in range(3):
         for i, phrase in enumerate(spoken):
             if round_ == 2 and i not in thrice:
                 continue
             role = ("subject", "object")[(i + round_) % 2]
-            words, twin, filler = _sentence(grammar, phrase, role, known, seen)
+            words, twin, filler = _sentence(grammar, phrase, phrase in nouns, role, known, seen)
             index = len(sets.context)
-            speaker = SPEAKERS[index % len(SPEAKERS)]
+            speaker = speakers[index % len(speakers)]
             rate = round(speaker.rate * rng.uniform(0.94, 1.06))
             pitch = min(99, max(1, speaker.pitch + rng.randint(-5, 5)))
             number = numbers[speaker.id]
             numbers[speaker.id] += 1
-            for part, text, out in (
-                (CONTEXT_PART, words, sets.context),
-                (PLAIN_PART, twin, sets.plain),
+            for part, text, out in zip(
+                parts, (words, twin), (sets.context, sets.plain), strict=True
             ):
                 out.append(Utterance(part, index, speaker, number, " ".join(text), rate, pitch))
             sets.phrases.append(phrase)
@@ -209,11 +321,11 @@ def plan_context_sets(
 
 
 def _sentence(
-    grammar: lex.Grammar, phrase: str, role: str, known: set[str], seen: set[str]
+    grammar: lex.Grammar, phrase: str, noun: bool, role: str, known: set[str], seen: set[str]
 ) -> tuple[list[str], list[str], list[str]]:
-    """(sentence, twin, filler): `phrase` as subject or object of a sentence of training
-    words, and the twin with `filler` in its place; both new to `seen` (added to it)."""
-    noun = phrase in RARE_NOUNS
+    """(sentence, twin, filler): `phrase` (a `noun`: "the" before it, a noun of the lexicon
+    in its twin; else a name) as subject or object of a sentence of training words, and
+    the twin with `filler` in its place; both new to `seen` (added to it)."""
     said = ["the", phrase] if noun else phrase.split()
     for _ in range(2000):
         if role == "subject":
@@ -235,15 +347,15 @@ def _sentence(
     raise RuntimeError(f"cannot place {phrase!r} in a sentence of training words")
 
 
-def phrase_list(sets: ContextSets, n: int, *, seed: int = 0) -> list[str]:
-    """`n` phrases to boost, shuffled: half spoken ones (as many as there are), then
-    distractors, then extra phrases."""
+def phrase_list(sets: ContextSets, n: int, *, seed: int = 0, stream: str = "list") -> list[str]:
+    """`n` phrases to boost, shuffled (the seeded draws `stream`: the dev part has its own):
+    half spoken ones (as many as there are), then distractors, then extra phrases."""
     spoken = sets.occurring[: n // 2]
     distract = sets.distractors[: n - len(spoken)]
     chosen = spoken + distract + sets.extra[: n - len(spoken) - len(distract)]
     if len(chosen) < n:
         raise ValueError(f"only {len(chosen)} phrases planned, {n} asked for")
-    random.Random(f"{seed}:list{n}").shuffle(chosen)
+    random.Random(f"{seed}:{stream}{n}").shuffle(chosen)
     return chosen
 
 
@@ -264,10 +376,9 @@ def _corpus_params(root: Path) -> dict:
         ) from err
 
 
-def training_texts(root: Path) -> list[str]:
-    """The transcripts of the corpus's training parts (every part with transcripts named
-    train-*), lower case."""
-    parts = [p for p in ALL_PARTS if p.startswith("train") and p != UNLABELLED_PART]
+def transcripts(root: Path, parts: Iterable[str]) -> list[str]:
+    """The transcripts of `parts` under `root` (the corpus's LibriSpeech folder), lower
+    case; a part that is not there has none."""
     return [
         line.partition(" ")[2].lower()
         for part in parts
@@ -276,12 +387,23 @@ def training_texts(root: Path) -> list[str]:
     ]
 
 
-def _reused(root: Path, params: dict) -> dict | None:
-    """The summary in both parts' markers if they hold `params`, else None."""
+def training_texts(root: Path) -> list[str]:
+    """The transcripts of the corpus's training parts (every part with transcripts named
+    train-*), lower case."""
+    return transcripts(
+        root, [p for p in ALL_PARTS if p.startswith("train") and p != UNLABELLED_PART]
+    )
+
+
+# The corpus's own dev and test parts (LibriSpeech's names), whose sentences the dev part
+# of the context sets does not take.
+HELD_OUT_PARTS = tuple(p for p in PARTS + EXTRA_PARTS if not p.startswith("train"))
+
+
+def _reused(root: Path, parts: tuple[str, str], params: dict) -> dict | None:
+    """The summary in both `parts`' markers if they hold `params`, else None."""
     try:
-        made = [
-            json.loads((root / part / MARKER).read_text()) for part in (CONTEXT_PART, PLAIN_PART)
-        ]
+        made = [json.loads((root / part / MARKER).read_text()) for part in parts]
     except (OSError, ValueError):
         return None
     if all(m.get("params") == params and "summary" in m for m in made):
@@ -289,28 +411,44 @@ def _reused(root: Path, params: dict) -> dict | None:
     return None
 
 
-def _write_phrases(manifest_dir: Path, sets: ContextSets, seed: int) -> list[Path]:
-    """`PHRASES_JSON` and the phrase lists (upper case); returns the lists' paths."""
+def _phrases_content(sets: ContextSets, lists: dict[int, Path]) -> dict:
+    """What `PHRASES_JSON` says of one part: its phrases (upper case), its lists' file
+    names and, per context utterance, its phrase, role, plain twin and filler."""
     utterances = {
         utt.id: {"phrase": phrase.upper(), "role": role, "plain": twin.id, "filler": filler.upper()}
         for utt, twin, phrase, role, filler in zip(
             sets.context, sets.plain, sets.phrases, sets.roles, sets.fillers, strict=True
         )
     }
-    lists = [manifest_dir / f"context_phrases_{n}.txt" for n in LIST_SIZES]
-    content = {
-        "seed": seed,
+    return {
         "occurring": [p.upper() for p in sets.occurring],
         "distractors": [p.upper() for p in sets.distractors],
         "extra": [p.upper() for p in sets.extra],
-        "lists": {str(n): path.name for n, path in zip(LIST_SIZES, lists, strict=True)},
+        "lists": {str(n): path.name for n, path in lists.items()},
         "utterances": utterances,
+    }
+
+
+def _write_phrases(
+    manifest_dir: Path, sets: ContextSets, dev: ContextSets, seed: int
+) -> list[Path]:
+    """`PHRASES_JSON` (the test part's keys at the top, as before the dev part, and the dev
+    part's under "dev") and the phrase lists (upper case); returns the lists' paths."""
+    lists = {n: manifest_dir / f"context_phrases_{n}.txt" for n in LIST_SIZES}
+    dev_lists = {n: manifest_dir / f"context_phrases_dev_{n}.txt" for n in LIST_SIZES}
+    content = {
+        "seed": seed,
+        **_phrases_content(sets, lists),
+        "dev": _phrases_content(dev, dev_lists),
     }
     manifest_dir.mkdir(parents=True, exist_ok=True)
     write_json(manifest_dir / PHRASES_JSON, content)
-    for n, path in zip(LIST_SIZES, lists, strict=True):
+    for n, path in lists.items():
         path.write_text("".join(f"{p.upper()}\n" for p in phrase_list(sets, n, seed=seed)))
-    return lists
+    for n, path in dev_lists.items():
+        chosen = phrase_list(dev, n, seed=seed, stream=f"{DEV_CONTEXT_PART}:list")
+        path.write_text("".join(f"{p.upper()}\n" for p in chosen))
+    return [*lists.values(), *dev_lists.values()]
 
 
 def make_context_sets(
@@ -321,61 +459,84 @@ def make_context_sets(
     occurring: int = 50,
     distractors: int = 50,
 ) -> dict:
-    """Synthesize test-context and test-plain beside the complete demo corpus in OUT (with
-    its noise floor), write their manifests and the phrase files; return a summary:
-    utterances and hours per part, phrase counts, the files. Skips the synthesis if both
-    parts exist with these parameters ("reused": True). Raises FileNotFoundError naming
-    OUT when it holds no complete demo corpus."""
+    """Synthesize test-context, test-plain, dev-context and dev-plain beside the complete
+    demo corpus in OUT (with its noise floor), write their manifests and the phrase files;
+    return a summary: utterances and hours per part, phrase counts per part ("phrases":
+    test's, "dev_phrases"), the files. Skips the synthesis of a part's pair (test, dev)
+    that exists with these parameters ("reused": True when both do). Raises
+    FileNotFoundError naming OUT when it holds no complete demo corpus."""
     root, manifest_dir = Path(out_dir) / "LibriSpeech", Path(out_dir) / "manifests"
     corpus = _corpus_params(root)
     if occurring < 1 or distractors < 0 or seed < 0:
         raise ValueError("occurring must be >= 1, distractors and seed >= 0")
     num_jobs = num_jobs or os.cpu_count() or 1
     params = {
-        "version": _VERSION, "seed": seed, "occurring": occurring, "distractors": distractors,
+        "version": _TEST_VERSION, "seed": seed, "occurring": occurring, "distractors": distractors,
         "corpus": corpus,
     }  # fmt: skip
-    sets = plan_context_sets(
-        training_texts(root), seed=seed, occurring=occurring, distractors=distractors
-    )
-    summary = _reused(root, params)
-    reused = summary is not None
-    if summary is not None:
-        Console(stderr=True).print(f"{root}: context sets with these parameters exist; skipping")
-    else:
-        check_voices(SPEAKERS)
-        for part in (CONTEXT_PART, PLAIN_PART):
+    dev_params = {**params, "version": _VERSION, "test_version": _TEST_VERSION}
+    training = training_texts(root)
+    sizes = {"seed": seed, "occurring": occurring, "distractors": distractors}
+    sets = plan_context_sets(training, **sizes)
+    dev = plan_dev_sets(training, sets, **sizes, held_out=transcripts(root, HELD_OUT_PARTS))
+    pairs = {
+        (CONTEXT_PART, PLAIN_PART): (sets, params),
+        (DEV_CONTEXT_PART, DEV_PLAIN_PART): (dev, dev_params),
+    }
+    summary: dict[str, dict] = {}
+    plan: dict[str, list[Utterance]] = {}
+    for parts, (planned, made_with) in pairs.items():
+        reused = _reused(root, parts, made_with)
+        if reused is not None:
+            Console(stderr=True).print(
+                f"{root}: {' and '.join(parts)} with these parameters exist; skipping"
+            )
+            summary |= reused
+        else:
+            plan |= dict(zip(parts, (planned.context, planned.plain), strict=True))
+    if plan:
+        check_voices({utt.speaker for utts in plan.values() for utt in utts})
+        for part in plan:
             if (root / part).exists():
                 shutil.rmtree(root / part)
             (root / part).mkdir(parents=True)
-        plan = {CONTEXT_PART: sets.context, PLAIN_PART: sets.plain}
         durations, words = synthesize_all(root, plan, seed, corpus["noise_dbfs"], num_jobs)
         for utterances in plan.values():
             write_transcripts(root, utterances, durations, words)
-        summary = {
+        made = {
             part: {
                 "utterances": len(utts),
                 "hours": round(sum(durations[u.id] for u in utts) / 3600, 4),
             }
             for part, utts in plan.items()
         }
-        for part in plan:
-            write_json(root / part / MARKER, {"params": params, "summary": summary})
-    prepare_manifests(root, manifest_dir, parts=[CONTEXT_PART, PLAIN_PART])
-    lists = _write_phrases(manifest_dir, sets, seed)
+        for parts, (_, made_with) in pairs.items():
+            if parts[0] in plan:
+                pair = {part: made[part] for part in parts}
+                for part in parts:
+                    write_json(root / part / MARKER, {"params": made_with, "summary": pair})
+        summary |= made
+    every = [part for parts in pairs for part in parts]
+    prepare_manifests(root, manifest_dir, parts=every)
+    lists = _write_phrases(manifest_dir, sets, dev, seed)
+
+    def counts(planned: ContextSets) -> dict[str, int]:
+        return {
+            "occurring": len(planned.occurring),
+            "distractors": len(planned.distractors),
+            "extra": len(planned.extra),
+        }
+
     return {
-        "parts": summary,
-        "phrases": {
-            "occurring": len(sets.occurring),
-            "distractors": len(sets.distractors),
-            "extra": len(sets.extra),
-        },
+        "parts": {part: summary[part] for part in every},
+        "phrases": counts(sets),
+        "dev_phrases": counts(dev),
         "files": [
-            *(str(cuts_path(manifest_dir, part)) for part in (CONTEXT_PART, PLAIN_PART)),
+            *(str(cuts_path(manifest_dir, part)) for part in every),
             str(manifest_dir / PHRASES_JSON),
             *map(str, lists),
         ],
-        "reused": reused,
+        "reused": not plan,
     }
 
 
@@ -392,7 +553,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = make_context_sets(args.out, seed=args.seed, num_jobs=args.num_jobs)
     for part, figures in summary["parts"].items():
         print(f"{part:16s} {figures['utterances']:6d} utterances {figures['hours']:8.4f} h")
-    print(", ".join(f"{count} {kind}" for kind, count in summary["phrases"].items()), "phrases")
+    for name, key in (("test", "phrases"), ("dev", "dev_phrases")):
+        counts = ", ".join(f"{count} {kind}" for kind, count in summary[key].items())
+        print(f"{name} phrases: {counts}")
     for path in summary["files"]:
         print(path)
 

@@ -28,10 +28,13 @@ EXTRA_PARTS = ("train-clean-360", "train-other-500", "dev-other", "test-other")
 # sentences read by new voice settings, in the same layout (LibriSpeech has no such part).
 UNLABELLED_PART = "train-unlabelled"
 # The context-biasing test sets (`asr.demo.context_sets`): sentences holding names and rare
-# words never seen in training, and their twins with ordinary words in their place.
+# words never seen in training, and their twins with ordinary words in their place; and
+# their dev sets, other phrases in other sentences, to choose scores and weights on.
 CONTEXT_PART, PLAIN_PART = "test-context", "test-plain"
+DEV_CONTEXT_PART, DEV_PLAIN_PART = "dev-context", "dev-plain"
 # A part's position seeds its audio and ids: new parts go at the end.
 ALL_PARTS = PARTS + EXTRA_PARTS + (UNLABELLED_PART, CONTEXT_PART, PLAIN_PART)
+ALL_PARTS += (DEV_CONTEXT_PART, DEV_PLAIN_PART)
 MIN_WORDS, MAX_WORDS = 3, 20
 SPOKEN_TEXT = re.compile(r"[a-z']+( [a-z']+)*")  # what espeak reads is what the transcript says
 
