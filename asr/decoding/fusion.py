@@ -36,6 +36,7 @@ their weights: a hypothesis's LM state is one row of a (R, P) tensor (P LMs), ca
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -57,6 +58,10 @@ LN10 = math.log(10.0)
 # one token's LM log-probability (typically -2 to -10) outweighs the acoustic model's choice
 # between its best tokens many times over, so the output is the LM's sentence, not the audio's.
 MAX_LM_WEIGHT = 5.0
+# The most bytes an LM's dense tables (states x vocabulary: a score and a next state each) may
+# take where `load_fusion` expands them by itself: a 6-gram of the demo's transcripts takes
+# 110 MB; a LibriSpeech-scale LM stays in its sparse form.
+DENSE_MAX_BYTES = 1 << 29
 _TABLES_VERSION = 1  # bump when the saved tensor form changes
 
 
@@ -96,6 +101,8 @@ class TokenLm:
     backoff_state: Tensor
     backoff_weight: Tensor
     pieces_hash: str = ""
+    dense_scores: Tensor | None = None
+    dense_next: Tensor | None = None
 
     @property
     def num_states(self) -> int:
@@ -105,18 +112,13 @@ class TokenLm:
     def num_arcs(self) -> int:
         return self.keys.numel() + self.unigram.numel()
 
+    def _tensors(self) -> dict[str, Tensor]:
+        fields = (f.name for f in dataclasses.fields(self))
+        return {n: t for n in fields if isinstance(t := getattr(self, n), Tensor)}
+
     def nbytes(self) -> int:
         """Bytes of its tensors."""
-        tensors = (
-            self.unigram,
-            self.unigram_next,
-            self.keys,
-            self.arc_logp,
-            self.arc_next,
-            self.backoff_state,
-            self.backoff_weight,
-        )
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
 
     @property
     def device(self) -> torch.device:
@@ -126,24 +128,27 @@ class TokenLm:
         device = torch.device(device)
         if device == self.device:
             return self
-        return TokenLm(
-            self.order,
-            self.vocab_size,
-            self.start_state,
-            self.end_id,
-            *(
-                t.to(device)
-                for t in (
-                    self.unigram,
-                    self.unigram_next,
-                    self.keys,
-                    self.arc_logp,
-                    self.arc_next,
-                    self.backoff_state,
-                    self.backoff_weight,
-                )
-            ),
-            pieces_hash=self.pieces_hash,
+        return dataclasses.replace(self, **{n: t.to(device) for n, t in self._tensors().items()})
+
+    def dense_nbytes(self) -> int:
+        """Bytes the dense tables (`densified`) would take."""
+        return self.num_states * self.vocab_size * 8
+
+    def densified(self, chunk: int = 2048) -> TokenLm:
+        """This LM with dense tables: the score of every token and the state after it, for
+        every state (S, V): a search then reads a row with one gather instead of walking the
+        back-off chain (what a small LM, or a big device, affords: `dense_nbytes`)."""
+        if self.dense_scores is not None:
+            return self
+        every = torch.arange(self.vocab_size, device=self.device)
+        scores, nexts = [], []
+        for first in range(0, self.num_states, chunk):
+            states = torch.arange(first, min(first + chunk, self.num_states), device=self.device)
+            score, after = self.lookup(states, every)
+            scores.append(score)
+            nexts.append(after.to(torch.int32))
+        return dataclasses.replace(
+            self, dense_scores=torch.cat(scores), dense_next=torch.cat(nexts)
         )
 
     @classmethod
@@ -234,7 +239,8 @@ class TokenLm:
         self, states: Tensor, tokens: Tensor, with_next: bool = True
     ) -> tuple[Tensor, Tensor | None]:
         """ln p(token | state) and (`with_next`) the state after it, for states (R,) and
-        tokens (R, C) (or (C,), the same for every row): (R, C) tensors."""
+        tokens (R, C) (or (C,), the same for every row): (R, C) tensors. Walks the back-off
+        chain (the dense tables are not read: `densified` builds them with this)."""
         if tokens.dim() == 1:
             tokens = tokens.expand(states.size(0), -1)
         levels = []  # per back-off level: the arc found, its score (with the back-offs), next
@@ -259,12 +265,23 @@ class TokenLm:
 
     def all_scores(self, states: Tensor) -> Tensor:
         """ln p(token | state) of every token (R, V) for states (R,)."""
+        if self.dense_scores is not None:
+            return self.dense_scores.index_select(0, states)
         every = torch.arange(self.vocab_size, device=states.device)
         return self.lookup(states, every, with_next=False)[0]
 
     def step(self, states: Tensor, tokens: Tensor) -> Tensor:
         """The states (R,) after `tokens` (R,)."""
+        if self.dense_next is not None:
+            return self.dense_next[states, tokens].long()
         return self.lookup(states, tokens[:, None])[1][:, 0]
+
+    def end_scores(self, states: Tensor) -> Tensor:
+        """ln p(</s> | state) (R,) for states (R,)."""
+        if self.dense_scores is not None:
+            return self.dense_scores[states, self.end_id]
+        end = torch.tensor([self.end_id], device=states.device)
+        return self.lookup(states, end, with_next=False)[0][:, 0]
 
     def log_prob(self, tokens: Sequence[int], end: bool = True) -> float:
         """ln p of a token sequence from ``<s>`` (and ``</s>`` when `end`), for checks."""
@@ -282,6 +299,7 @@ class TokenLm:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields["dense_scores"] = fields["dense_next"] = None  # (rebuilt where wanted)
         torch.save({"version": _TABLES_VERSION, "stamp": stamp, **fields}, tmp)
         os.replace(tmp, path)
 
@@ -435,9 +453,21 @@ class LmFusion:
         """The fused score of ending the sentence (R,) in states (R, P)."""
         total = torch.zeros(states.size(0), device=states.device)
         for p, (lm, weight) in enumerate(self.parts):
-            end = torch.tensor([lm.end_id], device=states.device)
-            total = total + weight * lm.lookup(states[:, p], end, with_next=False)[0][:, 0]
+            total = total + weight * lm.end_scores(states[:, p])
         return total
+
+    def densified(self, device: torch.device | str, always: bool = False) -> LmFusion:
+        """This fusion with each LM expanded to dense tables (`TokenLm.densified`) where
+        they take at most `DENSE_MAX_BYTES` and all the tables still fit `device` (or
+        `always`)."""
+        free = free_bytes(torch.device(device)) // 2 - self.nbytes()
+        parts = []
+        for lm in (self.lm, self.lodr):
+            if lm is not None and (always or lm.dense_nbytes() <= min(DENSE_MAX_BYTES, free)):
+                free -= lm.dense_nbytes()
+                lm = lm.densified()
+            parts.append(lm)
+        return LmFusion(parts[0], self.weight, parts[1], self.lodr_weight, self.blank_id)
 
     def check_fits(self, device: torch.device | str, free: int | None = None) -> None:
         """A one-line MemoryError, before decoding starts, when the LMs' tensors take more
@@ -460,10 +490,13 @@ def load_fusion(
     lodr: str | Path | None = None,
     lodr_weight: float = 0.0,
     device: torch.device | str = "cpu",
+    dense: bool | None = None,
 ) -> LmFusion:
     """Shallow fusion of the LM file `lm` (ARPA or its cached tensor form) with `lm_weight`,
     minus the LODR LM `lodr` (None: none) with `lodr_weight`, over the vocabulary `pieces`,
-    on `device` (checked to fit before anything moves there)."""
+    on `device` (checked to fit before anything moves there). `dense`: expand each LM to
+    dense tables (`TokenLm.densified`; None: where they take at most `DENSE_MAX_BYTES` and
+    fit, False: never)."""
     lm_weight = check_lm_weight("lm_weight", lm_weight)
     lodr_weight = check_lm_weight("lodr_weight", lodr_weight)
     if lodr is None and lodr_weight:
@@ -475,4 +508,6 @@ def load_fusion(
         lodr_weight,
     )
     fusion.check_fits(device)
+    if dense is not False:
+        fusion = fusion.densified(device, always=dense is True)
     return fusion.to(device)

@@ -209,3 +209,15 @@ def test_a_lodr_weight_without_a_lodr_lm_is_refused(tmp_path):
     write_arpa(counter.estimate(), path)
     with pytest.raises(ValueError, match="a LODR weight needs a LODR LM"):
         load_fusion(pieces, path, 0.3, lodr_weight=0.1)
+
+
+@pytest.mark.parametrize("order", [2, 4])
+def test_the_dense_tables_give_what_the_back_off_walk_gives(order):
+    lm = lm_of(random_sentences(11, 200, order), order, 11)
+    dense = lm.densified()
+    states = torch.arange(lm.num_states)
+    assert torch.equal(dense.all_scores(states), lm.all_scores(states))
+    tokens = torch.randint(0, 11, (lm.num_states,))
+    assert torch.equal(dense.step(states, tokens), lm.step(states, tokens))
+    assert torch.equal(dense.end_scores(states), lm.end_scores(states))
+    assert dense.nbytes() == lm.nbytes() + lm.dense_nbytes()
