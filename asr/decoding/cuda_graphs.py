@@ -139,14 +139,30 @@ def run_steps(
 _KEPT: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
-def kept_with(model: nn.Module, key: Hashable, make: Callable[[], Search]) -> Search:
+def kept_with(
+    model: nn.Module, key: Hashable, make: Callable[[], Search], owner: object | None = None
+) -> Search:
     """The search `make()` built for `model` and `key` the first time, kept with the model
     (weakly: it goes when the model goes, as long as the search refers to the model only
-    through `ModelRef`) so its buffers and graph serve every batch that fits them."""
+    through `ModelRef`) so its buffers and graph serve every batch that fits them.
+
+    `owner` (None: none): an object whose tensors the search's graph reads in place (a
+    language model's tables): the search is kept only as long as it lives too. `key`
+    names it by `id` (the key must not hold it, or it would never go) and the search must
+    refer to it weakly; its entry goes when it goes, before its id can name another."""
     searches = _KEPT.setdefault(model, {})
     if key not in searches:
         searches[key] = make()
+        if owner is not None:
+            weakref.finalize(owner, _forget, weakref.ref(model), key)
     return searches[key]
+
+
+def _forget(model: weakref.ref, key: Hashable) -> None:
+    """Drop the search kept for the model `model` refers to (if it still lives) and `key`."""
+    alive = model()
+    if alive is not None:
+        _KEPT.get(alive, {}).pop(key, None)
 
 
 class ModelRef(Generic[Model]):

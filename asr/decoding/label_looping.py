@@ -27,12 +27,23 @@ same way: its tables are copied into static buffers (at least as many states), e
 keeps its state, and the inner step adds what each token earns to the log-probabilities,
 as the frame-looping search does: the same tokens again.
 
+A language model (`asr.decoding.fusion.LmFusion`, given to `start`) is fused the same way:
+each row's LM states (P LMs: shallow fusion, and LODR's) and the fused LM score of every
+next token are static buffers, loaded from the progress's `HypothesisState` and written back
+after the chunk; the inner step picks argmax(log P + LM scores [+ biasing bonus]) (blank
+gets no LM score), and the outer step steps the LM states of the rows that emitted and
+scores their next tokens (`TokenLm.lookup`: searchsorted, gathers and where over fixed
+shapes, so the graph captures it). The graph reads the LM's tables where they are (no copy:
+an LM can take gigabytes), so the search and its graph are kept per LM object, as long as
+that object lives (`kept_with`'s `owner`).
+
 Legend: B batch, T frames, D joint width, S = T x max_symbols_per_frame + 1 label slots,
-N context states, V vocabulary.
+N context states, V vocabulary, P LMs fused.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,7 +84,9 @@ class _Buffers:
     `biasing_advance` (N, V); None otherwise. A TDT's search also has `duration_frames`
     (D,) the frames of each duration, `duration` (B,) that of the label found by the
     inner loop, `durations` (B, S) those of the labels emitted, and `visited` (B,) the
-    frames each row has run the joiner at; None otherwise.
+    frames each row has run the joiner at; None otherwise. A search that fuses an LM has
+    `lm_states` (B, P) each row's LM states and `lm_scores` (B, V) the fused LM score of
+    every next token (0 for blank); None otherwise.
     """
 
     enc: Tensor
@@ -98,6 +111,8 @@ class _Buffers:
     duration: Tensor | None = None
     durations: Tensor | None = None
     visited: Tensor | None = None
+    lm_states: Tensor | None = None
+    lm_scores: Tensor | None = None
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -131,9 +146,7 @@ class LabelLoopingGreedy:
         first_frame: int = 0,
         lm: LmFusion | None = None,
     ) -> GreedyProgress:
-        if lm is not None:  # (issue 67: fusion in these loops lands next)
-            raise NotImplementedError("label-looping greedy search does not fuse an LM yet")
-        return GreedyProgress.start(model, batch_size, device, biasing, first_frame)
+        return GreedyProgress.start(model, batch_size, device, biasing, first_frame, lm)
 
     def advance(
         self, model: Transducer, progress: GreedyProgress, encoder_out: Tensor, encoder_lens: Tensor
@@ -143,11 +156,12 @@ class LabelLoopingGreedy:
         cuda = encoder_out.device.type == "cuda"
         fused = self.loops == "fused" or (self.loops == "auto" and cuda)
         graphs = fused and cuda
-        biased = progress.biasing is not None
+        biased, lm = progress.biasing is not None, progress.lm
+        key: tuple = (_LabelLoops, self.options, biased, graphs)
+        if lm is not None:  # the graph reads its tables in place: one search per LM object,
+            key += (id(lm),)  # dropped when it goes (before its id can name another)
         loops = kept_with(
-            model,
-            (_LabelLoops, self.options, biased, graphs),
-            lambda: _LabelLoops(model, self.options, graphs, biased),
+            model, key, lambda: _LabelLoops(model, self.options, graphs, biased, lm), owner=lm
         )
         return loops.advance(progress, encoder_out, encoder_lens, fused)
 
@@ -158,18 +172,35 @@ class LabelLoopingGreedy:
 class _LabelLoops:
     """A model's label-looping loops over its kept buffers (and, on CUDA with
     `use_cuda_graphs`, the CUDA graph of the fused step). `biased`: the buffers hold a
-    biasing graph's tables (an unbiased search keeps its exact steps)."""
+    biasing graph's tables (an unbiased search keeps its exact steps). `lm`: the LM fusion
+    (`GreedyProgress.lm`, None: none) its steps read, referred to weakly (the search is
+    kept with the model, and must not keep the LM alive)."""
 
     def __init__(
-        self, model: Transducer, options: GreedyOptions, use_cuda_graphs: bool, biased: bool
+        self,
+        model: Transducer,
+        options: GreedyOptions,
+        use_cuda_graphs: bool,
+        biased: bool,
+        lm: LmFusion | None = None,
     ) -> None:
         self._model = ModelRef(model)
+        self._lm = None if lm is None else weakref.ref(lm)
         self.options, self.use_cuda_graphs, self.biased = options, use_cuda_graphs, biased
         self.kept = KeptBuffers(self._fused_step)
 
     @property
     def model(self) -> Transducer:
         return self._model()
+
+    @property
+    def lm(self) -> LmFusion | None:
+        if self._lm is None:
+            return None
+        lm = self._lm()
+        if lm is None:
+            raise RuntimeError("the language model of this search was freed: build a new search")
+        return lm
 
     @torch.inference_mode()
     def advance(
@@ -178,6 +209,8 @@ class _LabelLoops:
         """`fused`: the graph's loop (replayed on CUDA with graphs, its body run eagerly
         elsewhere), else the eager loops."""
         check_encoder_output(encoder_out, encoder_lens)
+        if progress.lm is not self.lm:
+            raise ValueError("this search fuses another language model than the progress's")
         batch, frames = encoder_out.size(0), encoder_out.size(1)
         if batch == 0 or frames == 0:
             return progress.extended(progress.rows, [[] for _ in range(batch)], [0] * batch)
@@ -204,7 +237,8 @@ class _LabelLoops:
     def _allocate(self, enc: Tensor, batch: int, frames: int, states: int = 0) -> _Buffers:
         device, slots = enc.device, frames * self.options.max_symbols_per_frame + 1
         model, blank = self.model, self.model.blank_id
-        start = HypothesisState.start(model, batch, device)
+        lm = self.lm
+        start = HypothesisState.start(model, batch, device, lm)
 
         def longs(*shape: int) -> Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
@@ -226,6 +260,11 @@ class _LabelLoops:
                 "duration": longs(batch),
                 "durations": longs(batch, slots),
                 "visited": longs(batch),
+            }
+        if lm is not None:
+            optional |= {
+                "lm_states": torch.zeros_like(start.lm_states),
+                "lm_scores": torch.zeros_like(start.lm_scores),
             }
         return _Buffers(
             enc=enc.new_zeros((batch, frames, enc.size(2))),
@@ -251,9 +290,9 @@ class _LabelLoops:
         self, b: _Buffers, enc: Tensor, encoder_lens: Tensor, progress: GreedyProgress
     ) -> None:
         """The state before the chunk's first frame, for the utterances of `enc` in the
-        first rows: each row's predictor state and biasing node from `progress` (and the
-        graph's tables in the first rows of a biased search's); the other rows get blank's
-        start state and no frames."""
+        first rows: each row's predictor state, biasing node and LM states and scores from
+        `progress` (and the graph's tables in the first rows of a biased search's); the
+        other rows get blank's start state and no frames."""
         batch, frames = enc.size(0), enc.size(1)
         rows = b.capacity[0]
         b.enc[:batch, :frames].copy_(enc)
@@ -264,11 +303,14 @@ class _LabelLoops:
         b.label.fill_(self.model.blank_id)
         state = progress.rows
         if rows > batch:  # rows the batch does not use: a valid state, never read back
-            idle = HypothesisState.start(self.model, rows - batch, enc.device)
+            idle = HypothesisState.start(self.model, rows - batch, enc.device, self.lm)
             state = HypothesisState.cat([state, idle])
         b.pred.copy_(state.pred)
         copy_rows_into(b.state, state.predictor)
         b.node.copy_(state.biasing_node)
+        if b.lm_states is not None:
+            b.lm_states.copy_(state.lm_states)
+            b.lm_scores.copy_(state.lm_scores)
         if b.visited is not None:  # a TDT's row starts where its last duration took it
             b.frame.copy_(state.skip)
         torch.lt(b.frame, b.lens, out=b.active)
@@ -286,15 +328,20 @@ class _LabelLoops:
     # -- the steps ----------------------------------------------------------------------
 
     def _inner_step(self, b: _Buffers) -> None:
-        """Rows looking for a label: the joiner at their frame; a blank moves them on."""
+        """Rows looking for a label: the joiner at their frame (its log-probabilities plus
+        the LM's and biasing's scores, in the frame-looping search's order); a blank moves
+        them on."""
         last = b.enc.size(1) - 1
         enc = b.enc[b.rows, b.frame.clamp(max=last)]  # (B, D)
         logits, duration_logits = split_logits(self.model, self.model.joiner.joint(enc, b.pred))
         log_probs = logits.float().log_softmax(dim=-1)
-        if b.biasing_advance is None:
+        if b.biasing_advance is None and b.lm_scores is None:
             best = logits.argmax(dim=-1)
         else:
-            best = (log_probs + b.biasing_advance.index_select(0, b.node)).argmax(dim=-1)
+            scores = log_probs if b.lm_scores is None else log_probs + b.lm_scores
+            if b.biasing_advance is not None:
+                scores = scores + b.biasing_advance.index_select(0, b.node)
+            best = scores.argmax(dim=-1)
         is_blank = best == self.model.blank_id
         moves = b.need & is_blank
         found = b.need & ~is_blank
@@ -313,8 +360,8 @@ class _LabelLoops:
             b.visited.add_(b.need.long())
 
     def _outer_step(self, b: _Buffers) -> None:
-        """Rows that found a label: record it, advance the predictor, count it against
-        the frame's limit."""
+        """Rows that found a label: record it, advance the predictor (and the biasing node,
+        and the LM states and scores), count it against the frame's limit."""
         slots = b.labels.size(1)
         ready = b.active & ~b.need
         slot = torch.where(ready, b.count, slots - 1)[:, None]  # the last slot is scratch
@@ -322,11 +369,16 @@ class _LabelLoops:
         b.frames.scatter_(1, slot, b.frame[:, None])
         b.confidences.scatter_(1, slot, b.confidence[:, None])
         b.count.add_(ready.long())
-        state = HypothesisState(b.pred, b.state, b.node, b.frame)  # (`skip` is not read)
-        state = state.where(ready, state.after(self.model, b.label, b.biasing_next))
+        state = HypothesisState(b.pred, b.state, b.node, b.frame, b.lm_states, b.lm_scores)
+        lm = None if b.lm_states is None else self.lm
+        state = state.where(ready, state.after(self.model, b.label, b.biasing_next, lm))
+        # (its `skip`, b.frame here, is neither read nor written back)
         b.pred.copy_(state.pred)
         copy_rows_into(b.state, state.predictor)
         b.node.copy_(state.biasing_node)
+        if lm is not None:
+            b.lm_states.copy_(state.lm_states)
+            b.lm_scores.copy_(state.lm_scores)
         stays = ready
         if b.duration_frames is not None:  # a label moves on its duration (0: stays)
             b.durations.scatter_(1, slot, b.duration[:, None])
@@ -379,8 +431,16 @@ class _LabelLoops:
         skip = progress.rows.skip
         if b.visited is not None:  # where each row's last duration took it past the chunk
             skip = b.frame[:batch] - b.lens[:batch]
+        lm_states = lm_scores = None
+        if b.lm_states is not None:
+            lm_states, lm_scores = b.lm_states[:batch].clone(), b.lm_scores[:batch].clone()
         rows = HypothesisState(
-            b.pred[:batch].clone(), take_rows(b.state, first), b.node[:batch].clone(), skip
+            b.pred[:batch].clone(),
+            take_rows(b.state, first),
+            b.node[:batch].clone(),
+            skip,
+            lm_states,
+            lm_scores,
         )
         visited = None if b.visited is None else b.visited[:batch].tolist()
         return progress.extended(rows, emitted, encoder_lens.tolist(), visited)
