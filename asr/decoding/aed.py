@@ -5,6 +5,12 @@ V vocabulary. Both searches feed one token per row per step through the decoder'
 cache, and drop an utterance's rows from the batch as soon as it is finished, so the
 cost of a step follows the hypotheses still alive. Each utterance may emit at most
 ceil(audio seconds x `max_tps`) tokens before EOS. Call ``model.eval()`` first.
+
+Phrases to boost (`asr.decoding.biasing.BiasingGraph`) and a language model to fuse
+(`asr.decoding.fusion.LmFusion`: shallow fusion, optionally less a LODR LM) enter the beam
+search only (greedy search with either is the beam search of width 1). The LM's ``</s>`` is
+the model's EOS, so the fused score of the EOS column is the score of the sentence's end:
+it is counted once, when a hypothesis ends, as every other token's when it is appended.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from asr.models.aed import EncoderDecoder, StaticDecoderState
 @dataclass(frozen=True)
 class AedSearchOptions:
     """beam_size: 1 is greedy search. length_penalty: a finished hypothesis scores
-    log P / (tokens + 1) ** length_penalty (0: plain log-probability). max_tps: at most
-    this many tokens per second of audio (bounds the output length). nbest: how many
-    hypotheses an n-best list holds (best first)."""
+    S / (tokens + 1) ** length_penalty, S its log P plus its biasing bonus and its fused LM
+    scores, the end's included (0: S itself; NeMo's AED beam search with NGPU-LM divides
+    the same sum). max_tps: at most this many tokens per second of audio (bounds the
+    output length). nbest: how many hypotheses an n-best list holds (best first)."""
 
     beam_size: int = 1
     length_penalty: float = 1.0
@@ -56,14 +63,13 @@ def decode(
 ) -> list[list[int]]:
     """Greedy search when `options.beam_size` is 1 (on CUDA: `StaticGreedySearch`, the
     same tokens replayed from a CUDA graph), else beam search; with `biasing` (phrases to
-    boost), always beam search (of width 1: greedy search with the bonus)."""
-    if lm is not None:  # (issue 67: fusion in the attention decoder's searches lands next)
-        raise NotImplementedError("the attention decoder's searches do not fuse an LM yet")
-    if options.beam_size == 1 and biasing is None:
+    boost) or `lm` (a language model to fuse), always beam search (of width 1: greedy
+    search with the bonus and the LM's scores)."""
+    if options.beam_size == 1 and biasing is None and lm is None:
         if encoder_out.is_cuda and isinstance(model, EncoderDecoder):
             return cached_static_search(model, options.max_tps)(encoder_out, encoder_lens)
         return greedy_search(model, encoder_out, encoder_lens, options.max_tps)
-    return beam_search(model, encoder_out, encoder_lens, options, biasing)
+    return beam_search(model, encoder_out, encoder_lens, options, biasing, lm)
 
 
 @torch.inference_mode()
@@ -206,10 +212,11 @@ def beam_search(
     encoder_lens: Tensor,
     options: AedSearchOptions = AedSearchOptions(beam_size=4),
     biasing: BiasingGraph | None = None,
+    lm: LmFusion | None = None,
 ) -> list[list[int]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> the best hypothesis of each utterance
     (see `beam_search_nbest`)."""
-    nbest = beam_search_nbest(model, encoder_out, encoder_lens, options, biasing)
+    nbest = beam_search_nbest(model, encoder_out, encoder_lens, options, biasing, lm)
     return [hyps[0][0] if hyps else [] for hyps in nbest]
 
 
@@ -223,19 +230,31 @@ def beam_search_nbest(
     lm: LmFusion | None = None,
 ) -> list[list[tuple[list[int], float]]]:
     """encoder_out (B, T, D), encoder_lens (B,) -> per utterance its `options.nbest` best
-    finished hypotheses as (tokens, length-penalized log-probability), best first.
+    finished hypotheses as (tokens, score), best first: the score is the length-penalized
+    log-probability, with the biasing bonus and the fused LM scores where given.
 
     Each step expands every live hypothesis by every token and keeps the 2K best
     candidates of each utterance: EOS candidates among the first K end a hypothesis
     (scored with the length penalty), the first K others go on. An utterance stops when
     it has K finished hypotheses, or at its length limit, where only EOS is allowed.
-    With K = 1 this is exactly greedy search.
+    With K = 1 this is exactly greedy search (with the bonus and the LM scores, if any).
 
     With `biasing`, every token adds its gain in the graph (`BiasingGraph.gain`) to the
     hypothesis's score; EOS, which matches no phrase, gives back what a partial match
     holds. Finished scores include the bonus. Half the hypotheses that go on are the best
     as if every partial match ended (`_plain_half`: `biasing.keep_half`, the transducer
     beam's rule).
+
+    With `lm`, every token adds its fused score (`LmFusion.scores`: lm_weight x ln P_lm
+    less lodr_weight x ln P_lodr, given the hypothesis's tokens after ``<s>``); each
+    hypothesis carries its LM states, re-ranked with it as its decoder cache is. EOS is the
+    LM's ``</s>``: its column is the end-of-sentence score, added once, when the hypothesis
+    ends. With both, the bonus and the LM score add. Finished scores are (log P + bonus +
+    LM scores) / (tokens + 1) ** length_penalty: the LM is part of the sum the length
+    penalty divides (NeMo's AED beam with NGPU-LM does the same). An LM that leaves few
+    tokens likely (one trained on little text) makes early EOS candidates fill the K
+    finished places sooner, and the search can stop before a longer, better hypothesis
+    ends: a wider beam finds it.
     """
     check_encoder_output(encoder_out, encoder_lens)
     k, eos = options.beam_size, model.eos_id
@@ -254,6 +273,11 @@ def beam_search_nbest(
     nodes = torch.zeros(batch * k, dtype=torch.long, device=device)  # in the biasing graph
     if biasing is not None:
         biasing = biasing.to(device)
+    # (N, P): each row's state in each of the P LMs (P = 0 without an LM)
+    lm_states = torch.zeros((batch * k, 0), dtype=torch.long, device=device)
+    if lm is not None:  # an attention decoder's vocabulary has no blank: every token scored
+        lm = lm.for_model(model.vocab_size, None, device)
+        lm_states = lm.start(batch * k, device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     for step in range(int(limits.max()) + 1):
         logits, state = model.decoder.step(tokens, state)
@@ -262,6 +286,8 @@ def beam_search_nbest(
         candidates = scores[:, :, None] + log_probs  # (b, K, V)
         if biasing is not None:
             candidates = candidates + biasing.gain.index_select(0, nodes).view(b, k, vocab)
+        if lm is not None:  # EOS's column: the end of the sentence
+            candidates = candidates + lm.scores(lm_states).view(b, k, vocab)
         at_limit = step >= limits  # (b,): only EOS may follow
         if bool(at_limit.any()):
             only_eos = torch.full_like(candidates[0, 0], -math.inf)
@@ -304,6 +330,8 @@ def beam_search_nbest(
         history = torch.cat([history.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
         if biasing is not None:
             nodes = biasing.next[nodes.index_select(0, rows), new_tokens.reshape(-1)]
+        if lm is not None:
+            lm_states = lm.step(lm_states.index_select(0, rows), new_tokens.reshape(-1))
         tokens, scores = new_tokens.reshape(-1), new_scores
     return [
         [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])][: options.nbest]

@@ -323,7 +323,8 @@ class _AedDecoder:
 
 
 class OnnxEncoderDecoder(_Model):
-    """encoder.onnx and decoder.onnx as an attention encoder-decoder for `asr.decoding`."""
+    """encoder.onnx and decoder.onnx as an attention encoder-decoder for `asr.decoding`
+    (`vocab_size`: the decoder's output width, which a fused LM must match)."""
 
     is_attention_decoder = True
 
@@ -331,6 +332,7 @@ class OnnxEncoderDecoder(_Model):
         super().__init__(encoder, int(meta["subsampling_factor"]))
         self.decoder = decoder  # `meta`: the decoder graph's metadata
         self.bos_id, self.eos_id = int(meta["bos_id"]), int(meta["eos_id"])
+        self.vocab_size = int(meta["vocab_size"])
 
 
 def load_onnx_model(
