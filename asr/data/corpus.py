@@ -10,7 +10,8 @@ audio file or an empty transcript line is skipped with a warning and counted ins
 aborting the whole preparation.
 
 On a machine with internet access `download_librispeech` fetches the real corpus
-(through lhotse) into the same layout, so the recipe is the same for both.
+(through lhotse) into the same layout, so the recipe is the same for both, and
+`download_librispeech_lm_text` its language-model text (`--lm-text FILE`).
 
 It also owns how the rest of the package reads manifests: `load_cuts` (one, lazily),
 `open_cuts` (several, interleaved) and `cut_text` (a cut's transcript).
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 DEMO_PARTS = ("train-clean-100", "dev-clean", "test-clean")
 UNLABELLED = "train-unlabelled"  # the demo's audio without transcripts (asr.demo.plan)
 PREFIX = "librispeech"
+OPENSLR_URL = "http://www.openslr.org/resources"  # lhotse's download_librispeech's base_url
+LIBRISPEECH_LM_TEXT = "librispeech-lm-norm.txt.gz"  # openslr.org/11
 
 
 @dataclass
@@ -154,6 +157,25 @@ def download_librispeech(
     from lhotse.recipes import download_librispeech as lhotse_download
 
     return lhotse_download(target_dir, dataset_parts=librispeech_parts(parts))
+
+
+def download_librispeech_lm_text(path: str | Path, base_url: str = OPENSLR_URL) -> Path:
+    """The LibriSpeech LM text (openslr.org/11 `librispeech-lm-norm.txt.gz`, 1.4 GB: 40 M
+    normalized sentences, 800 M words, of 14,500 public-domain books, none of them the
+    corpus's) downloaded to `path`, unless a file is there. Fetched with lhotse's resumable
+    download, as `download_librispeech` fetches the corpus, into `path.part` (an interrupted
+    download resumes there), renamed to `path` when complete: a file at `path` is whole."""
+    path = Path(path)
+    if path.is_file():
+        log.info("%s exists: not downloaded", path)
+        return path
+    from lhotse.utils import resumable_download
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
+    resumable_download(f"{base_url}/11/{LIBRISPEECH_LM_TEXT}", filename=partial)
+    partial.replace(path)
+    return path
 
 
 def _newest_text(part_dir: Path) -> float:
@@ -309,7 +331,7 @@ def prepare_unlabelled(part_dir: str | Path, output_dir: str | Path) -> Preparat
 @command
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus-dir", type=Path, required=True, help="the LibriSpeech directory")
+    parser.add_argument("--corpus-dir", type=Path, help="the LibriSpeech directory")
     parser.add_argument("--output-dir", type=Path, default=Path("data/manifests"))
     parser.add_argument(
         "--parts",
@@ -324,8 +346,21 @@ def main(argv: list[str] | None = None) -> None:
         help="first download LibriSpeech (all 960 h + dev/test) into the parent of --corpus-dir",
     )
     parser.add_argument("--download-only", action="store_true", help="download, make no manifest")
+    parser.add_argument(
+        "--lm-text",
+        type=Path,
+        metavar="FILE",
+        help=f"download the LibriSpeech LM text (openslr.org/11 {LIBRISPEECH_LM_TEXT}, 1.4 GB) "
+        "to FILE unless it is there; alone (no --corpus-dir), nothing else",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.lm_text is not None:
+        print(f"LM text: {download_librispeech_lm_text(args.lm_text)}")
+        if args.corpus_dir is None:
+            return
+    if args.corpus_dir is None:
+        parser.error("the following arguments are required: --corpus-dir (or --lm-text)")
     if args.download or args.download_only:
         download_librispeech(args.corpus_dir.parent, args.parts or "librispeech")
     if args.download_only:

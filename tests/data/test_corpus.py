@@ -159,3 +159,28 @@ def test_download_part_names_expand_their_groups() -> None:
     ]
     with pytest.raises(ValueError, match=r"unknown LibriSpeech part\(s\) \['train-clean-99'\]"):
         librispeech_parts(["train-clean-99"])
+
+
+def test_the_lm_text_is_downloaded_unless_it_is_there(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`--lm-text FILE`: openslr.org/11's LM text fetched with lhotse's resumable download
+    into FILE.part, renamed when complete; a file at FILE (the recipe's stand-in, or an
+    earlier download) is kept and nothing is fetched."""
+    import lhotse.utils
+
+    fetched = []
+
+    def download(url, filename, **_):
+        fetched.append(url)
+        Path(filename).write_bytes(b"THE TEXT\n")
+
+    monkeypatch.setattr(lhotse.utils, "resumable_download", download)
+    text = tmp_path / "lm" / "librispeech-lm-norm.txt.gz"
+    main(["--lm-text", str(text)])  # alone: no --corpus-dir needed, nothing else done
+    assert fetched == ["http://www.openslr.org/resources/11/librispeech-lm-norm.txt.gz"]
+    assert text.read_bytes() == b"THE TEXT\n" and not text.with_name(text.name + ".part").exists()
+    assert capsys.readouterr().out == f"LM text: {text}\n"
+    main(["--lm-text", str(text)])
+    assert len(fetched) == 1  # there: not fetched again
+    with pytest.raises(SystemExit):
+        main([])  # neither --corpus-dir nor --lm-text
+    assert "--corpus-dir (or --lm-text)" in capsys.readouterr().err
