@@ -25,15 +25,17 @@ def load_model(
     """Load an exported bundle (or a training checkpoint, or the directory of an ONNX export,
     decoded with onnxruntime on the CPU) of any model kind; `.transcribe(audio) -> list[str]`
     takes file paths or 16 kHz mono arrays of any length, with `timestamps=True` gives
-    each word's start, end and confidence (transducers; docs/transcribe.md), and with
-    `biasing=[...]` boosts phrases (docs/decoding.md). `beam_size` above 1: beam search
+    each word's start, end and confidence (transducers; docs/transcribe.md), with
+    `biasing=[...]` boosts phrases (docs/decoding.md), and with `lm="lm.arpa"` (and
+    `lm_weight=`, `lodr=`, `lodr_weight=`, or an `asr.decoding.fusion.LmFusion`) fuses a
+    token n-gram language model, read once and kept. `beam_size` above 1: beam search
     (for transducers up to 3 tokens per frame, as greedy search). Needs neither Hydra nor
     Lightning.
 
     `streaming=True` (a streaming transducer, docs/streaming.md): a `StreamingRecognizer`
     whose streams take audio pieces as they arrive (`create_stream`, `decode`), at a
     trained chunk of `chunk_ms` milliseconds and left context of `left_context_ms` (None:
-    the largest trained)."""
+    the largest trained); `create_stream(lm=...)` fuses a language model the same way."""
     if streaming:
         from asr.inference.streaming import load_streaming_recognizer
 

@@ -3,7 +3,9 @@
 Needs neither Hydra nor Lightning: `asr.load_model(path)` returns a `Recognizer`
 (`asr-transcribe BUNDLE a.flac b.wav` on the command line). Recordings of any length
 (`asr.inference.longform`), word timestamps and confidences (`asr.inference.timestamps`),
-and phrases to boost (`biasing=`, `asr.decoding.biasing`).
+phrases to boost (`biasing=`, `asr.decoding.biasing`) and a language model to fuse (`lm=`,
+`asr.decoding.fusion`: an `LmFusion`, or an ARPA file read once and kept on the
+recognizer's device, `asr.inference.language_model`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from asr.data.features import FeatureConfig, compute_features, to_mono
 from asr.data.tokenizer import Tokenizer
 from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, BiasingPhrase
+from asr.decoding.fusion import LmFusion
 from asr.decoding.search import (
     NO_TOKEN_TIMES,
     SearchOptions,
@@ -29,6 +32,12 @@ from asr.decoding.search import (
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 from asr.inference.audio import AudioInput, read_audio
 from asr.inference.bundle import load_bundle
+from asr.inference.language_model import (
+    DEFAULT_LM_WEIGHT,
+    DEFAULT_LODR_WEIGHT,
+    FusionCache,
+    LanguageModel,
+)
 from asr.inference.longform import (
     WindowConfig,
     batches_of,
@@ -42,7 +51,16 @@ from asr.inference.timestamps import Transcript, Word, transcript_of_hypothesis,
 from asr.models.build import Model
 from asr.models.conformer import Chunking
 
-__all__ = ["AudioInput", "Biasing", "Recognizer", "load_recognizer", "read_audio"]
+__all__ = [
+    "DEFAULT_LM_WEIGHT",
+    "DEFAULT_LODR_WEIGHT",
+    "AudioInput",
+    "Biasing",
+    "LanguageModel",
+    "Recognizer",
+    "load_recognizer",
+    "read_audio",
+]
 
 # Phrases to boost: a built graph, or phrases ("TEXT", "TEXT :SCORE", (text, score)).
 Biasing = BiasingGraph | Sequence[str | tuple[str, float] | BiasingPhrase] | None
@@ -66,6 +84,7 @@ class Recognizer:
         options: SearchOptions | None = None,
         windows: WindowConfig | None = None,
         chunking: Chunking | None = None,
+        language_models: FusionCache | None = None,
     ) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
@@ -77,6 +96,7 @@ class Recognizer:
         self.windows = windows or WindowConfig()
         self.chunking = chunking
         self._extractor = self.features.extractor()
+        self._language_models = language_models
 
     def with_chunking(self, chunking: Chunking | None) -> Recognizer:
         """The same model and search, encoding through `chunking`'s masks."""
@@ -88,6 +108,7 @@ class Recognizer:
             self.options,
             self.windows,
             chunking,
+            self.language_models,
         )
 
     def features_of(self, audio: np.ndarray) -> torch.Tensor:
@@ -116,6 +137,27 @@ class Recognizer:
             )
         return BiasingGraph.from_phrases(biasing, self.tokenizer, score)
 
+    @property
+    def language_models(self) -> FusionCache:
+        """The LM files read for this recognizer, on its device (`language_model`)."""
+        if self._language_models is None:
+            pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
+            self._language_models = FusionCache(pieces, self.device)
+        return self._language_models
+
+    def language_model(
+        self,
+        lm: LanguageModel,
+        lm_weight: float | None = None,
+        lodr: str | Path | None = None,
+        lodr_weight: float | None = None,
+    ) -> LmFusion | None:
+        """The fusion to search with: None for None, an `LmFusion` as it is, an LM file
+        (ARPA over this model's pieces, `asr-train-lm`, or its cached tensor form) with
+        `lm_weight` (None: `DEFAULT_LM_WEIGHT`) minus the LODR LM `lodr` with `lodr_weight`
+        (None: `DEFAULT_LODR_WEIGHT`), read once and kept on this recognizer's device."""
+        return self.language_models.get(lm, lm_weight, lodr, lodr_weight)
+
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         lens = torch.tensor([f.shape[0] for f in feats], device=self.device)
         padded = torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True).to(self.device)
@@ -123,20 +165,29 @@ class Recognizer:
 
     @torch.inference_mode()
     def transcribe_features(
-        self, feats: Sequence[torch.Tensor], biasing: BiasingGraph | None = None
+        self,
+        feats: Sequence[torch.Tensor],
+        biasing: BiasingGraph | None = None,
+        lm: LmFusion | None = None,
     ) -> list[str]:
         """Texts of per-utterance (T, F) feature matrices, decoded as one batch
-        (`biasing`: phrases to boost, `biasing_graph`)."""
-        ids = decode(self.model, *self._encode(feats), self.options, biasing)
+        (`biasing`: phrases to boost, `biasing_graph`; `lm`: an LM to fuse,
+        `language_model`)."""
+        ids = decode(self.model, *self._encode(feats), self.options, biasing, lm)
         return [self.tokenizer.decode(i) for i in ids]
 
     @torch.inference_mode()
     def nbest_features(
-        self, feats: Sequence[torch.Tensor], nbest: int, biasing: BiasingGraph | None = None
+        self,
+        feats: Sequence[torch.Tensor],
+        nbest: int,
+        biasing: BiasingGraph | None = None,
+        lm: LmFusion | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Per utterance its `nbest` best (text, score), best first (a beam search at least
         `nbest` wide)."""
-        hyps = decode_nbest(self.model, *self._encode(feats), self.options, nbest, biasing)
+        encoded = self._encode(feats)
+        hyps = decode_nbest(self.model, *encoded, self.options, nbest, biasing, lm)
         return [[(self.tokenizer.decode(ids), score) for ids, score in h] for h in hyps]
 
     @torch.inference_mode()
@@ -146,6 +197,7 @@ class Recognizer:
         offsets: Sequence[float] | None = None,
         ends: Sequence[float] | None = None,
         biasing: BiasingGraph | None = None,
+        lm: LmFusion | None = None,
     ) -> list[Transcript]:
         """Per utterance its text and words, with their times in seconds from its offset
         in `offsets` and their confidences where the model gives token times (without
@@ -156,11 +208,11 @@ class Recognizer:
             ends = [o + f.shape[0] / FRAMES_PER_SECOND for o, f in zip(offsets, feats, strict=True)]
         encoded = self._encode(feats)
         if not has_token_times(self.model):
-            ids = decode(self.model, *encoded, self.options, biasing)
+            ids = decode(self.model, *encoded, self.options, biasing, lm)
             texts = [self.tokenizer.decode(i) for i in ids]
             return [Transcript(text, words_of_text(text)) for text in texts]
         seconds = self.model.frame_seconds
-        hyps = decode_timed(self.model, *encoded, self.options, biasing)
+        hyps = decode_timed(self.model, *encoded, self.options, biasing, lm)
         return [
             transcript_of_hypothesis(hyp, self.tokenizer, seconds, offset, end)
             for hyp, offset, end in zip(hyps, offsets, ends, strict=True)
@@ -171,6 +223,7 @@ class Recognizer:
         samples: Sequence[np.ndarray],
         offsets: Sequence[float],
         biasing: BiasingGraph | None = None,
+        lm: LmFusion | None = None,
     ) -> list[list[Word]]:
         """The words of each piece of audio (times from its offset); audio too short for
         one feature frame has none."""
@@ -180,7 +233,7 @@ class Recognizer:
             feats = [self.features_of(samples[i]) for i in kept]
             starts = [offsets[i] for i in kept]
             ends = [offsets[i] + len(samples[i]) / SAMPLE_RATE for i in kept]
-            done = self.transcripts_of_features(feats, starts, ends, biasing)
+            done = self.transcripts_of_features(feats, starts, ends, biasing, lm)
             for i, transcript in zip(kept, done, strict=True):
                 results[i] = transcript.words
         return results
@@ -192,6 +245,10 @@ class Recognizer:
         timestamps: bool = False,
         biasing: Biasing = None,
         biasing_score: float = DEFAULT_BIASING_SCORE,
+        lm: LanguageModel = None,
+        lm_weight: float | None = None,
+        lodr: str | Path | None = None,
+        lodr_weight: float | None = None,
     ) -> list[str] | list[Transcript]:
         """Texts of audio files or 16 kHz mono float arrays (one per input), of any length.
 
@@ -202,18 +259,23 @@ class Recognizer:
         With `timestamps`, a `Transcript` per input: its text and its words, each with its
         start and end in seconds and its confidence. `biasing`: phrases to boost (a list
         of "TEXT", "TEXT :SCORE" or (text, score), or a `BiasingGraph`), each earning
-        `biasing_score` per token unless it has its own (docs/decoding.md)."""
+        `biasing_score` per token unless it has its own (docs/decoding.md). `lm`: a
+        language model to fuse, an `LmFusion` or an LM file (ARPA over the model's pieces,
+        `asr-train-lm`) with `lm_weight` (default `DEFAULT_LM_WEIGHT`) and optionally a
+        LODR LM `lodr` with `lodr_weight` (default `DEFAULT_LODR_WEIGHT`); a file is read
+        once and kept for the next calls (`language_model`). Phrases and LM scores add."""
         timed = has_token_times(self.model)
         if timestamps and not timed:
             raise ValueError(NO_TOKEN_TIMES)
         graph = self.biasing_graph(biasing, biasing_score)
+        fusion = self.language_model(lm, lm_weight, lodr, lodr_weight)
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
         pieces = pieces_of(audio, self.windows)
         decoded: list[tuple[int, Segment, list[Word]]] = []  # no samples: they go with the batch
         for batch in batches_of(pieces, self.windows.batch_seconds, batch_size):
             words = self.words_of_samples(
-                [p.samples for p in batch], [p.segment.start for p in batch], graph
+                [p.samples for p in batch], [p.segment.start for p in batch], graph, fusion
             )
             decoded += [(p.recording, p.segment, w) for p, w in zip(batch, words, strict=True)]
             release_freed_memory()

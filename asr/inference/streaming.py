@@ -17,7 +17,11 @@ times, count from the stream's start.
 
 Each stream may have its own phrases to boost (`create_stream(biasing=...)`,
 `asr.decoding.biasing`); equal lists share one graph (`SharedBiasingGraphs`), and with it
-one search step and one set of tables.
+one search step and one set of tables. A stream may fuse a language model
+(`create_stream(lm=...)`, `asr.decoding.fusion`): its search starts with it, and so does
+each restart after an endpoint; an LM file is read once per recognizer
+(`asr.inference.language_model`), and the streams fused with the same one share a search
+step too.
 
     recognizer = asr.load_model("exp/demo_streaming/model.bundle.pt", streaming=True, chunk_ms=320)
     stream = recognizer.create_stream()
@@ -49,6 +53,7 @@ from asr.decoding.biasing import (
     BiasingPhrase,
     SharedBiasingGraphs,
 )
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import TimedTokens
 from asr.decoding.search import (
     Progress,
@@ -60,6 +65,7 @@ from asr.decoding.search import (
 from asr.frames import FRAME_SHIFT_SECONDS, FRAMES_PER_SECOND, SAMPLE_RATE, feature_frames
 from asr.inference.audio import AudioInput, open_audio
 from asr.inference.bundle import load_bundle
+from asr.inference.language_model import FusionCache, LanguageModel
 from asr.inference.timestamps import Transcript, transcript_of_hypothesis
 from asr.models.conformer import FULL_CONTEXT_MODEL, Chunking, StreamingState
 from asr.models.transducer import Transducer
@@ -87,7 +93,8 @@ class StreamDecoding:
 class Stream:
     """One live recording: ``accept_waveform`` pieces of 16 kHz mono float samples, then
     ``finish``; ``text`` and ``transcript()`` hold what has been decoded so far.
-    `biasing`: its phrases to boost (None: none). Made by
+    `biasing`: its phrases to boost (None: none); `lm`: the language model its search
+    fuses (None: none). Made by
     `StreamingRecognizer.create_stream`, which passes what the stream needs: its feature
     settings, its chunk in feature frames (`span`), the rule that ends it, its first
     `StreamDecoding`, the search that reads its progress and the tokenizer."""
@@ -102,6 +109,7 @@ class Stream:
         tokenizer: Tokenizer,
         frame_seconds: float,
         biasing: BiasingGraph | None = None,
+        lm: LmFusion | None = None,
     ) -> None:
         self.features = OnlineFeatures(features)
         self.span = span
@@ -111,6 +119,7 @@ class Stream:
         self.tokenizer = tokenizer
         self.frame_seconds = frame_seconds
         self.biasing = biasing
+        self.lm = lm
         self.samples = 0  # accepted so far
         self.encoded = 0  # feature frames encoded
         self.finished = False
@@ -232,6 +241,8 @@ class StreamingRecognizer:
         options = default_options(model, beam_size, max_symbols_per_frame)
         self.search = transducer_search(options, self.device)
         self.biasing_graphs = SharedBiasingGraphs(tokenizer)
+        pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+        self.language_models = FusionCache(pieces, self.device)
         self._autocast = autocast
 
     @property
@@ -239,18 +250,37 @@ class StreamingRecognizer:
         """Audio per chunk: the algorithmic latency (the encoder has no look-ahead)."""
         return self.span / FRAMES_PER_SECOND
 
+    def language_model(
+        self,
+        lm: LanguageModel,
+        lm_weight: float | None = None,
+        lodr: str | Path | None = None,
+        lodr_weight: float | None = None,
+    ) -> LmFusion | None:
+        """The fusion a stream searches with (`Recognizer.language_model`): None, an
+        `LmFusion` as it is, or an LM file with its weights and LODR LM, read once and kept
+        on this recognizer's device; the same file and weights give the same object."""
+        return self.language_models.get(lm, lm_weight, lodr, lodr_weight)
+
     def create_stream(
         self,
         biasing: BiasingGraph | Phrases | None = None,
         biasing_score: float = DEFAULT_BIASING_SCORE,
+        lm: LanguageModel = None,
+        lm_weight: float | None = None,
+        lodr: str | Path | None = None,
+        lodr_weight: float | None = None,
     ) -> Stream:
         """A new stream; `biasing`: its phrases to boost (a `BiasingGraph`, or phrases
         "TEXT", "TEXT :SCORE" or (text, score), each earning `biasing_score` per token
-        unless it has its own; equal lists share one graph)."""
+        unless it has its own; equal lists share one graph); `lm`: a language model to
+        fuse, an `LmFusion` or an LM file with `lm_weight`, `lodr` and `lodr_weight`
+        (`language_model`). Streams with the same graph and LM share search steps."""
         if biasing is not None and not isinstance(biasing, BiasingGraph):
             biasing = self.biasing_graphs.get(biasing, biasing_score)
+        fusion = self.language_model(lm, lm_weight, lodr, lodr_weight)
         encoder = self.model.encoder.initial_state(1, self.chunking, self.device)
-        search = self.search.start(self.model, 1, self.device, biasing)
+        search = self.search.start(self.model, 1, self.device, biasing, lm=fusion)
         return Stream(
             self.features,
             self.span,
@@ -260,14 +290,15 @@ class StreamingRecognizer:
             self.tokenizer,
             self.model.frame_seconds,
             biasing,
+            fusion,
         )
 
     def restart_search(self, stream: Stream) -> None:
         """Start `stream`'s search again from the frames it has decoded (an endpoint: the
         encoder keeps its left context, the next segment's words are not held back by the
-        last's)."""
+        last's); its phrases and language model stay."""
         frames = stream.frames_decoded
-        search = self.search.start(self.model, 1, self.device, stream.biasing, frames)
+        search = self.search.start(self.model, 1, self.device, stream.biasing, frames, lm=stream.lm)
         decoding = dataclasses.replace(stream.decoding, search=search, search_start=frames)
         stream.advance_to(decoding)
 
@@ -324,10 +355,13 @@ class StreamingRecognizer:
                 stream.advance_to(decoding)
         return [s for s, _ in batch]
 
-    def feed(self, audio: Sequence[np.ndarray], piece: int = 1600) -> list[Stream]:
+    def feed(
+        self, audio: Sequence[np.ndarray], piece: int = 1600, lm: LmFusion | None = None
+    ) -> list[Stream]:
         """Each recording (16 kHz samples) as a concurrent stream fed `piece` samples at a
-        time, all decoded after each round, each finished at its end -> the streams, done."""
-        streams = [self.create_stream() for _ in audio]
+        time, all decoded after each round, each finished at its end -> the streams, done;
+        `lm`: the language model they fuse."""
+        streams = [self.create_stream(lm=lm) for _ in audio]
         for start in range(0, max((len(a) for a in audio), default=0), piece):
             for stream, samples in zip(streams, audio, strict=True):
                 if start < len(samples):
@@ -341,14 +375,22 @@ class StreamingRecognizer:
         return streams
 
     def transcribe(
-        self, audio: AudioInput | Sequence[AudioInput], piece_seconds: float = 0.1
+        self,
+        audio: AudioInput | Sequence[AudioInput],
+        piece_seconds: float = 0.1,
+        lm: LanguageModel = None,
+        lm_weight: float | None = None,
+        lodr: str | Path | None = None,
+        lodr_weight: float | None = None,
     ) -> list[Transcript]:
         """Stream each recording (file path or 16 kHz samples) in pieces of
-        `piece_seconds`, all at once as concurrent streams -> final transcripts."""
+        `piece_seconds`, all at once as concurrent streams -> final transcripts; `lm`,
+        `lm_weight`, `lodr`, `lodr_weight`: a language model to fuse (`create_stream`)."""
+        fusion = self.language_model(lm, lm_weight, lodr, lodr_weight)
         if isinstance(audio, str | Path | np.ndarray):
             audio = [audio]
         samples = [open_audio(a).read() for a in audio]
-        streams = self.feed(samples, max(1, int(piece_seconds * SAMPLE_RATE)))
+        streams = self.feed(samples, max(1, int(piece_seconds * SAMPLE_RATE)), fusion)
         return [s.transcript() for s in streams]
 
 
