@@ -7,6 +7,8 @@
     asr-transcribe --onnx exp/demo/onnx a.flac --max-symbols-per-frame 1
     asr-transcribe exp/demo/model.bundle.pt meeting.wav --timestamps --output-format srt
     asr-transcribe exp/demo/model.bundle.pt a.flac --biasing-phrases names.txt --biasing-score 2
+    asr-decode exp/demo/model.bundle.pt MANIFEST --beam-size 8 --lm lm.arpa --lm-weight 0.3 \
+        --lodr lodr.arpa --lodr-weight 0.1
     arecord -f S16_LE -r 16000 -c 1 -t raw | asr-transcribe --streaming --chunk-ms 320 \
         exp/demo_streaming/model.bundle.pt -
 
@@ -21,10 +23,15 @@ and prints the final one.
 MODEL is a bundle (asr-export) or a training checkpoint; `--onnx DIR` instead of MODEL
 decodes an ONNX export with onnxruntime (docs/export.md). It writes into `--output-dir`:
 `hyps.jsonl` (one line per utterance: id, ref, hyp, substitutions, deletions,
-insertions, ref_words) and `wer.json` (corpus totals). An utterance whose audio cannot be
-read is never left out of the WER: it counts as all deletions (an empty hypothesis, marked
-`"unreadable"` in hyps.jsonl), and the number of such utterances is printed. Errors that are
-not about one file (a wrong sample rate, a bug) stop the run.
+insertions, ref_words) and `wer.json` (corpus totals; with `--lm`, `language_model`: the
+files and weights fused, which the output directory's name also gives). An utterance whose
+audio cannot be read is never left out of the WER: it counts as all deletions (an empty
+hypothesis, marked `"unreadable"` in hyps.jsonl), and the number of such utterances is
+printed. Errors that are not about one file (a wrong sample rate, a bug) stop the run.
+
+`--lm`, `--lm-weight`, `--lodr` and `--lodr-weight` (asr-transcribe, asr-decode, asr-serve)
+fuse a token n-gram (`asr-train-lm`) with the search; `asr-sweep` chooses the weights on a
+dev set (`asr.inference.sweep`).
 """
 
 from __future__ import annotations
@@ -57,6 +64,13 @@ from asr.inference.bundle import (
     export_bundle,
     export_encoder,
     select_checkpoints,
+)
+from asr.inference.language_model import (
+    add_lm_arguments,
+    check_lm_options,
+    language_model_of,
+    lm_description,
+    lm_settings,
 )
 from asr.inference.longform import DEFAULT_MAX_PAUSE, DEFAULT_OVERLAP, DEFAULT_WINDOW, WindowConfig
 from asr.inference.manifest_decoding import decode_manifest
@@ -126,6 +140,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"--biasing-phrases: the bonus per token of a phrase without its own score "
         f"(default {DEFAULT_BIASING_SCORE:g}, at most {MAX_BIASING_SCORE:g})",
     )
+    add_lm_arguments(parser)
 
 
 def _biasing_score(text: str) -> float:
@@ -367,6 +382,7 @@ def _transcribe_streaming(
     inputs that could not be read."""
     piece_samples = max(1, int(args.piece_ms * SAMPLE_RATE / 1000))
     biasing = _biasing(args, recognizer.tokenizer)
+    lm = language_model_of(args, recognizer)
     live = sys.stderr.isatty()
     failed = 0
     for path in inputs:
@@ -377,7 +393,7 @@ def _transcribe_streaming(
                 if path == STDIN
                 else _file_pieces(path, piece_samples)
             )
-            stream = recognizer.create_stream(biasing)
+            stream = recognizer.create_stream(biasing, lm=lm)
             shown = ""
             for piece in pieces:
                 stream.accept_waveform(piece)
@@ -434,6 +450,7 @@ def transcribe_main(argv: list[str] | None = None) -> None:
     timestamps = args.timestamps or args.output_format in ("srt", "ctm")
     windows = WindowConfig(args.window, args.overlap, args.max_pause)
     model = _split_model(args, inputs, 1)
+    check_lm_options(args)
     if args.streaming:
         if args.onnx is not None:
             parser.error(
@@ -468,11 +485,14 @@ def transcribe_main(argv: list[str] | None = None) -> None:
         parser.error(f"--output-dir: several inputs are named {', '.join(twice)} (one file each)")
     recognizer = _recognizer(args, model, windows)
     biasing = _biasing(args, recognizer.tokenizer)
+    lm = language_model_of(args, recognizer)
     paths, failed = _readable(inputs)
     transcripts = (
-        recognizer.transcribe(paths, timestamps=True, biasing=biasing) if timestamps else None
+        recognizer.transcribe(paths, timestamps=True, biasing=biasing, lm=lm)
+        if timestamps
+        else None
     )
-    texts = None if timestamps else recognizer.transcribe(paths, biasing=biasing)
+    texts = None if timestamps else recognizer.transcribe(paths, biasing=biasing, lm=lm)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     for i, path in enumerate(paths):
@@ -523,6 +543,7 @@ def decode_main(argv: list[str] | None = None) -> None:
         parser.error(f"--nbest {args.nbest} needs --beam-size of at least {args.nbest}")
     if args.ema and args.onnx is not None:
         parser.error("--ema picks a checkpoint's weights: export the ONNX graphs with --ema")
+    check_lm_options(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     source: Path | list[Path] = args.model
     name = f"decode-{args.manifest.name.split('.')[0]}"
@@ -541,6 +562,11 @@ def decode_main(argv: list[str] | None = None) -> None:
     biasing = _biasing(args, recognizer.tokenizer)
     if biasing is not None:
         name += f"-biasing-{args.biasing_phrases.stem}-score{args.biasing_score:g}"
+    lm = language_model_of(args, recognizer)
+    if lm is not None:
+        name += f"-lm-{args.lm.name.split('.')[0]}-w{lm.weight:g}"
+        if args.lodr is not None:
+            name += f"-lodr-{args.lodr.name.split('.')[0]}-w{lm.lodr_weight:g}"
     if _chunking_given(args):
         if args.onnx is not None:
             parser.error("--chunk-ms decodes a bundle or checkpoint, not an ONNX export")
@@ -558,6 +584,8 @@ def decode_main(argv: list[str] | None = None) -> None:
         args.max_duration,
         args.nbest,
         biasing,
+        lm,
+        lm_settings(args, lm),
     )
     print(json.dumps(summary))
     print(f"WER {summary['wer']:.2f}% on {summary['ref_words']} words ({output_dir}/hyps.jsonl)")
@@ -631,6 +659,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="the most phrases a connection may ask to boost in its start message "
         f"(default {defaults.max_biasing_phrases})",
     )
+    add_lm_arguments(parser)  # one LM, read at start-up, that every connection's search fuses
     parser.add_argument(
         "--example",
         type=Path,
@@ -660,6 +689,7 @@ def serve_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.example is not None and not args.example.is_file():
         raise ValueError(f"--example {args.example}: no such file")
+    check_lm_options(args)
     config = ServeConfig(
         max_streams=args.max_streams,
         batch_wait_ms=args.batch_wait_ms,
@@ -673,14 +703,16 @@ def serve_main(argv: list[str] | None = None) -> None:
     recognizer = load_streaming_recognizer(
         args.model, args.chunk_ms, args.left_context_ms, args.beam_size, args.device, args.ema
     )
+    lm = language_model_of(args, recognizer)  # shared by every connection: one search step
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     print(
         f"asr-serve: {args.model} at http://{args.host}:{args.port}/ (websocket /ws), "
-        f"{recognizer.chunk_seconds * 1000:g} ms chunks, up to {args.max_streams} streams",
+        f"{recognizer.chunk_seconds * 1000:g} ms chunks, up to {args.max_streams} streams"
+        + lm_description(args, lm),
         file=sys.stderr,
         flush=True,
     )
-    app = create_app(recognizer, config, args.example)
+    app = create_app(recognizer, config, args.example, lm)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

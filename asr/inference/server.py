@@ -35,6 +35,10 @@ emitted nothing, once it has words; a segment without words is restarted after
 again (the encoder keeps its left context), so that the next segment's words are not held
 back by the last's.
 
+With a language model (`asr-serve --lm`, `create_app(lm=...)`), one `LmFusion` is read at
+start-up and every connection's search fuses that same object, after each endpoint too, so
+that the streams still share search steps (`advance_each` groups them by graph and LM).
+
 A start message's phrases are made into a biasing graph on a thread of their own, never on
 the event loop or the decoding thread (1,000 phrases take a few tenths of a second), and
 equal lists share one graph (`SharedBiasingGraphs`): the streams that ask for the same
@@ -62,6 +66,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from asr.decoding.biasing import DEFAULT_BIASING_SCORE, BiasingGraph, check_biasing_score
+from asr.decoding.fusion import LmFusion
 from asr.decoding.hypotheses import TimedTokens
 from asr.frames import FRAME_SHIFT_SECONDS, SAMPLE_RATE
 from asr.inference.endpoint import Endpoint, EndpointRules, detect_endpoint
@@ -132,11 +137,16 @@ class Connection:
     the messages its decoded chunks produce."""
 
     def __init__(
-        self, recognizer: StreamingRecognizer, rules: EndpointRules, max_phrases: int = 1000
+        self,
+        recognizer: StreamingRecognizer,
+        rules: EndpointRules,
+        max_phrases: int = 1000,
+        lm: LmFusion | None = None,
     ) -> None:
         self.recognizer = recognizer
         self.rules = rules
         self.max_phrases = max_phrases
+        self.lm = lm
         self.stream: Stream | None = None
         self.format = "f32le"
         self.started = False  # audio or a start message received: the format is fixed
@@ -147,8 +157,8 @@ class Connection:
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
     def open_stream(self, biasing: BiasingGraph | None = None) -> None:
-        """Start decoding, boosting `biasing`'s phrases."""
-        self.stream = self.recognizer.create_stream(biasing)
+        """Start decoding, boosting `biasing`'s phrases and fusing the server's LM."""
+        self.stream = self.recognizer.create_stream(biasing, lm=self.lm)
 
     # -- what the client sends ----------------------------------------------------------
     def control(self, text: str) -> StartRequest | None:
@@ -297,11 +307,15 @@ class Connection:
 
 class LiveDecoder:
     """The decoding task: the live connections, decoded together in batched model steps
-    on one worker thread, at most `batch_wait_ms` after the first audio waiting."""
+    on one worker thread, at most `batch_wait_ms` after the first audio waiting; `lm`: the
+    language model every connection's search fuses (None: none)."""
 
-    def __init__(self, recognizer: StreamingRecognizer, config: ServeConfig) -> None:
+    def __init__(
+        self, recognizer: StreamingRecognizer, config: ServeConfig, lm: LmFusion | None = None
+    ) -> None:
         self.recognizer = recognizer
         self.config = config
+        self.lm = lm
         self.connections: set[Connection] = set()
         self._wake = asyncio.Event()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="asr-serve-decode")
@@ -331,7 +345,7 @@ class LiveDecoder:
                 CLOSE_TRY_LATER,
             )
         connection = Connection(
-            self.recognizer, self.config.endpoints, self.config.max_biasing_phrases
+            self.recognizer, self.config.endpoints, self.config.max_biasing_phrases, self.lm
         )
         self.connections.add(connection)
         return connection
@@ -528,14 +542,17 @@ def create_app(
     recognizer: StreamingRecognizer,
     config: ServeConfig | None = None,
     example: Path | None = None,
+    lm: LmFusion | None = None,
 ) -> Starlette:
     """The server's ASGI application: the page at /, its files under /static, the
     websocket at /ws, a JSON status at /status and, with `example` (an audio file the
     model transcribes well, such as a demo test utterance), that file at /example, which
-    the page's "Play the example" button streams at real time."""
+    the page's "Play the example" button streams at real time. `lm`: a language model
+    (`recognizer.language_model(path, weight, ...)`) that every connection's search fuses,
+    the same object for all, so that their streams share search steps."""
     if example is not None and not Path(example).is_file():
         raise FileNotFoundError(f"--example {example}: no such file")
-    decoder = LiveDecoder(recognizer, config or ServeConfig())
+    decoder = LiveDecoder(recognizer, config or ServeConfig(), lm)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -22,6 +22,7 @@ import torch
 import uvicorn
 import websockets
 
+from asr.decoding.fusion import LmFusion
 from asr.inference.audio import read_audio
 from asr.inference.endpoint import EndpointRules
 from asr.inference.server import ServeConfig, create_app
@@ -45,15 +46,19 @@ def audio(test_flacs: list[Path]) -> list[np.ndarray]:
 
 @contextlib.contextmanager
 def serving(
-    recognizer: StreamingRecognizer, config: ServeConfig, example: Path | None = None
+    recognizer: StreamingRecognizer,
+    config: ServeConfig,
+    example: Path | None = None,
+    lm: LmFusion | None = None,
 ) -> Iterator[str]:
-    """The app on a free port of 127.0.0.1 -> its base URL (http://...)."""
+    """The app on a free port of 127.0.0.1 -> its base URL (http://...); `lm`: the language
+    model every connection fuses."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(recognizer, config, example), "127.0.0.1", port, log_level="warning"
+            create_app(recognizer, config, example, lm), "127.0.0.1", port, log_level="warning"
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
