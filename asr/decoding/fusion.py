@@ -58,11 +58,12 @@ LN10 = math.log(10.0)
 # one token's LM log-probability (typically -2 to -10) outweighs the acoustic model's choice
 # between its best tokens many times over, so the output is the LM's sentence, not the audio's.
 MAX_LM_WEIGHT = 5.0
-# The most bytes an LM's dense tables (states x vocabulary: a score and a next state each) may
-# take where `load_fusion` expands them by itself: a 6-gram of the demo's transcripts takes
-# 110 MB; a LibriSpeech-scale LM stays in its sparse form.
+# The most bytes an LM's dense rows (states x vocabulary: a score and a next state each) may
+# take where `load_fusion` adds them by itself, order by order: the demo grammar's 6-gram
+# (1.5 M histories) gets them up to order 3 (78 k histories, 80 MB), and a lookup walks the
+# back-off chain of the longer histories only (2 steps instead of 5).
 DENSE_MAX_BYTES = 1 << 29
-_TABLES_VERSION = 1  # bump when the saved tensor form changes
+_TABLES_VERSION = 2  # bump when the saved tensor form changes
 
 
 def check_lm_weight(name: str, value: float) -> float:
@@ -83,26 +84,29 @@ def check_lm_weight(name: str, value: float) -> float:
 class TokenLm:
     """One back-off n-gram over a model's token ids, as tensors (see the module's docstring).
 
-    `unigram` (V,): ln p(token) with the empty history; `unigram_next` (V,): the state after
-    it; `keys` (A,) sorted `state * V + token` of every higher-order arc, with `arc_logp`
-    (A,) its ln-probability and `arc_next` (A,) the state after it; `backoff_state` (S,),
-    `backoff_weight` (S,) ln; `start_state`: the state after ``<s>``; `end_id`: the token
-    id of ``</s>``; `pieces_hash`: which vocabulary the ids are of."""
+    States are numbered by order: the root (0), then the histories of one token, of two,
+    and so on; `order_ends[k]` counts the states of order at most k. The first D states are
+    dense: `dense_scores` (D, V) holds ln p(token | state) of every token and `dense_next`
+    (D, V) the state after it (D = 1 as built: the root's row, the unigrams; `densified`
+    adds orders). Every other state's arcs are `keys` (A,) sorted `state * V + token`, with
+    `arc_logp` (A,) ln p and `arc_next` (A,) the state after it; each state backs off to
+    `backoff_state` (S,) with `backoff_weight` (S,) ln. `start_state`: the state after
+    ``<s>``; `end_id`: the token id of ``</s>``; `pieces_hash`: which vocabulary the ids
+    are of."""
 
     order: int
     vocab_size: int
     start_state: int
     end_id: int
-    unigram: Tensor
-    unigram_next: Tensor
+    dense_scores: Tensor
+    dense_next: Tensor
     keys: Tensor
     arc_logp: Tensor
     arc_next: Tensor
     backoff_state: Tensor
     backoff_weight: Tensor
+    order_ends: tuple[int, ...]
     pieces_hash: str = ""
-    dense_scores: Tensor | None = None
-    dense_next: Tensor | None = None
 
     @property
     def num_states(self) -> int:
@@ -110,7 +114,21 @@ class TokenLm:
 
     @property
     def num_arcs(self) -> int:
-        return self.keys.numel() + self.unigram.numel()
+        return self.keys.numel() + self.vocab_size
+
+    @property
+    def num_dense(self) -> int:
+        return self.dense_scores.size(0)
+
+    @property
+    def dense_order(self) -> int:
+        """The highest order whose states are all dense (0: the root's only)."""
+        return max(k for k, end in enumerate(self.order_ends) if end <= self.num_dense)
+
+    @property
+    def sparse_levels(self) -> int:
+        """The back-off steps a lookup walks before every history is a dense state."""
+        return self.order - 1 - self.dense_order
 
     def _tensors(self) -> dict[str, Tensor]:
         fields = (f.name for f in dataclasses.fields(self))
@@ -130,26 +148,36 @@ class TokenLm:
             return self
         return dataclasses.replace(self, **{n: t.to(device) for n, t in self._tensors().items()})
 
-    def dense_nbytes(self) -> int:
-        """Bytes the dense tables (`densified`) would take."""
-        return self.num_states * self.vocab_size * 8
+    def dense_nbytes(self, order: int | None = None) -> int:
+        """Bytes the dense rows of every state up to `order` take (None: every state's)."""
+        states = self.order_ends[self.order - 1 if order is None else order]
+        return states * self.vocab_size * (4 + 4)  # float32 score, int32 next state
 
-    def densified(self, chunk: int = 2048) -> TokenLm:
-        """This LM with dense tables: the score of every token and the state after it, for
-        every state (S, V): a search then reads a row with one gather instead of walking the
-        back-off chain (what a small LM, or a big device, affords: `dense_nbytes`)."""
-        if self.dense_scores is not None:
+    def densified(self, max_bytes: float = math.inf) -> TokenLm:
+        """This LM with dense rows for the states of every order whose rows (with the lower
+        orders') take at most `max_bytes`: a lookup then walks fewer back-off steps (none
+        when every state is dense: one gather). A state's row is its back-off state's
+        (a lower order's, so already dense) plus its back-off weight, with its own arcs
+        written over it: one gather and one scatter per order."""
+        order = max(k for k in range(self.order) if self.dense_nbytes(k) <= max_bytes or k == 0)
+        if order <= self.dense_order:
             return self
-        every = torch.arange(self.vocab_size, device=self.device)
-        scores, nexts = [], []
-        for first in range(0, self.num_states, chunk):
-            states = torch.arange(first, min(first + chunk, self.num_states), device=self.device)
-            score, after = self.lookup(states, every)
-            scores.append(score)
-            nexts.append(after.to(torch.int32))
-        return dataclasses.replace(
-            self, dense_scores=torch.cat(scores), dense_next=torch.cat(nexts)
-        )
+        vocab = self.vocab_size
+        scores = torch.empty(self.order_ends[order], vocab, device=self.device)
+        nexts = torch.empty(self.order_ends[order], vocab, dtype=torch.int32, device=self.device)
+        scores[: self.num_dense] = self.dense_scores
+        nexts[: self.num_dense] = self.dense_next
+        for k in range(self.dense_order + 1, order + 1):
+            first, last = self.order_ends[k - 1], self.order_ends[k]
+            backoff = self.backoff_state[first:last]
+            scores[first:last] = scores[backoff] + self.backoff_weight[first:last, None]
+            nexts[first:last] = nexts[backoff]
+            bounds = torch.tensor([first * vocab, last * vocab], device=self.device)
+            lo, hi = torch.searchsorted(self.keys, bounds).tolist()
+            rows, tokens = self.keys[lo:hi] // vocab, self.keys[lo:hi] % vocab
+            scores[rows, tokens] = self.arc_logp[lo:hi]
+            nexts[rows, tokens] = self.arc_next[lo:hi].to(torch.int32)
+        return dataclasses.replace(self, dense_scores=scores, dense_next=nexts)
 
     @classmethod
     def from_ngram(cls, lm: NgramLM, pieces: Sequence[str], source: str = "the LM") -> TokenLm:
@@ -172,14 +200,17 @@ class TokenLm:
             if (special,) not in lm.logprobs[0]:
                 raise ValueError(f"{source}: no {special} unigram: not a sentence-level LM")
         vocab = len(pieces)
-        # states: the root, then every n-gram of order 1..N-1 (a history)
-        state_of: dict[tuple[int, ...], int] = {(): 0}
-        for k in range(1, lm.order):
-            for gram in lm.logprobs[k - 1]:
-                state_of[tuple(ids.get(p, -1) for p in gram)] = len(state_of)
 
         def mapped(gram: tuple[str, ...]) -> tuple[int, ...]:
             return tuple(ids.get(p, -1) for p in gram)  # -1: a token the model lacks
+
+        # states: the root, then every n-gram of order 1..N-1 (a history), by order
+        state_of: dict[tuple[int, ...], int] = {(): 0}
+        order_ends = [1]
+        for k in range(1, lm.order):
+            for gram in lm.logprobs[k - 1]:
+                state_of.setdefault(mapped(gram), len(state_of))
+            order_ends.append(len(state_of))
 
         def longest_state(history: tuple[int, ...]) -> int:
             while history not in state_of:
@@ -198,12 +229,12 @@ class TokenLm:
         unk = lm.logprobs[0].get((UNK,))
         floor = (unk if unk is not None else -99.0) * LN10
         unigram = [floor] * vocab
-        unk_state = state_of.get((ids[UNK],), 0) if UNK in ids and lm.order > 1 else 0
+        unk_state = state_of.get((ids[UNK],), 0) if UNK in ids else 0
         unigram_next = [unk_state] * vocab
         for (piece,), logp in lm.logprobs[0].items():
             if piece in ids:
                 unigram[ids[piece]] = logp * LN10
-                unigram_next[ids[piece]] = longest_state((ids[piece],)) if lm.order > 1 else 0
+                unigram_next[ids[piece]] = longest_state((ids[piece],))
         keys: list[int] = []
         logps: list[float] = []
         nexts: list[int] = []
@@ -218,45 +249,58 @@ class TokenLm:
                 keys.append(context * vocab + tokens[-1])
                 logps.append(logp * LN10)
                 nexts.append(longest_state(tokens if k < lm.order else tokens[1:]))
+        if not keys:  # no n-gram above the unigrams: one key no query equals
+            keys, logps, nexts = [-1], [0.0], [0]
         keys_t = torch.tensor(keys, dtype=torch.long)
-        order_ = torch.argsort(keys_t)
+        by_key = torch.argsort(keys_t)
         return cls(
             order=lm.order,
             vocab_size=vocab,
-            start_state=state_of[(ids[BOS],)] if lm.order > 1 else 0,
+            start_state=state_of[(ids[BOS],)],
             end_id=ids[EOS],
-            unigram=torch.tensor(unigram, dtype=torch.float32),
-            unigram_next=torch.tensor(unigram_next, dtype=torch.long),
-            keys=keys_t[order_],
-            arc_logp=torch.tensor(logps, dtype=torch.float32)[order_],
-            arc_next=torch.tensor(nexts, dtype=torch.long)[order_],
+            dense_scores=torch.tensor([unigram], dtype=torch.float32),
+            dense_next=torch.tensor([unigram_next], dtype=torch.int32),
+            keys=keys_t[by_key],
+            arc_logp=torch.tensor(logps, dtype=torch.float32)[by_key],
+            arc_next=torch.tensor(nexts, dtype=torch.long)[by_key],
             backoff_state=torch.tensor(backoff_state, dtype=torch.long),
             backoff_weight=torch.tensor(backoff_weight, dtype=torch.float32),
+            order_ends=tuple(order_ends),
             pieces_hash=vocabulary_hash(pieces),
         )
 
     def lookup(
-        self, states: Tensor, tokens: Tensor, with_next: bool = True
+        self, states: Tensor, tokens: Tensor | None = None, with_next: bool = True
     ) -> tuple[Tensor, Tensor | None]:
         """ln p(token | state) and (`with_next`) the state after it, for states (R,) and
-        tokens (R, C) (or (C,), the same for every row): (R, C) tensors. Walks the back-off
-        chain (the dense tables are not read: `densified` builds them with this)."""
-        if tokens.dim() == 1:
-            tokens = tokens.expand(states.size(0), -1)
-        levels = []  # per back-off level: the arc found, its score (with the back-offs), next
-        backoff = torch.zeros(states.shape, dtype=self.unigram.dtype, device=states.device)
+        tokens (R, C) (or (C,), the same for every row; None: every token in id order):
+        (R, C) tensors. The history backs off until it is a dense state (at most
+        `sparse_levels` steps, an arc of a longer history winning), whose row is read."""
+        levels = []  # per back-off step: the arc found, its score (with the back-offs), next
+        backoff = torch.zeros(states.shape, dtype=self.dense_scores.dtype, device=states.device)
         state = states
-        last = max(self.keys.numel() - 1, 0)
-        for _ in range(self.order - 1 if self.keys.numel() else 0):
+        last = self.keys.numel() - 1
+        if self.sparse_levels and tokens is None:
+            tokens = torch.arange(self.vocab_size, device=states.device)
+        if tokens is not None and tokens.dim() == 1:
+            tokens = tokens.expand(states.size(0), -1)
+        for _ in range(self.sparse_levels):
+            sparse = state >= self.num_dense
             query = state[:, None] * self.vocab_size + tokens
             at = torch.searchsorted(self.keys, query).clamp_(max=last)
-            found = self.keys[at] == query  # (no key has the root's state 0)
+            found = (self.keys[at] == query) & sparse[:, None]
             nxt = self.arc_next[at] if with_next else None
             levels.append((found, backoff[:, None] + self.arc_logp[at], nxt))
-            backoff = backoff + self.backoff_weight[state]
-            state = self.backoff_state[state]
-        score = backoff[:, None] + self.unigram[tokens]
-        after = self.unigram_next[tokens] if with_next else None
+            backoff = backoff + torch.where(sparse, self.backoff_weight[state], 0.0)
+            state = torch.where(sparse, self.backoff_state[state], state)
+        if tokens is None:  # every token of a dense state: its rows
+            score = self.dense_scores.index_select(0, state)
+            after = self.dense_next.index_select(0, state).long() if with_next else None
+        else:
+            score = self.dense_scores[state[:, None], tokens]
+            after = self.dense_next[state[:, None], tokens].long() if with_next else None
+        if levels:
+            score = backoff[:, None] + score
         for found, logp, nxt in reversed(levels):  # the longest history that has the arc wins
             score = torch.where(found, logp, score)
             if with_next:
@@ -265,22 +309,15 @@ class TokenLm:
 
     def all_scores(self, states: Tensor) -> Tensor:
         """ln p(token | state) of every token (R, V) for states (R,)."""
-        if self.dense_scores is not None:
-            return self.dense_scores.index_select(0, states)
-        every = torch.arange(self.vocab_size, device=states.device)
-        return self.lookup(states, every, with_next=False)[0]
+        return self.lookup(states, None, with_next=False)[0]
 
     def step(self, states: Tensor, tokens: Tensor) -> Tensor:
         """The states (R,) after `tokens` (R,)."""
-        if self.dense_next is not None:
-            return self.dense_next[states, tokens].long()
         return self.lookup(states, tokens[:, None])[1][:, 0]
 
     def end_scores(self, states: Tensor) -> Tensor:
         """ln p(</s> | state) (R,) for states (R,)."""
-        if self.dense_scores is not None:
-            return self.dense_scores[states, self.end_id]
-        end = torch.tensor([self.end_id], device=states.device)
+        end = torch.full((1,), self.end_id, device=states.device)
         return self.lookup(states, end, with_next=False)[0][:, 0]
 
     def log_prob(self, tokens: Sequence[int], end: bool = True) -> float:
@@ -299,7 +336,8 @@ class TokenLm:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        fields["dense_scores"] = fields["dense_next"] = None  # (rebuilt where wanted)
+        fields["dense_scores"] = self.dense_scores[:1]  # the root's row; the rest is rebuilt
+        fields["dense_next"] = self.dense_next[:1]
         torch.save({"version": _TABLES_VERSION, "stamp": stamp, **fields}, tmp)
         os.replace(tmp, path)
 
@@ -457,15 +495,16 @@ class LmFusion:
         return total
 
     def densified(self, device: torch.device | str, always: bool = False) -> LmFusion:
-        """This fusion with each LM expanded to dense tables (`TokenLm.densified`) where
-        they take at most `DENSE_MAX_BYTES` and all the tables still fit `device` (or
-        `always`)."""
+        """This fusion with each LM's states given dense rows (`TokenLm.densified`), order by
+        order, as far as they take at most `DENSE_MAX_BYTES` and all the tables still fit
+        `device` (`always`: every state's)."""
         free = free_bytes(torch.device(device)) // 2 - self.nbytes()
         parts = []
         for lm in (self.lm, self.lodr):
-            if lm is not None and (always or lm.dense_nbytes() <= min(DENSE_MAX_BYTES, free)):
-                free -= lm.dense_nbytes()
-                lm = lm.densified()
+            if lm is not None:
+                before = lm.nbytes()
+                lm = lm.densified(math.inf if always else min(DENSE_MAX_BYTES, free))
+                free -= lm.nbytes() - before
             parts.append(lm)
         return LmFusion(parts[0], self.weight, parts[1], self.lodr_weight, self.blank_id)
 

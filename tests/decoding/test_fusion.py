@@ -211,13 +211,20 @@ def test_a_lodr_weight_without_a_lodr_lm_is_refused(tmp_path):
         load_fusion(pieces, path, 0.3, lodr_weight=0.1)
 
 
-@pytest.mark.parametrize("order", [2, 4])
-def test_the_dense_tables_give_what_the_back_off_walk_gives(order):
+@pytest.mark.parametrize("order", [2, 4, 6])
+def test_dense_rows_give_what_the_back_off_walk_gives(order):
+    """Dense rows for the states up to each order: the same scores, next states and end
+    scores as walking the back-off chain from the root's row, with fewer steps."""
     lm = lm_of(random_sentences(11, 200, order), order, 11)
-    dense = lm.densified()
+    assert lm.dense_order == 0 and lm.sparse_levels == order - 1
     states = torch.arange(lm.num_states)
-    assert torch.equal(dense.all_scores(states), lm.all_scores(states))
     tokens = torch.randint(0, 11, (lm.num_states,))
-    assert torch.equal(dense.step(states, tokens), lm.step(states, tokens))
-    assert torch.equal(dense.end_scores(states), lm.end_scores(states))
-    assert dense.nbytes() == lm.nbytes() + lm.dense_nbytes()
+    for k in range(order):
+        dense = lm.densified(lm.dense_nbytes(k))
+        assert dense.dense_order == k and dense.sparse_levels == order - 1 - k
+        # (the back-off weights summed in another order: float rounding apart)
+        torch.testing.assert_close(dense.all_scores(states), lm.all_scores(states))
+        assert torch.equal(dense.step(states, tokens), lm.step(states, tokens))
+        torch.testing.assert_close(dense.end_scores(states), lm.end_scores(states))
+        assert dense.nbytes() == lm.nbytes() + lm.dense_nbytes(k) - lm.dense_nbytes(0)
+    assert lm.densified(lm.dense_nbytes(1) - 1).dense_order == 0
