@@ -1,25 +1,32 @@
 """The token n-gram estimator (interpolated modified Kneser-Ney), ARPA out and in, and
 asr-train-lm. Expected probabilities come from the formulas, worked by hand or by a
-direct, independent evaluation over the sentences below, never from the estimator."""
+direct, independent evaluation over the sentences below, or from the first estimator (plain
+Python dictionaries, tests/decoding/kneser_ney_reference.py), never from the estimator
+itself."""
 
 import gzip
 import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 
 from asr.data.tokenizer import train_tokenizer
 from asr.decoding.lm import (
     BOS,
     EOS,
+    FALLBACK_DISCOUNTS,
     UNK,
+    KneserNeyCounter,
     NgramLM,
+    _decimals,
     main,
     read_arpa,
     train_kneser_ney,
     write_arpa,
 )
+from tests.decoding.kneser_ney_reference import reference_kneser_ney
 
 
 def test_bigram_worked_by_hand(tmp_path) -> None:
@@ -132,6 +139,121 @@ def test_arpa_round_trip(tmp_path, name: str) -> None:
             assert back.logprobs[k][gram] == pytest.approx(logp, abs=1e-5)
         for gram, bow in lm.backoffs[k].items():
             assert back.backoffs[k][gram] == pytest.approx(bow, abs=1e-5)
+
+
+def _zipf_text(tokens: int = 4000, vocabulary: int = 30, seed: int = 1) -> list[list[int]]:
+    """Sentences of 1-15 ids drawn with p(rank r) ~ 1 / r**2.5: rare ids for the low orders'
+    count-of-counts, repeats for the high orders'."""
+    rng = random.Random(seed)
+    weights = [1 / (r + 1) ** 2.5 for r in range(vocabulary)]
+    sentences: list[list[int]] = []
+    while sum(map(len, sentences)) < tokens:
+        sentences.append(rng.choices(range(vocabulary), weights, k=rng.randint(1, 15)))
+    return sentences
+
+
+def _assert_same_model(lm: NgramLM, reference: NgramLM) -> None:
+    assert lm.order == reference.order and lm.counts() == reference.counts()
+    for k in range(lm.order):
+        assert lm.logprobs[k].keys() == reference.logprobs[k].keys()
+        assert lm.backoffs[k].keys() == reference.backoffs[k].keys()
+        for gram, logp in reference.logprobs[k].items():
+            assert abs(lm.logprobs[k][gram] - logp) <= 1e-9, gram
+        for gram, bow in reference.backoffs[k].items():
+            assert abs(lm.backoffs[k][gram] - bow) <= 1e-9, gram
+    for mine, theirs in zip(lm.discounts, reference.discounts, strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-12)
+
+
+def _name(i: int) -> str:
+    return f"w{i}"
+
+
+@pytest.mark.parametrize("order", [2, 3, 4, 5, 6])
+def test_equals_the_dictionary_estimator_on_a_tiny_text(order: int) -> None:
+    for sentences in ([["a", "b"], ["a"]], _sentences(), [[], ["a"], ["a", "a", "a"]]):
+        _assert_same_model(
+            train_kneser_ney(sentences, order), reference_kneser_ney(sentences, order)
+        )
+
+
+@pytest.mark.parametrize("order", [2, 3, 4, 5, 6])
+def test_equals_the_dictionary_estimator_on_a_random_text(order: int) -> None:
+    sentences = _zipf_text()
+    reference = reference_kneser_ney(sentences, order, _name)
+    assert FALLBACK_DISCOUNTS not in reference.discounts  # discounts from count-of-counts
+    _assert_same_model(train_kneser_ney(sentences, order, _name), reference)
+    # Counted in chunks of about 300 tokens, whose tables are merged.
+    counter = KneserNeyCounter(order, _name, chunk_tokens=300)
+    for sentence in sentences:
+        counter.add(sentence)
+    _assert_same_model(counter.estimate(), reference)
+
+
+def test_equals_the_dictionary_estimator_with_wide_ids() -> None:
+    # 2000 ids take 11 bits: a 6-gram spans two 64-bit words. The ids arrive over the chunks,
+    # so the tables are repacked as the bits grow (8, 9, 10, 11).
+    rng = random.Random(4)
+    sentences = [
+        [rng.randrange(100 * (1 + i // 40)) for _ in range(rng.randint(0, 12))] for i in range(800)
+    ]
+    counter = KneserNeyCounter(6, _name, chunk_tokens=500)
+    for sentence in sentences:
+        counter.add(sentence)
+    tables = counter.estimate_tables()
+    assert tables.bits == 11 and tables.keys[5].shape[1] == 2
+    _assert_same_model(tables.to_ngram_lm(), reference_kneser_ney(sentences, 6, _name))
+
+
+@pytest.mark.parametrize("chunk_tokens", [3, 1000])
+def test_equals_the_dictionary_estimator_whatever_the_tokens(chunk_tokens: int) -> None:
+    # Ids (a table lookup below 2**24, np.unique above), negative ints and strings (a
+    # dictionary); the same name is the same token whichever way it came.
+    sentences = [[1, 2, 3], ["1", "x"], [2**40, 5, 1], [-3, 1], [], [np.int64(7), 1, 2]] * 3
+    for order in (2, 3, 4):
+        counter = KneserNeyCounter(order, chunk_tokens=chunk_tokens)
+        for sentence in sentences:
+            counter.add(sentence)
+        _assert_same_model(counter.estimate(), reference_kneser_ney(sentences, order))
+
+
+@pytest.mark.parametrize("name", ["lm.arpa", "lm.arpa.gz"])
+def test_tables_write_the_same_arpa(tmp_path, name: str) -> None:
+    counter = KneserNeyCounter(4, _name)
+    for sentence in _zipf_text(tokens=1500):
+        counter.add(sentence)
+    tables = counter.estimate_tables()
+    lm = tables.to_ngram_lm()
+    written = []
+    tables.write_arpa(tmp_path / name, written.append)
+    assert sum(written) == sum(tables.counts())
+    back = read_arpa(tmp_path / name)
+    assert back.order == 4 and back.counts() == lm.counts()
+    for k in range(4):
+        assert back.logprobs[k].keys() == lm.logprobs[k].keys()
+        assert back.backoffs[k].keys() == lm.backoffs[k].keys()
+        for gram, logp in lm.logprobs[k].items():
+            assert back.logprobs[k][gram] == pytest.approx(logp, abs=5.1e-7)
+        for gram, bow in lm.backoffs[k].items():
+            assert back.backoffs[k][gram] == pytest.approx(bow, abs=5.1e-7)
+    if name == "lm.arpa":
+        text = (tmp_path / name).read_text()
+        assert text.startswith("\\data\\\nngram 1=") and text.endswith("\n\\end\\\n")
+        assert "\n-99\t<s>\t-" in text
+
+
+def test_arpa_numbers() -> None:
+    values = np.array([-0.30103, -12.5, -1e-7, 0.0, -99.0, -0.0000016, 0.25, -100.000001])
+    written = [item.tobytes().replace(b"\0", b"").decode() for item in _decimals(values)]
+    assert written == ["-0.30103", "-12.5", "0", "0", "-99", "-0.000002", "0.25", "-100.000001"]
+
+
+@pytest.mark.parametrize("token", ["<s>", "</s>", "a b", ""])
+def test_refuses_token_names_an_arpa_file_cannot_hold(token: str) -> None:
+    counter = KneserNeyCounter(3)
+    with pytest.raises(ValueError, match="is named"):
+        counter.add(["a", token])
+    assert counter.sentences == 0
 
 
 KENLM_STYLE = """\\data\\
