@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gzip
+import json
 import logging
 import math
 import time
@@ -784,18 +785,48 @@ def read_arpa(path: str | Path) -> NgramLM:
     return NgramLM(order=len(declared), logprobs=logprobs, backoffs=backoffs)
 
 
+def _is_manifest(path: Path) -> bool:
+    """Whether `path` is a lhotse manifest (JSON lines, plain or gzipped), by its name."""
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
+def _manifest_text(line: bytes, path: Path, lineno: int) -> str:
+    """The text of one line of a lhotse manifest: a supervision's, or a cut's supervisions'
+    joined by spaces (as `asr.data.corpus.cut_text`); a line with neither (a recording) is
+    an error naming the file and line."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{lineno}: not a manifest's JSON line ({err})") from None
+    if not isinstance(item, dict):
+        item = {}
+    if "supervisions" in item:  # a cut
+        return " ".join((s.get("text") or "").strip() for s in item["supervisions"])
+    if "text" in item:  # a supervision
+        return item["text"] or ""
+    raise ValueError(
+        f"{path}:{lineno}: neither a supervision nor a cut (no text): give text files, or "
+        "supervision or cut manifests"
+    )
+
+
 def _sentences_of(paths: Sequence[Path], advance: Callable[[int], None]):
-    """Lines of plain or gzipped text files, stripped, empty ones skipped; `advance` gets
-    the bytes of the files read so far (compressed bytes for gzip)."""
+    """Lines of plain or gzipped text files, or the texts of lhotse supervision or cut
+    manifests (``*.jsonl`` or ``*.jsonl.gz``: the supervisions' text), stripped, empty ones
+    skipped; `advance` gets the bytes of the files read so far (compressed bytes for gzip)."""
     for path in paths:
         raw = open(path, "rb")  # noqa: SIM115 (closed below, position read for progress)
+        manifest = _is_manifest(path)
         try:
             gzipped = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             stream = gzip.GzipFile(fileobj=raw) if gzipped else raw
             done = 0
             for i, line in enumerate(stream):
-                text = line.decode("utf-8").strip()
+                if manifest and line.strip():
+                    text = _manifest_text(line, path, i + 1).strip()
+                else:
+                    text = line.decode("utf-8").strip()
                 if text:
                     yield text
                 if i % 1000 == 0:
@@ -818,7 +849,8 @@ def _return_freed_arrays() -> None:
 @command
 def main(argv: list[str] | None = None) -> None:
     """`asr-train-lm TEXT... --tokenizer bpe.model --order N -o lm.arpa`: an interpolated
-    modified Kneser-Ney n-gram over the tokenizer's pieces, one sentence per line."""
+    modified Kneser-Ney n-gram over the tokenizer's pieces, one sentence per line, or the
+    transcripts of lhotse supervision or cut manifests."""
     import argparse
 
     from rich.progress import (
@@ -833,10 +865,22 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument(
-        "text", type=Path, nargs="+", help="text files, one sentence a line (plain or gzipped)"
+        "text",
+        type=Path,
+        nargs="+",
+        help="text files, one sentence a line (plain or gzipped), or lhotse supervision or cut "
+        "manifests (*.jsonl, *.jsonl.gz: their supervisions' text, e.g. a model's training "
+        "transcripts for a LODR bigram)",
     )
     parser.add_argument("--tokenizer", type=Path, required=True, help="the SentencePiece model")
     parser.add_argument("--order", type=int, default=3, help=f"{MIN_ORDER} to {MAX_ORDER}")
+    parser.add_argument(
+        "--max-lines",
+        type=int,
+        metavar="N",
+        help="read only the first N sentences (non-empty lines) of the text, files in the "
+        "order given: a bound on the memory for a text too large (default: all)",
+    )
     parser.add_argument(
         "-o",
         "--output",
@@ -845,6 +889,8 @@ def main(argv: list[str] | None = None) -> None:
         help="the ARPA file to write (gzipped if it ends in .gz)",
     )
     args = parser.parse_args(argv)
+    if args.max_lines is not None and args.max_lines < 1:
+        parser.error(f"--max-lines must be at least 1, not {args.max_lines}")
     for path in args.text:
         if not path.is_file():
             raise FileNotFoundError(f"text file not found: {path}")
@@ -861,6 +907,8 @@ def main(argv: list[str] | None = None) -> None:
         task = progress.add_task("counting", total=sum(p.stat().st_size for p in args.text))
         for text in _sentences_of(args.text, lambda n: progress.advance(task, n)):
             counter.add(tokenizer.encode(text))
+            if counter.sentences == args.max_lines:
+                break
     if counter.sentences == 0:
         raise ValueError(f"no sentences in {', '.join(map(str, args.text))}")
     counted = time.perf_counter()
@@ -874,7 +922,11 @@ def main(argv: list[str] | None = None) -> None:
         tables = counter.estimate_tables(lambda: progress.advance(task))
         estimated = time.perf_counter()
         task = progress.add_task("writing (n-grams)", total=sum(tables.counts()))
-        tables.write_arpa(args.output, lambda n: progress.advance(task, n))
+        # written whole or not at all: a file at --output is a complete model (the recipes
+        # skip training when it is there)
+        partial = args.output.with_name(f".{args.output.stem}.partial{args.output.suffix}")
+        tables.write_arpa(partial, lambda n: progress.advance(task, n))
+        partial.replace(args.output)
     written = time.perf_counter()
     print(
         f"wrote {args.output}: order {tables.order}, {counter.sentences} sentences, "

@@ -325,3 +325,58 @@ def test_train_lm_command_bad_input(tmp_path, capsys) -> None:
     assert capsys.readouterr().err.count("\n") == 1
     with pytest.raises(SystemExit):
         main([str(tmp_path / "none.txt"), "--tokenizer", "x", "--order", "7", "-o", "o"])
+
+
+def test_train_lm_reads_manifests_and_the_first_lines(tmp_path, capsys) -> None:
+    """Lhotse supervision and cut manifests give their supervisions' text (the LODR bigram of
+    a model's training transcripts), the same model as the text itself; --max-lines reads
+    the first N sentences of the inputs in order; the ARPA file appears whole or not at all;
+    a recordings manifest (no text) is one line naming the file and line."""
+    import json
+
+    from lhotse import MonoCut, SupervisionSegment
+
+    lines = ["THE CAT SAT ON THE MAT", "A DOG SAT", "THE DOG RAN TO THE CAT", "A CAT RAN"] * 3
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(lines) + "\n")
+    model = tmp_path / "tok.model"
+    train_tokenizer(lines, model, vocab_size=30)
+    sups = [
+        SupervisionSegment(id=f"u{i}", recording_id=f"u{i}", start=0, duration=1, text=line)
+        for i, line in enumerate(lines)
+    ]
+    supervisions = tmp_path / "librispeech_supervisions_train.jsonl.gz"
+    with gzip.open(supervisions, "wt") as f:
+        f.writelines(json.dumps(s.to_dict()) + "\n" for s in sups)
+    cuts = tmp_path / "cuts.jsonl"  # two supervisions in one cut: joined by a space
+    halves = [(s, lines[i].split(" ", 1)) for i, s in enumerate(sups)]
+    with open(cuts, "w") as f:
+        for s, words in halves:
+            parts = [
+                SupervisionSegment(f"{s.id}-{j}", s.id, j, 1, text=w) for j, w in enumerate(words)
+            ]
+            f.write(json.dumps(MonoCut(s.id, 0, 2, 0, supervisions=parts).to_dict()) + "\n")
+
+    def train(*inputs, extra=()):
+        out = tmp_path / "lm.arpa.gz"
+        main([*map(str, inputs), "--tokenizer", str(model), "--order", "3", "-o", str(out), *extra])
+        assert sorted(p.name for p in tmp_path.glob("*lm*")) == ["lm.arpa.gz"]  # no partial
+        return read_arpa(out).logprobs, capsys.readouterr().out
+
+    expected, _ = train(text)
+    assert train(supervisions)[0] == expected
+    assert train(cuts)[0] == expected
+    first, printed = train(supervisions, text, extra=["--max-lines", "5"])
+    assert "5 sentences" in printed
+    with open(tmp_path / "first.txt", "w") as f:
+        f.write("\n".join(lines[:5]) + "\n")
+    assert first == train(tmp_path / "first.txt")[0]
+    recordings = tmp_path / "recordings.jsonl"
+    recordings.write_text('{"id": "u0", "sources": [], "sampling_rate": 16000}\n')
+    with pytest.raises(SystemExit):
+        train(recordings)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{recordings}:1: neither a supervision nor a cut" in err
+    with pytest.raises(SystemExit):
+        train(text, extra=["--max-lines", "0"])
+    assert "--max-lines must be at least 1" in capsys.readouterr().err
