@@ -62,7 +62,7 @@ MAX_LM_WEIGHT = 5.0
 # take where `load_fusion` adds them by itself, order by order: the demo grammar's 6-gram
 # (1.5 M histories) gets them up to order 3 (78 k histories, 80 MB), and a lookup walks the
 # back-off chain of the longer histories only (2 steps instead of 5).
-DENSE_MAX_BYTES = 1 << 29
+DENSE_MAX_BYTES = 1 << 31
 _TABLES_VERSION = 2  # bump when the saved tensor form changes
 
 
@@ -277,9 +277,10 @@ class TokenLm:
         (R, C) tensors. The history backs off until it is a dense state (at most
         `sparse_levels` steps, an arc of a longer history winning), whose row is read."""
         levels = []  # per back-off step: the arc found, its score (with the back-offs), next
-        backoff = torch.zeros(states.shape, dtype=self.dense_scores.dtype, device=states.device)
-        state = states
+        state, backoff = states, None
         last = self.keys.numel() - 1
+        if self.sparse_levels:
+            backoff = torch.zeros(states.shape, dtype=self.dense_scores.dtype, device=states.device)
         if self.sparse_levels and tokens is None:
             tokens = torch.arange(self.vocab_size, device=states.device)
         if tokens is not None and tokens.dim() == 1:
