@@ -337,6 +337,8 @@ class _LabelLoops:
         log_probs = logits.float().log_softmax(dim=-1)
         if b.biasing_advance is None and b.lm_scores is None:
             best = logits.argmax(dim=-1)
+        elif b.biasing_advance is None:  # the log-softmax's shift is the same for every token
+            best = (logits.float() + b.lm_scores).argmax(dim=-1)
         else:
             scores = log_probs if b.lm_scores is None else log_probs + b.lm_scores
             if b.biasing_advance is not None:

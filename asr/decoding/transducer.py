@@ -228,17 +228,17 @@ class FrameLoopingGreedy:
                 token_logits, duration_logits = split_logits(
                     model, joiner.joint(enc[:, t], rows.pred)
                 )
-                log_probs = None  # only for the confidence of what is emitted, or fusion
+                log_probs = None  # only for the confidence of what is emitted, or biasing
                 if biasing is None and lm is None:
                     tokens = token_logits.argmax(dim=-1)  # (B,)
+                elif biasing is None:  # the log-softmax's shift is the same for every token
+                    tokens = (token_logits.float() + rows.lm_scores).argmax(dim=-1)
                 else:
                     log_probs = token_logits.float().log_softmax(dim=-1)
                     scores = log_probs if lm is None else log_probs + rows.lm_scores
-                    if biasing is not None:
-                        bonus = biasing.advance.index_select(0, rows.biasing_node)
-                        bonus[:, blank] = 0.0
-                        scores = scores + bonus
-                    tokens = scores.argmax(dim=-1)
+                    bonus = biasing.advance.index_select(0, rows.biasing_node)
+                    bonus[:, blank] = 0.0
+                    tokens = (scores + bonus).argmax(dim=-1)
                 emit = active & (tokens != blank)
                 stay = emit
                 if table is not None:
