@@ -51,8 +51,8 @@ def test_demo_dry_run_lists_the_stages_and_writes_nothing(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.splitlines()[0] == f"using {root}/.venv (asr-train was not on PATH)"
     listed = [line.strip() for line in done.stdout.splitlines() if line.startswith("  ")]
-    assert listed == ["stage 6: train", "stage 7: decode", "stage 8: export",
-                      "stage 9: transcribe", "stage 10: plots"]  # fmt: skip
+    assert listed == ["stage 6: train", "stage 7: decode", "stage 8: lm", "stage 9: export",
+                      "stage 10: transcribe", "stage 11: plots"]  # fmt: skip
     assert "train overrides: trainer.max_epochs=4" in done.stdout.splitlines()
     assert f"tokenizer: {work}/data/tokenizer/bpe128.model" in done.stdout
     assert not work.exists() and sorted(root.rglob("*")) == before
@@ -77,10 +77,10 @@ def test_without_an_environment_the_recipes_say_where_to_make_one(tmp_path: Path
     ("args", "error"),
     [
         (["--stage", "nope"], "unknown stage 'nope'; stages: corpus manifests"),
-        (["--stage", "11"], "unknown stage '11'"),
+        (["--stage", "12"], "unknown stage '12'"),
         (["--stop-stage", "--dry-run"], "--stop-stage needs a stage; stages: corpus"),
         (["--stage", "plots", "--stop-stage", "train"],
-         "no stage to run: --stage plots (10) is after --stop-stage train (6)"),
+         "no stage to run: --stage plots (11) is after --stop-stage train (6)"),
         (["--dryrun"], "unknown argument '--dryrun'; usage: recipes/demo/run.sh [--stage S]"),
     ],
 )  # fmt: skip
@@ -98,7 +98,7 @@ def test_librispeech_and_ssl_dry_runs(tmp_path: Path) -> None:
     done = _recipe(root, "librispeech/run.sh", *args, PARTS="mini")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:4] == [
-        "  stage 12: pretrain", "  stage 13: finetune", r"train overrides: a=b\ c"
+        "  stage 13: pretrain", "  stage 14: finetune", r"train overrides: a=b\ c"
     ]  # fmt: skip
     assert "training on train-clean-5" in done.stdout and "musan" not in done.stdout
     # the optional MUSAN stage: listed, skipped unless MUSAN=1, which would download MUSAN
@@ -188,7 +188,7 @@ def test_demo_trains_with_the_shipped_batches_unless_searched(tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "stages"),
-    [("demo/run.sh", range(4, 11)), ("librispeech/run.sh", range(9, 12))],
+    [("demo/run.sh", range(4, 12)), ("librispeech/run.sh", range(9, 13))],
 )
 def test_each_later_stage_starts_alone_and_fails_only_on_what_is_missing(
     tmp_path: Path, script: str, stages: range

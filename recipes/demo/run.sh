@@ -12,8 +12,8 @@
 # .venv (make install) is used when asr-train is not on PATH (recipes/stages.sh).
 #
 # Stages: 0 corpus, 1 manifests, 2 tokenizer, 3 features, 4 bins, 5 batch-sizes, 6 train,
-# 7 decode, 8 export, 9 transcribe, 10 plots. Each stage skips work already done, so re-running is
-# cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
+# 7 decode, 8 lm, 9 export, 10 transcribe, 11 plots. Each stage skips work already done, so
+# re-running is cheap; extra arguments after "--" go to asr-train (Hydra overrides), e.g.
 # -- trainer.max_epochs=2.
 #
 # Device: DEVICE=auto (the default) trains and decodes on the GPU where torch sees one, else
@@ -36,6 +36,19 @@
 # Decoding (stage 7): greedy search, and beam search of BEAM hypotheses (default 4; 1 skips
 # it), both printed at the end.
 #
+# Language models (stage 8, docs/recipes.md): LM_SENTENCES (default 200,000) sentences of
+# the demo's grammar that no dev or test utterance holds (asr-make-lm-text, $DATA/lm/
+# lm_text.txt.gz), an LM_ORDER-gram (default 6) over the tokenizer's pieces trained on them
+# ($DATA/lm/bpe128_6gram.arpa.gz) and the LODR bigram of the training transcripts
+# (train-clean-100's supervisions, $DATA/lm/bpe128_lodr_2gram.arpa.gz), both with
+# asr-train-lm and kept in $DATA/lm beside the tokenizer they are over (a file there, the
+# text or an ARPA file, is not made again: remove it to remake it); then beam search of
+# LM_BEAM hypotheses (default 8) on test-clean without and with the LM and LODR, at
+# asr-decode's default weights (LM_WEIGHT, LODR_WEIGHT to choose: asr-sweep chooses them on
+# a dev set), both WERs printed at the end (exp/<experiment>/decode-test-clean-beam8{,-lm}).
+# On make demo's model: 7.25 % without, 2.99 % with (docs/recipes.md; about 6
+# minutes on a 2-core CPU, most of it the two decodes).
+#
 # Shar shards (--shar, or SHAR=1): stage 3 also writes the training part as lhotse Shar shards
 # (asr-export-shar: its audio as FLAC and its stored features, docs/data.md) into
 # data/demo/shar/train-clean-100-<features>/, named as the features manifest they come from.
@@ -45,7 +58,7 @@
 set -euo pipefail
 
 stage=0
-stop_stage=10
+stop_stage=11
 data=${DATA:-data/demo}
 device=${DEVICE:-auto}
 train_hours=${TRAIN_HOURS:-2}
@@ -54,10 +67,17 @@ batch_search=${BATCH_SEARCH:-}
 shar=${SHAR:-0}
 beam=${BEAM:-4}
 [[ $beam =~ ^[1-9][0-9]*$ ]] || { echo "BEAM must be a beam size (1: greedy search only), not '$beam'" >&2; exit 2; }
+lm_beam=${LM_BEAM:-8}
+[[ $lm_beam =~ ^[1-9][0-9]*$ ]] || { echo "LM_BEAM must be a beam size, not '$lm_beam'" >&2; exit 2; }
+lm_order=${LM_ORDER:-6}
+lm_sentences=${LM_SENTENCES:-200000}
+lm_weight=${LM_WEIGHT:-}  # empty: asr-decode's defaults
+lodr_weight=${LODR_WEIGHT:-}
 [[ -n $batch_memory ]] && batch_search=1
 [[ $batch_search == 0 ]] && batch_search=
 
-names=(corpus manifests tokenizer features bins batch-sizes train decode export transcribe plots)
+names=(corpus manifests tokenizer features bins batch-sizes train decode lm export transcribe
+  plots)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
 [[ $shar == 0 || $shar == 1 ]] || { echo "SHAR must be 0 or 1, not '$shar'" >&2; exit 2; }
@@ -198,7 +218,38 @@ then
   EXPERIMENT=demo EXP=exp/demo bash "$0" --stage 6 --stop-stage 7
   printf '\n=== back to experiment=%s (%d s elapsed) ===\n' "$experiment" "$SECONDS"
 fi
+# The language models of stage 8 (over the tokenizer's pieces: named by it, kept in $DATA/lm)
+lm_dir=$data/lm
+lm_text=$lm_dir/lm_text.txt.gz
+pieces=$(basename "$tokenizer" .model)
+lm=$lm_dir/${pieces}_${lm_order}gram.arpa.gz
+lodr=$lm_dir/${pieces}_lodr_2gram.arpa.gz
+lm_args=(--lm "$lm" --lodr "$lodr")
+[[ -n $lm_weight ]] && lm_args+=(--lm-weight "$lm_weight")
+[[ -n $lodr_weight ]] && lm_args+=(--lodr-weight "$lodr_weight")
+lm_decode=$exp/decode-test-clean-beam$lm_beam  # without the LM; with it: $lm_decode-lm
 if run 8; then say 8
+  [[ -f $tokenizer ]] || { echo "no tokenizer $tokenizer: run the tokenizer stage first" >&2; exit 1; }
+  [[ -f $exp/checkpoints/last.ckpt ]] || {
+    echo "no model $exp/checkpoints/last.ckpt: run the train stage first (or set EXP)" >&2; exit 1; }
+  if [[ -f $lm ]]; then echo "$lm exists"; else
+    if [[ -f $lm_text ]]; then echo "$lm_text exists"; else
+      asr-make-lm-text "$lm_text" --corpus "$data" --sentences "$lm_sentences"
+    fi
+    asr-train-lm "$lm_text" --tokenizer "$tokenizer" --order "$lm_order" -o "$lm"
+  fi
+  if [[ -f $lodr ]]; then echo "$lodr exists"; else  # the supervisions' text
+    asr-train-lm "$manifests/librispeech_supervisions_train-clean-100.jsonl.gz" \
+      --tokenizer "$tokenizer" --order 2 -o "$lodr"
+  fi
+  if run 7 && (( lm_beam == beam )); then echo "$lm_decode: decoded by stage 7"; else
+    asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
+      --beam-size "$lm_beam" --device "$device" -o "$lm_decode"
+  fi
+  asr-decode "$exp/checkpoints/last.ckpt" "$(cuts test-clean)" "${weights[@]}" \
+    --beam-size "$lm_beam" "${lm_args[@]}" --device "$device" -o "$lm_decode-lm"
+fi
+if run 9; then say 9
   asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" -o "$exp/model.bundle.pt"
   # A transducer's ONNX graphs too, which sherpa-onnx decodes (about 30 s more; docs/export.md):
   # the stateless predictor's in icefall's contract, the LSTM one's in NeMo's, a streaming
@@ -207,14 +258,14 @@ if run 8; then say 8
     asr-export "$exp/checkpoints/last.ckpt" "${weights[@]}" --format onnx -o "$exp/onnx"
   fi
 fi
-if run 9; then say 9
+if run 10; then say 10
   # sed reads the whole list: `head` would close the pipe early, and under pipefail sort's
   # SIGPIPE (exit 141) stopped a fresh clone's run here
   wav=$(find "$data/LibriSpeech/test-clean" -name '*.flac' | sort | sed -n 1p)
   echo "reference: $(grep "$(basename "$wav" .flac)" "$(dirname "$wav")"/*.trans.txt | cut -d' ' -f2-)"
   asr-transcribe "$exp/model.bundle.pt" "$wav"
 fi
-if run 10; then say 10
+if run 11; then say 11
   asr-plot training "$exp" -o "$exp/training.png"
   plan=$batch_sizes
   if [[ -z $batch_search ]]; then  # the shipped buckets, as the training's config holds them
@@ -223,8 +274,8 @@ if run 10; then say 10
   fi
   asr-plot bins "$plan" --cuts "$(cuts train-clean-100)" -o "$exp/bins.png"
 fi
+wer() { python -c "import json,sys;print(json.load(open(sys.argv[1]))['wer'])" "$1/wer.json"; }
 if [[ -f $exp/decode-test-clean/wer.json ]]; then
-  wer() { python -c "import json,sys;print(json.load(open(sys.argv[1]))['wer'])" "$1/wer.json"; }
   printf '\nTest WER (test-clean of the demo corpus): %s%% (greedy search)' "$(wer "$exp/decode-test-clean")"
   if (( beam > 1 )) && [[ -f $exp/decode-test-clean-beam$beam/wer.json ]]; then
     printf ', %s%% (beam search, %s)' "$(wer "$exp/decode-test-clean-beam$beam")" "$beam"
@@ -252,4 +303,21 @@ if [[ -f $exp/decode-test-clean/wer.json ]]; then
         "$(wer "$exp/decode-test-clean-chunk${ms}ms")" "$(wer "$base")"
     else echo; fi
   done
+fi
+# Stage 8's decodes: beam search without and with the LM and LODR, one line each.
+if [[ -f $lm_decode/wer.json && -f $lm_decode-lm/wer.json ]]; then
+  printf '\nTest WER with language models (test-clean, beam search, %s):\n' "$lm_beam"
+  printf '  without LM: %s%%\n' "$(wer "$lm_decode")"
+  python - "$lm_decode-lm/wer.json" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+result = json.loads(Path(sys.argv[1]).read_text())
+lm = result["language_model"]  # what asr-decode fused, and the weights
+fused = f"LM {Path(lm['lm']).name} x {lm['lm_weight']:g}"
+if "lodr" in lm:
+    fused += f", LODR {Path(lm['lodr']).name} x {lm['lodr_weight']:g}"
+print(f"  with LM + LODR: {result['wer']}% ({fused})")
+EOF
 fi

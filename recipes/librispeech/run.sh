@@ -14,19 +14,31 @@
 #
 # Stages: 0 download, 1 manifests, 2 musan (with MUSAN=1: MUSAN's noise manifest), 3 perturb,
 # 4 tokenizer, 5 features (and, with SHAR=1, Shar shards of the training parts), 6 bins,
-# 7 batch-sizes, 8 train, 9 decode, 10 export, 11 results (a table, training curves, buckets).
+# 7 batch-sizes, 8 train, 9 decode, 10 lm (language models, and beam search with them),
+# 11 export, 12 results (a table, training curves, buckets).
 # Each stage skips work already done; arguments after "--" go to asr-train and
 # asr-oomptimizer (Hydra overrides). Self-supervised pre-training,
 # optional (docs/ssl.md; not run by default):
 #   recipes/librispeech/run.sh --stage pretrain --stop-stage finetune
-# 12 pretrain: experiment=librispeech_ssl_$SSL_OBJECTIVE on all the training audio
+# 13 pretrain: experiment=librispeech_ssl_$SSL_OBJECTIVE on all the training audio
 #   (transcripts unused): duration bins, its own batch-size search, training, and its
 #   encoder exported (exp/librispeech_ssl_<objective>/encoder.pt); PRETRAIN_ARGS: Hydra
 #   overrides of this stage alone (space-separated);
-# 13 finetune: the transducer on train-clean-100 alone, its encoder from stage 12
+# 14 finetune: the transducer on train-clean-100 alone, its encoder from stage 13
 #   (init_encoder_from), into EXP-ft-<objective>, then greedy decoding of the test sets.
-# Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB), as does stage 2
-# with MUSAN=1 (11 GB), and the whole recipe ~120 GB of disk (more with FEATURES=precomputed).
+# Stage 0 needs internet (about 60 GB from openslr.org; PARTS=mini: 0.4 GB), as do stage 2
+# with MUSAN=1 (11 GB) and stage 10 (the LM text, 1.4 GB), and the whole recipe ~120 GB of
+# disk (more with FEATURES=precomputed).
+#
+# Language models (stage 10, docs/decoding.md): the LibriSpeech LM text
+# (openslr.org/11 librispeech-lm-norm.txt.gz: 40 M sentences, 800 M words of 14,500 books)
+# downloaded like the corpus (asr-prepare-manifests --lm-text, lhotse's resumable download)
+# to LM_TEXT unless a file is there; an LM_ORDER-gram over the BPE pieces of its first
+# LM_MAX_LINES lines and the LODR bigram of the training transcripts (the training parts'
+# supervisions), both with asr-train-lm into $DATA/lm (an ARPA file there is not trained
+# again: remove it to retrain); then beam search of LM_BEAM hypotheses on the test sets
+# with the LM and LODR (EXP/decode-<part>-beam<LM_BEAM>-lm), and without them where the decode
+# stage has not decoded that beam, printed and in the results table.
 #
 # Environment (defaults in brackets):
 #   DATA [data/librispeech], EXP [exp/librispeech_transducer]
@@ -51,6 +63,22 @@
 #     within this fraction of the largest that fits (larger: fewer probes, smaller batches)
 #   EPOCH [the last], AVG [5]: the average of epochs EPOCH-AVG+1..EPOCH is decoded and exported
 #   BEAM [4]: the beam of the decoding stage (greedy is always decoded too)
+#   LM_TEXT [$DATA/lm/librispeech-lm-norm.txt.gz]: the LM text, downloaded to it unless it is
+#     there (any text of one sentence a line, plain or gzipped: your own, or a stand-in)
+#   LM_ORDER [6], LM_MAX_LINES [500000; all: every line]: the LM's order and the lines
+#     of LM_TEXT it is trained on (the first ones). Why a bound: memory grows with the
+#     distinct n-grams, about 1-2 per BPE token at order 6 (0.9 on asr/decoding/lm.py's
+#     varied synthetic text). asr-train-lm holds 38 bytes a distinct n-gram (its
+#     docstring), and the first decode with the ARPA file about 700 (it is read into
+#     Python dictionaries, then cached beside it as tensors of about 25: measured on the
+#     demo's 6-gram, 3.4 M n-grams). The whole text, 800 M words or about 1.2 G tokens,
+#     would be a billion n-grams or more: 40 GB and up to train, hundreds of GB to load.
+#     500,000 lines (20 words a line: 10 M words, about 15 M tokens, 15-30 M n-grams) take
+#     0.6-1.2 GB to train and 10-21 GB to load once: a 32 GB machine. Raise it as memory
+#     allows (the figures scale with it); the file is named by it, so another value
+#     trains another LM.
+#   LM_BEAM [8]: the beam of the lm stage; LM_WEIGHT, LODR_WEIGHT [asr-decode's defaults]:
+#     the weights (asr-sweep chooses them on a dev set, docs/decoding.md)
 #   VOCAB_SIZE [1024], NUM_BUCKETS [30], EXPERIMENT [librispeech_transducer;
 #     librispeech_streaming: stage 5 also writes its feature statistics, stage 10 its
 #     streaming ONNX export (docs/streaming.md)]
@@ -61,7 +89,7 @@
 set -euo pipefail
 
 stage=0
-stop_stage=11
+stop_stage=12
 data=${DATA:-data/librispeech}
 experiment=${EXPERIMENT:-librispeech_transducer}
 exp=${EXP:-exp/$experiment}
@@ -73,6 +101,12 @@ device=${DEVICE:-cuda}
 batch_tolerance=${BATCH_TOLERANCE:-0.05}
 avg=${AVG:-5}
 beam=${BEAM:-4}
+lm_text=${LM_TEXT:-}  # set below: $data/lm/...
+lm_order=${LM_ORDER:-6}
+lm_max_lines=${LM_MAX_LINES:-500000}
+lm_beam=${LM_BEAM:-8}
+lm_weight=${LM_WEIGHT:-}  # empty: asr-decode's defaults
+lodr_weight=${LODR_WEIGHT:-}
 vocab_size=${VOCAB_SIZE:-1024}
 num_buckets=${NUM_BUCKETS:-30}
 ssl_objective=${SSL_OBJECTIVE:-best_rq}
@@ -81,12 +115,15 @@ read -ra finetune_parts <<< "${FINETUNE_PARTS:-train-clean-100}"
 shar=${SHAR:-0}
 musan=${MUSAN:-0}
 
-names=(download manifests musan perturb tokenizer features bins batch-sizes train decode export
+names=(download manifests musan perturb tokenizer features bins batch-sizes train decode lm export
   results pretrain finetune)
 source "$(dirname "$0")/../stages.sh"
 parse_stages "$@"
 [[ $shar == 0 || $shar == 1 ]] || { echo "SHAR must be 0 or 1, not '$shar'" >&2; exit 2; }
 [[ $musan == 0 || $musan == 1 ]] || { echo "MUSAN must be 0 or 1, not '$musan'" >&2; exit 2; }
+[[ $lm_max_lines == all || $lm_max_lines =~ ^[1-9][0-9]*$ ]] || {
+  echo "LM_MAX_LINES must be a number of lines or all, not '$lm_max_lines'" >&2; exit 2; }
+[[ $lm_beam =~ ^[1-9][0-9]*$ ]] || { echo "LM_BEAM must be a beam size, not '$lm_beam'" >&2; exit 2; }
 manifests=$data/manifests
 cuts() { echo "$manifests/librispeech_cuts_$1.jsonl.gz"; }
 join() { local IFS=,; echo "$*"; }
@@ -246,7 +283,60 @@ if run 9; then say 9
     done
   done
 fi
+# Beam search of $1 hypotheses without and with the LM + LODR on the parts after it, one
+# line each (stage 10's decodes).
+lm_wers() {
+  python - "$exp" "$@" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+exp, beam, parts = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+for part in parts:
+    for name in (f"decode-{part}-beam{beam}", f"decode-{part}-beam{beam}-lm"):
+        result = json.loads((exp / name / "wer.json").read_text())
+        lm = result.get("language_model")
+        fused = "without LM"
+        if lm:
+            fused = f"with LM + LODR (LM {Path(lm['lm']).name} x {lm['lm_weight']:g}"
+            if "lodr" in lm:
+                fused += f", LODR {Path(lm['lodr']).name} x {lm['lodr_weight']:g}"
+            fused += ")"
+        print(f"{part}, beam {beam}: {result['wer']:.2f}% {fused}")
+EOF
+}
+# The language models of stage 10, over the tokenizer's pieces (named by it) in $data/lm.
+lm_dir=$data/lm
+lm_text=${lm_text:-$lm_dir/librispeech-lm-norm.txt.gz}
+lm=$lm_dir/bpe${vocab_size}_${lm_order}gram_${lm_max_lines}lines.arpa.gz
+lm_lines=(); [[ $lm_max_lines == all ]] || lm_lines=(--max-lines "$lm_max_lines")
+lodr=$lm_dir/bpe${vocab_size}_lodr_2gram.arpa.gz
+lm_args=(--lm "$lm" --lodr "$lodr")
+[[ -n $lm_weight ]] && lm_args+=(--lm-weight "$lm_weight")
+[[ -n $lodr_weight ]] && lm_args+=(--lodr-weight "$lodr_weight")
 if run 10; then say 10
+  [[ -f $tokenizer ]] || { echo "no tokenizer $tokenizer: run the tokenizer stage first" >&2; exit 1; }
+  pick_model  # before the download: a model to decode with is there
+  if [[ -f $lm ]]; then echo "$lm exists"; else
+    asr-prepare-manifests --lm-text "$lm_text"  # downloaded unless it is there
+    asr-train-lm "$lm_text" "${lm_lines[@]}" --tokenizer "$tokenizer" --order "$lm_order" -o "$lm"
+  fi
+  if [[ -f $lodr ]]; then echo "$lodr exists"; else  # the supervisions' text, no speed copies
+    transcripts=(); for p in "${train_parts[@]}"; do
+      transcripts+=("$manifests/librispeech_supervisions_$p.jsonl.gz"); done
+    asr-train-lm "${transcripts[@]}" --tokenizer "$tokenizer" --order 2 -o "$lodr"
+  fi
+  for p in "${test_parts[@]}"; do
+    without=$exp/decode-$p-beam$lm_beam
+    if run 9 && (( lm_beam == beam )); then echo "$without: decoded by the decode stage"; else
+      asr-decode "$exp/checkpoints" "$(cuts "$p")" "${pick[@]}" --beam-size "$lm_beam" -o "$without"
+    fi
+    asr-decode "$exp/checkpoints" "$(cuts "$p")" "${pick[@]}" --beam-size "$lm_beam" \
+      "${lm_args[@]}" -o "$without-lm"
+  done
+  lm_wers "$lm_beam" "${test_parts[@]}"
+fi
+if run 11; then say 11
   pick_model
   asr-export "$exp/checkpoints" "${pick[@]}" -o "$exp/model.bundle.pt"
   # a streaming preset: its ONNX export for sherpa-onnx's online recognizer (docs/streaming.md)
@@ -255,22 +345,27 @@ if run 10; then say 10
     asr-export "$exp/checkpoints" "${pick[@]}" --format onnx -o "$exp/onnx"
   fi
 fi
-if run 11; then say 11
+if run 12; then say 12
   pick_model
-  python - "$exp" "${pick[*]}" "$beam" "${test_parts[@]}" <<'EOF'
+  python - "$exp" "${pick[*]}" "$beam" "$lm_beam" "${test_parts[@]}" <<'EOF'
 import json
 import sys
 from pathlib import Path
 
-exp, picked, beam, parts = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+exp, picked, beam, lm_beam, parts = (
+    Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+)
 rows = [f"Model: `{picked}` of {exp}/checkpoints (the same as {exp}/model.bundle.pt).", "",
         "| test set | search | WER % | RTFx |", "| --- | --- | --- | --- |"]
+searches = {"1": "greedy"}  # the decode stage's, then the lm stage's
+for b in (beam, lm_beam):
+    searches.setdefault(b, f"beam {b}")
+searches[f"{lm_beam}-lm"] = f"beam {lm_beam}, LM + LODR"
 for part in dict.fromkeys(parts):
-    for b in ("1", beam):
+    for b, search in searches.items():
         result = exp / f"decode-{part}-beam{b}" / "wer.json"
         if result.is_file():
             wer = json.loads(result.read_text())
-            search = "greedy" if b == "1" else f"beam {b}"
             rows.append(f"| {part} | {search} | {wer['wer']:.2f} | {wer['rtfx']} |")
 rows += ["", "![training curves](training.png)", "", "![buckets and batch sizes](bins.png)"]
 (exp / "results.md").write_text("\n".join(rows) + "\n")
@@ -280,7 +375,7 @@ EOF
   asr-plot bins "$batch_sizes" --cuts "${train_cuts[@]}" -o "$exp/bins.png"
 fi
 ssl_exp=${SSL_EXP:-exp/librispeech_ssl_$ssl_objective}
-if run 12; then say 12
+if run 13; then say 13
   ssl_bins=$data/bins-$(join "${train_parts[@]}")$sp_suffix-audio.yaml
   if [[ -f $ssl_bins ]]; then echo "$ssl_bins exists"; else
     asr-estimate-bins "${train_cuts[@]}" --num-buckets "$num_buckets" -o "$ssl_bins"  # by duration
@@ -302,7 +397,7 @@ if run 12; then say 12
   asr-export "$ssl_exp/checkpoints" --best --encoder-only -o "$ssl_exp/encoder.pt"
 fi
 ft_exp=$exp-ft-$ssl_objective
-if run 13; then say 13
+if run 14; then say 14
   ft_cuts=(); for p in "${finetune_parts[@]}"; do ft_cuts+=("$(cuts "$(train_name "$p")")"); done
   asr-train "${data_args[@]}" exp_dir="$ft_exp" "data.train_cuts=[$(join "${ft_cuts[@]}")]" \
     data.sampler.bins_file="$batch_sizes" init_encoder_from="$ssl_exp/encoder.pt" \
