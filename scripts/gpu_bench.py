@@ -31,6 +31,11 @@ Sections, each with the claim it measures:
   project's sample-wise loss and with torchaudio's.
 - decode (`asr.gpu_check.bench_decode`): the shallow-decoder AED's "3x inference speed-up
   (RTFx)" (same paper), and transducer greedy and beam search.
+- lm-fusion (`asr.gpu_check.bench_lm_fusion`): issue 67's cost of language-model fusion:
+  label-looping greedy search (CUDA graphs) at batch 16 and 64 and beam search (8) at batch
+  16, each without and with token n-grams of orders 3 and 6 (and LODR), alternating; the
+  search's speed with an LM over without, against 0.8 (greedy) and 0.75 (beam), the graph
+  captured with the LM, and greedy's output with an LM equal to frame-looping's.
 - streaming (`asr.gpu_check.bench_streaming`): a streaming transducer's training step at
   each trained chunk size, and its decoding RTFx with 1, 16 and 64 concurrent streams.
 """

@@ -39,7 +39,7 @@ steps. Then the ratios 2D / 1D and sample-wise / torchaudio.
 
 Time: the issue asks 60 timed steps per run. The searches (about 60 probes; a probe builds
 the model and runs a worst-case step, 1.6-2 s each on an H100 and an H200 in the GPU check)
-take most of the section's 3 minutes, so each run stops at `steps` or at its share of the
+take most of the section's limit (155 s), so each run stops at `steps` or at its share of the
 time left (the section's limit less a margin, split evenly over the runs still to come,
 less a run's own model build and warm-up), whichever comes first; its record says how many
 steps it timed and which bound stopped it. The GPU case uses 3 duration buckets x 2 token

@@ -29,8 +29,7 @@ commands load a model, timed at batch 32 (every utterance) and batch 1 (the firs
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +44,13 @@ from asr.decoding.transducer import FrameLoopingGreedy
 from asr.decoding.transducer_beam import BeamOptions, BeamSearch
 from asr.frames import FRAMES_PER_SECOND
 from asr.gpu_check.random_models import (
+    RATE_TOLERANCE,
     TOKENS_PER_SECOND,
     AedCase,
+    Search,
     batches,
+    blank_shift,
+    calibrate_blank,
     eos_suppressed,
     utterance_features,
 )
@@ -59,8 +62,6 @@ from asr.models.transducer import Transducer
 from asr.training.oomptimizer import compose_config
 
 TARGET_RATIO = 2.5  # issue 46: flash/deep at batch 32 with the CUDA-graph search
-RATE_TOLERANCE = 0.1  # the calibrated emission rate within 10 % of TOKENS_PER_SECOND
-BIAS_STEPS = 14  # bisection steps on the blank bias
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,6 @@ REHEARSAL_CASE = DecodeCase(
     single_utterances=2,
     repeats=1,
 )
-
-
-Search = Callable[[Tensor, Tensor], list[list[int]]]
 
 
 @dataclass(frozen=True)
@@ -164,41 +162,6 @@ def search_profile(
         busy = sum(e.self_device_time_total for e in events) / 1e6
         record.update(gpu_busy_seconds=busy, gpu_busy_share=busy / wall)
     return record
-
-
-@contextmanager
-def blank_shift(model: Transducer, shift: float) -> Iterator[None]:
-    """Within: the joiner's blank logit raised by `shift` (more blanks, fewer tokens)."""
-    bias = model.joiner.output.bias
-    with torch.no_grad():
-        bias[model.blank_id] += shift
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            bias[model.blank_id] -= shift
-
-
-@torch.inference_mode()
-def calibrate_blank(
-    model: Transducer, encoded: Sequence[tuple[Tensor, Tensor]], audio_s: float, search: Search
-) -> tuple[float, float]:
-    """The blank shift (bisection) at which `search` emits about TOKENS_PER_SECOND tokens
-    per second of audio on the encoder outputs `encoded`: (shift, tokens per second)."""
-
-    def rate(shift: float) -> float:
-        with blank_shift(model, shift):
-            return sum(len(h) for out, lens in encoded for h in search(out, lens)) / audio_s
-
-    low, high = -30.0, 30.0  # more blank as the shift grows: the rate falls
-    shift, found = 0.0, rate(0.0)
-    for _ in range(BIAS_STEPS):
-        if abs(found / TOKENS_PER_SECOND - 1) <= RATE_TOLERANCE:
-            break
-        low, high = (shift, high) if found > TOKENS_PER_SECOND else (low, shift)
-        shift = (low + high) / 2
-        found = rate(shift)
-    return shift, found
 
 
 def transducer_searches(model: Transducer) -> dict[str, Search]:

@@ -14,6 +14,7 @@ import pytest
 
 from asr.gpu_check.bench_batching import LOSSES, STRATEGIES
 from asr.gpu_check.bench_batching import REHEARSAL_CASE as BATCHING
+from asr.gpu_check.bench_lm_fusion import REHEARSAL_CASE as LM_FUSION
 from asr.gpu_check.bench_loss import REHEARSAL_CASE as LOSS
 from asr.gpu_check.bench_streaming import MAX_BLANK_BIAS
 from asr.gpu_check.bench_streaming import REHEARSAL_CASE as STREAMING
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_sections_and_their_limits() -> None:
-    names = ["loss-headline", "tdt-loss", "batching", "decode", "streaming"]
+    names = ["loss-headline", "tdt-loss", "batching", "decode", "lm-fusion", "streaming"]
     assert list(GPU_BENCH.section_names) == names
     assert all(s.limit_s <= 180 for s in GPU_BENCH.sections)  # 3 minutes each on one H100
     # 9.5 minutes in all: the whole bench and the runner's own start within 10 minutes
@@ -191,6 +192,27 @@ def test_batching_runs_both_strategies_with_both_losses(rehearsal: dict) -> None
             / runs[(strategy, "batched")]["audio_seconds_per_step"]
         )
         assert got == pytest.approx(want, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_lm_fusion_times_each_search_with_each_lm(rehearsal: dict) -> None:
+    """The section's records as the runner relays them (their fields in detail:
+    test_lm_fusion_section.py)."""
+    costs = records(rehearsal, "lm-fusion", "cost")
+    searches = [("greedy", b) for b in LM_FUSION.greedy_batch_sizes]
+    assert sorted({(c["search"], c["batch_size"]) for c in costs}) == sorted(
+        [*searches, ("beam", LM_FUSION.beam_batch)]
+    )
+    assert {c["lm"] for c in costs} == {"lm3", "lm6", "lm6+lodr2"}
+    assert all(c["ratio"] > 0 and c["tokens"] > 0 for c in costs)
+    assert all(
+        a["label_looping_differs"] == 0 for a in records(rehearsal, "lm-fusion", "agreement")
+    )
+    (targets,) = records(rehearsal, "lm-fusion", "targets")
+    assert len(targets["cases"]) == len(costs)
+    (summary,) = records(rehearsal, "lm-fusion", "summary")
+    assert summary["warnings"] == [] and summary["failures"] == []
 
 
 @pytest.mark.slow
