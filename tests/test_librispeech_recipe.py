@@ -1,6 +1,7 @@
-"""recipes/librispeech/run.sh end to end, but for the download, on a synthetic stand-in with
+"""recipes/librispeech/run.sh end to end, but for the downloads, on a synthetic stand-in with
 LibriSpeech's seven part names and a tiny model on the CPU: every stage runs, and the model
-decoded is the model exported."""
+decoded is the model exported. The lm stage's LM text is a small file put where the
+download would write it (the downloader keeps a file that is there)."""
 
 import json
 import os
@@ -14,6 +15,8 @@ import torch
 import yaml
 
 from asr.data.corpus import load_cuts
+from asr.decoding.lm import read_arpa
+from asr.demo.lm_text import make_lm_text
 from asr.demo.synth import make_demo_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +55,11 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
     data, exp = tmp_path / "data", tmp_path / "exp"
     sizes = {"train_hours": 0.02, "dev_minutes": 0.3, "test_minutes": 0.3, "seed": 1}
     make_demo_corpus(data, **sizes, num_jobs=2, librispeech_parts=True)
+    # the LM text in place of openslr.org/11's download: 400 sentences of the grammar, none a
+    # dev or test one, of which the lm stage reads LM_MAX_LINES
+    lm_text = data / "lm" / "librispeech-lm-norm.txt.gz"
+    make_lm_text(lm_text, data, sentences=400)
+    lm_text_bytes = lm_text.read_bytes()
     env = {
         "DATA": str(data),
         "EXP": str(exp),
@@ -63,12 +71,15 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
         "AVG": "2",
         "OMP_NUM_THREADS": "1",
         "WANDB_MODE": "disabled",
+        "LM_ORDER": "3",  # the lm stage at toy sizes
+        "LM_MAX_LINES": "300",
+        "LM_BEAM": "2",  # not the decode stage's beam: it decodes without the LM too
     }
     # SHAR=1: stage 5 also writes each training part (its speed copies too) as Shar shards
     printed = _recipe(
         env | {"SHAR": "1"}, "--stage", "manifests", "--", *TINY_MODEL, "trainer.max_epochs=2"
     )
-    for stage in ("manifests", "perturb", "tokenizer", "features", "bins", "batch-sizes"):
+    for stage in ("manifests", "perturb", "tokenizer", "features", "bins", "batch-sizes", "lm"):
         assert f": {stage} (" in printed
     manifests = data / "manifests"
     for part in ("train-clean-100", "train-clean-360", "train-other-500"):
@@ -91,6 +102,20 @@ def test_every_stage_but_the_download_runs_on_a_stand_in(tmp_path: Path) -> None
             wer = json.loads((exp / f"decode-{part}-beam{beam}" / "wer.json").read_text())
             search = "greedy" if beam == 1 else "beam 4"
             assert f"| {part} | {search} | {wer['wer']:.2f} |" in results
+    # the lm stage: the LM text kept (not downloaded), a 3-gram of its first 300 lines and the
+    # LODR bigram of the training transcripts, beam 2 without and with them, one line each
+    assert lm_text.read_bytes() == lm_text_bytes
+    for arpa, order in (("bpe64_3gram_300lines", 3), ("bpe64_lodr_2gram", 2)):
+        assert read_arpa(data / "lm" / f"{arpa}.arpa.gz").order == order
+    assert "300 sentences" in printed  # LM_MAX_LINES of the 400
+    for part in ("test-clean", "test-other"):
+        without = json.loads((exp / f"decode-{part}-beam2" / "wer.json").read_text())
+        fused = json.loads((exp / f"decode-{part}-beam2-lm" / "wer.json").read_text())
+        assert fused["language_model"]["lm"] == str(data / "lm" / "bpe64_3gram_300lines.arpa.gz")
+        assert fused["language_model"]["lodr"] == str(data / "lm" / "bpe64_lodr_2gram.arpa.gz")
+        assert f"{part}, beam 2: {without['wer']:.2f}% without LM\n" in printed
+        assert f"{part}, beam 2: {fused['wer']:.2f}% with LM + LODR (LM " in printed
+        assert f"| {part} | beam 2, LM + LODR | {fused['wer']:.2f} |" in results
     assert "![training curves](training.png)" in results
     assert (exp / "training.png").stat().st_size > 10_000 and (exp / "bins.png").is_file()
     # self-supervised pre-training (BEST-RQ, duration bins, its own batch sizes), then the
