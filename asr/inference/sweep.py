@@ -345,7 +345,12 @@ def settings_of(args: argparse.Namespace) -> list[Setting]:
     scores = args.biasing_score or (
         list(DEFAULT_BIASING_SCORES) if args.biasing_phrases else [None]
     )
-    return [Setting(*combo) for combo in itertools.product(lm, lodr, scores)]
+    combos = list(itertools.product(lm, lodr, scores))
+    # (a LODR weight above the LM's is refused: `check_lodr_below_lm`)
+    kept = [c for c in combos if c[0] is None or c[1] is None or c[1] <= c[0]]
+    if len(kept) < len(combos):
+        print(f"skipping {len(combos) - len(kept)} combinations with a LODR weight above the LM's")
+    return [Setting(*combo) for combo in kept]
 
 
 def _check_pairs(args: argparse.Namespace) -> None:

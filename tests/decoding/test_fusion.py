@@ -228,3 +228,10 @@ def test_dense_rows_give_what_the_back_off_walk_gives(order):
         torch.testing.assert_close(dense.end_scores(states), lm.end_scores(states))
         assert dense.nbytes() == lm.nbytes() + lm.dense_nbytes(k) - lm.dense_nbytes(0)
     assert lm.densified(lm.dense_nbytes(1) - 1).dense_order == 0
+
+
+def test_a_lodr_weight_above_the_lm_s_is_refused():
+    lm = lm_of([[4, 5]], 2, 9)
+    with pytest.raises(ValueError, match="lodr_weight 0.3 is above lm_weight 0.1"):
+        LmFusion(lm, 0.1, lodr=lm, lodr_weight=0.3)
+    LmFusion(lm, 0.3, lodr=lm, lodr_weight=0.3)  # equal: allowed (it cancels)

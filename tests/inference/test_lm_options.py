@@ -124,19 +124,19 @@ def test_decode_with_an_lm_records_it(bundle: Path, test_cuts: Path, lms, capsys
     decode_main([str(bundle), str(test_cuts), "--beam-size", "3", "-o", str(plain_dir)])
     plain = json.loads((plain_dir / "wer.json").read_text())
     assert "language_model" not in plain
-    lm = ["--lm", str(lms["lm"]), "--lm-weight", "0", "--lodr", str(lms["lodr"])]
+    lm = ["--lm", str(lms["lm"]), "--lm-weight", "0.5", "--lodr", str(lms["lodr"])]
     decode_main([str(bundle), str(test_cuts), "--beam-size", "3", *lm, "-o", str(zero_dir)])
     zero = json.loads((zero_dir / "wer.json").read_text())
     assert zero["language_model"] == {
         "lm": str(lms["lm"]),
-        "lm_weight": 0.0,
+        "lm_weight": 0.5,
         "lodr": str(lms["lodr"]),
         "lodr_weight": DEFAULT_LODR_WEIGHT,
     }
-    # (LODR alone, at its default weight, is subtracted: the WER may change; the LM at 0
-    # and LODR at 0 is the search without them)
+    # the LM at 0 and LODR at 0 is the search without them
+    zero_weights = ["--lm-weight", "0", "--lodr-weight", "0"]
     decode_main(
-        [str(bundle), str(test_cuts), "--beam-size", "3", *lm, "--lodr-weight", "0"]
+        [str(bundle), str(test_cuts), "--beam-size", "3", *lm, *zero_weights]
         + ["--nbest", "2", "-o", str(zero_dir)]
     )
     zero = json.loads((zero_dir / "wer.json").read_text())
@@ -280,14 +280,19 @@ def test_sweep_encodes_once_and_tabulates_every_combination(
         + ["--biasing-phrases", str(phrases), "--biasing-score", "0,3", "-o", str(out)]
     )
     printed = capsys.readouterr().out
-    assert len(calls) == decoded_batches  # encoded once for the 8 combinations
+    assert len(calls) == decoded_batches  # encoded once for the 6 combinations
+    assert "skipping 2 combinations with a LODR weight above the LM's" in printed
     table = [line for line in printed.splitlines() if line.startswith("|")]
     assert table[0].startswith("| LM weight | LODR weight | biasing score | WER % |")
-    assert len(table) == 2 + 8 and sum("**best**" in line for line in table) == 1
+    assert len(table) == 2 + 6 and sum("**best**" in line for line in table) == 1
     report = json.loads(out.read_text())
     rows = report["results"]
     assert [(r["lm_weight"], r["lodr_weight"], r["biasing_score"]) for r in rows] == [
-        (lm, lodr, score) for lm in (0.0, 5.0) for lodr in (0.0, 0.1) for score in (0.0, 3.0)
+        (lm, lodr, score)
+        for lm in (0.0, 5.0)
+        for lodr in (0.0, 0.1)
+        for score in (0.0, 3.0)
+        if lodr <= lm
     ]
     base = rows[0]
     for key in ("wer", "substitutions", "deletions", "insertions", "ref_words"):
