@@ -162,9 +162,10 @@ def download_librispeech(
 def download_librispeech_lm_text(path: str | Path, base_url: str = OPENSLR_URL) -> Path:
     """The LibriSpeech LM text (openslr.org/11 `librispeech-lm-norm.txt.gz`, 1.4 GB: 40 M
     normalized sentences, 800 M words, of 14,500 public-domain books, the books of the dev
-    and test sets left out) downloaded to `path`, unless a file is there. Fetched with lhotse's resumable
-    download, as `download_librispeech` fetches the corpus, into `path.part` (an interrupted
-    download resumes there), renamed to `path` when complete: a file at `path` is whole."""
+    and test sets left out) downloaded to `path`, unless a file is there. Fetched with
+    lhotse's resumable download, as `download_librispeech` fetches the corpus, into
+    `path.part` (an interrupted download resumes there), renamed to `path` when complete: a
+    file at `path` is whole."""
     path = Path(path)
     if path.is_file():
         log.info("%s exists: not downloaded", path)
