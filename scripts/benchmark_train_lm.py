@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from asr.data.tokenizer import Tokenizer
-from asr.decoding.lm import KneserNeyCounter
+from asr.decoding.kneser_ney import KneserNeyCounter
 
 SUCCESSORS = 50  # a word's list of likely next words
 FOLLOW = 0.7  # the chance that a word comes from the previous word's list

@@ -14,7 +14,7 @@ timed: what is timed is the search alone, on the encoder output.
 
 Language models: token n-grams of orders 3 and 6 (shallow fusion, weight `LM_WEIGHT`) and
 a LODR bigram (subtracted, `LODR_WEIGHT`), `scripts/benchmark_lm.py`'s default weights,
-estimated by `asr.decoding.lm.KneserNeyCounter` (modified Kneser-Ney) from about
+estimated by `asr.decoding.kneser_ney.KneserNeyCounter` (modified Kneser-Ney) from about
 `lm_tokens` tokens of seeded text over the model's vocabulary (`lm_text`): sentences of 2-7
 phrases drawn by a Zipf law from `phrases` phrases of 1-5 tokens, themselves drawn by a
 Zipf law over the text tokens, so that n-grams repeat as in text (at the GPU's sizes the
@@ -77,8 +77,8 @@ from torch import Tensor
 from asr.decoding.cuda_graphs import _KEPT
 from asr.decoding.fusion import DENSE_MAX_BYTES, LmFusion, TokenLm
 from asr.decoding.hypotheses import TimedTokens
+from asr.decoding.kneser_ney import KneserNeyCounter
 from asr.decoding.label_looping import LabelLoopingGreedy, _LabelLoops
-from asr.decoding.lm import KneserNeyCounter
 from asr.decoding.search import TransducerSearch, decode_with
 from asr.decoding.transducer import FrameLoopingGreedy, GreedyOptions
 from asr.decoding.transducer_beam import BeamOptions, BeamSearch

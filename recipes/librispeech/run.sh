@@ -67,7 +67,7 @@
 #     there (any text of one sentence a line, plain or gzipped: your own, or a stand-in)
 #   LM_ORDER [6], LM_MAX_LINES [500000; all: every line]: the LM's order and the lines
 #     of LM_TEXT it is trained on (the first ones). Why a bound: memory grows with the
-#     distinct n-grams, about 1-2 per BPE token at order 6 (0.9 on asr/decoding/lm.py's
+#     distinct n-grams, about 1-2 per BPE token at order 6 (0.9 on asr/decoding/kneser_ney.py's
 #     varied synthetic text). asr-train-lm holds 38 bytes a distinct n-gram (its
 #     docstring), and the first decode with the ARPA file about 700 (it is read into
 #     Python dictionaries, then cached beside it as tensors of about 25: measured on the

@@ -1,6 +1,7 @@
-"""The first estimator of `asr.decoding.lm` (commit b057e74), plain Python dictionaries like
-icefall's ``shared/make_kn_lm.py``: kept only as the reference that the numpy estimator
-must equal (tests/decoding/test_lm.py). Unchanged but for its imports and names."""
+"""The first estimator of `asr.decoding.kneser_ney` (then in `asr.decoding.lm`, commit
+b057e74), plain Python dictionaries like icefall's ``shared/make_kn_lm.py``: kept only as
+the reference that the numpy estimator must equal (tests/decoding/test_lm.py). Unchanged
+but for its imports and names."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from asr.decoding.lm import BOS, EOS, FALLBACK_DISCOUNTS, NO_PROB, UNK, Ngram, NgramLM
+from asr.decoding.kneser_ney import FALLBACK_DISCOUNTS
+from asr.decoding.lm import BOS, EOS, NO_PROB, UNK, Ngram, NgramLM
 
 
 def reference_discounts(adjusted: Iterable[int]) -> tuple[float, float, float]:

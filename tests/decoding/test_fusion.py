@@ -11,7 +11,8 @@ import torch
 
 from asr.decoding.biasing import BiasingGraph
 from asr.decoding.fusion import MAX_LM_WEIGHT, LmFusion, TokenLm, check_lm_weight, load_fusion
-from asr.decoding.lm import KneserNeyCounter, read_arpa, train_kneser_ney, write_arpa
+from asr.decoding.kneser_ney import KneserNeyCounter, train_kneser_ney
+from asr.decoding.lm import read_arpa, write_arpa
 from asr.decoding.transducer import FrameLoopingGreedy, GreedyOptions
 from asr.decoding.transducer_beam import BeamOptions, BeamSearch
 from tests.decoding.searching import beam_nbest, greedy_timed

@@ -8,7 +8,7 @@ import pytest
 from asr.decoding import aed
 from asr.decoding.biasing import BiasingGraph
 from asr.decoding.fusion import LmFusion, TokenLm
-from asr.decoding.lm import KneserNeyCounter
+from asr.decoding.kneser_ney import KneserNeyCounter
 from asr.decoding.search import decode, decode_nbest
 from asr.tokens import SPECIAL_PIECES
 from tests.decoding.test_aed import VOCAB, encoded, sequence_score, trained_looking_aed

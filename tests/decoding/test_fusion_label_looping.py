@@ -16,8 +16,8 @@ from asr.decoding.biasing import BiasingGraph
 from asr.decoding.cuda_graphs import _KEPT
 from asr.decoding.fusion import LmFusion, TokenLm
 from asr.decoding.hypotheses import TimedTokens
+from asr.decoding.kneser_ney import KneserNeyCounter
 from asr.decoding.label_looping import LabelLoopingGreedy, _LabelLoops
-from asr.decoding.lm import KneserNeyCounter
 from asr.decoding.search import decode_with, search_whole
 from asr.decoding.transducer import FrameLoopingGreedy, GreedyOptions, GreedyProgress
 from asr.models.transducer import Transducer

@@ -13,19 +13,14 @@ import numpy as np
 import pytest
 
 from asr.data.tokenizer import train_tokenizer
-from asr.decoding.lm import (
-    BOS,
-    EOS,
+from asr.decoding.kneser_ney import (
     FALLBACK_DISCOUNTS,
-    UNK,
     KneserNeyCounter,
-    NgramLM,
     _decimals,
     main,
-    read_arpa,
     train_kneser_ney,
-    write_arpa,
 )
+from asr.decoding.lm import BOS, EOS, UNK, NgramLM, read_arpa, write_arpa
 from tests.decoding.kneser_ney_reference import reference_kneser_ney
 
 

@@ -14,7 +14,8 @@ import pytest
 
 import asr
 from asr.decoding import fusion as fusion_module
-from asr.decoding.lm import KneserNeyCounter, train_kneser_ney, write_arpa
+from asr.decoding.kneser_ney import KneserNeyCounter, train_kneser_ney
+from asr.decoding.lm import write_arpa
 from asr.inference.audio import read_audio
 from asr.inference.cli import decode_main, serve_main, transcribe_main
 from asr.inference.language_model import DEFAULT_LM_WEIGHT, DEFAULT_LODR_WEIGHT
