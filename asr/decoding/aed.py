@@ -25,7 +25,7 @@ from asr.decoding.biasing import BiasingGraph, keep_half
 from asr.decoding.checks import check_beam, check_encoder_output
 from asr.decoding.cuda_graphs import KeptBuffers, ModelRef, kept_with, run_steps
 from asr.decoding.fusion import LmFusion
-from asr.models.aed import EncoderDecoder, StaticDecoderState
+from asr.models.aed import DecoderState, EncoderDecoder, StaticDecoderState
 
 
 @dataclass(frozen=True)
@@ -258,85 +258,173 @@ def beam_search_nbest(
     """
     check_encoder_output(encoder_out, encoder_lens)
     k, eos = options.beam_size, model.eos_id
-    length_penalty, max_tps = options.length_penalty, options.max_tps
     batch, device = encoder_out.size(0), encoder_out.device
     if batch == 0:
         return []
-    limits = max_output_lengths(encoder_lens, model.frame_seconds, max_tps).to(device)
-    expand = torch.arange(batch, device=device).repeat_interleave(k)
-    state = model.decoder.init_state(encoder_out, encoder_lens).select(expand)  # N = B x K
-    utts = list(range(batch))  # the utterance of each group of K rows still decoding
-    scores = torch.full((batch, k), -math.inf, device=device)
-    scores[:, 0] = 0.0  # one live hypothesis at the start; the copies are -inf
-    history = torch.empty((batch * k, 0), dtype=torch.long, device=device)
-    tokens = torch.full((batch * k,), model.bos_id, dtype=torch.long, device=device)
-    nodes = torch.zeros(batch * k, dtype=torch.long, device=device)  # in the biasing graph
     if biasing is not None:
         biasing = biasing.to(device)
-    # (N, P): each row's state in each of the P LMs (P = 0 without an LM)
-    lm_states = torch.zeros((batch * k, 0), dtype=torch.long, device=device)
     if lm is not None:  # an attention decoder's vocabulary has no blank: every token scored
         lm = lm.for_model(model.vocab_size, None, device)
-        lm_states = lm.start(batch * k, device)
+    beam = _start_beam(model, encoder_out, encoder_lens, options, lm)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    for step in range(int(limits.max()) + 1):
-        logits, state = model.decoder.step(tokens, state)
-        b, vocab = len(utts), logits.size(-1)
-        log_probs = torch.log_softmax(logits.float(), dim=-1).view(b, k, vocab)
-        candidates = scores[:, :, None] + log_probs  # (b, K, V)
-        if biasing is not None:
-            candidates = candidates + biasing.gain.index_select(0, nodes).view(b, k, vocab)
-        if lm is not None:  # EOS's column: the end of the sentence
-            candidates = candidates + lm.scores(lm_states).view(b, k, vocab)
-        at_limit = step >= limits  # (b,): only EOS may follow
-        if bool(at_limit.any()):
-            only_eos = torch.full_like(candidates[0, 0], -math.inf)
-            only_eos[eos] = 0.0
-            candidates = torch.where(at_limit[:, None, None], candidates + only_eos, candidates)
+    for step in range(int(beam.limits.max()) + 1):
+        logits, beam.state = model.decoder.step(beam.tokens, beam.state)
+        candidates, at_limit = _step_candidates(beam, logits, step, eos, biasing, lm)
+        b, _, vocab = candidates.shape
         top_scores, top = candidates.view(b, k * vocab).topk(min(2 * k, k * vocab), dim=-1)
-        top_beam, top_token = top // vocab, top % vocab  # (b, 2K)
-        is_eos = top_token == eos
-        rank = torch.arange(top.size(1), device=device)
-        ends = is_eos & (rank < k) & torch.isfinite(top_scores)
-        if bool(ends.any()):
-            penalty = float(step + 1) ** length_penalty
-            for g, c in ends.nonzero().tolist():
-                utt = utts[g]
-                if len(finished[utt]) < k:
-                    prefix = history[g * k + int(top_beam[g, c])].tolist()
-                    finished[utt].append((float(top_scores[g, c]) / penalty, prefix))
+        is_eos = top % vocab == eos  # (b, 2K)
+        _finish_ends(beam, top_scores, top // vocab, is_eos, step, options, finished)
         # The first K candidates that are not EOS go on (at least K exist among 2K).
+        rank = torch.arange(top.size(1), device=device)
         order = (is_eos.long() * top.size(1) + rank).argsort(dim=-1)[:, :k]  # (b, K)
         chosen = top.gather(1, order)  # row of the utterance * V + token
         if biasing is not None:
-            chosen = _plain_half(candidates, chosen, biasing, nodes, eos)
-        new_scores = candidates.view(b, -1).gather(1, chosen)
-        source = chosen // vocab + torch.arange(b, device=device)[:, None] * k
-        new_tokens = chosen % vocab
+            chosen = _plain_half(candidates, chosen, biasing, beam.nodes, eos)
         done = [
-            len(finished[u]) >= k or end for u, end in zip(utts, at_limit.tolist(), strict=True)
+            len(finished[u]) >= k or end
+            for u, end in zip(beam.utts, at_limit.tolist(), strict=True)
         ]
         if all(done):
             break
-        keep = [g for g, d in enumerate(done) if not d]
-        if len(keep) < b:  # finished utterances leave the batch
-            source, new_tokens, new_scores = source[keep], new_tokens[keep], new_scores[keep]
-            limits = limits.index_select(0, torch.tensor(keep, device=device))
-            utts = [utts[g] for g in keep]
-            state = state.select(source.reshape(-1))
-        else:  # hypotheses only move between the rows of their own utterance
-            state = state.select(source.reshape(-1), same_memory=True)
-        rows = source.reshape(-1)
-        history = torch.cat([history.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
-        if biasing is not None:
-            nodes = biasing.next[nodes.index_select(0, rows), new_tokens.reshape(-1)]
-        if lm is not None:
-            lm_states = lm.step(lm_states.index_select(0, rows), new_tokens.reshape(-1))
-        tokens, scores = new_tokens.reshape(-1), new_scores
+        beam = _carry(beam, candidates, chosen, done, biasing, lm)
     return [
         [(tokens, score) for score, tokens in sorted(hyps, key=lambda h: -h[0])][: options.nbest]
         for hyps in finished
     ]
+
+
+@dataclass
+class _Beam:
+    """The live hypotheses of the b utterances still decoding, K rows each (N = b x K):
+    `utts` the utterance of each group of K rows, `limits` (b,) their token limits,
+    `state` the decoder's cache (N rows), `tokens` (N,) the token each row feeds next,
+    `scores` (b, K) their scores, `history` (N, steps) their tokens so far, `nodes` (N,)
+    their places in the biasing graph and `lm_states` (N, P) their states in the P LMs
+    (P = 0 without an LM)."""
+
+    utts: list[int]
+    limits: Tensor
+    state: DecoderState
+    tokens: Tensor
+    scores: Tensor
+    history: Tensor
+    nodes: Tensor
+    lm_states: Tensor
+
+
+def _start_beam(
+    model: EncoderDecoder,
+    encoder_out: Tensor,
+    encoder_lens: Tensor,
+    options: AedSearchOptions,
+    lm: LmFusion | None,
+) -> _Beam:
+    """K rows per utterance, one live hypothesis (``<s>``) each; the copies score -inf."""
+    k, batch, device = options.beam_size, encoder_out.size(0), encoder_out.device
+    limits = max_output_lengths(encoder_lens, model.frame_seconds, options.max_tps)
+    expand = torch.arange(batch, device=device).repeat_interleave(k)
+    state = model.decoder.init_state(encoder_out, encoder_lens).select(expand)
+    scores = torch.full((batch, k), -math.inf, device=device)
+    scores[:, 0] = 0.0
+    lm_states = torch.zeros((batch * k, 0), dtype=torch.long, device=device)
+    if lm is not None:
+        lm_states = lm.start(batch * k, device)
+    return _Beam(
+        utts=list(range(batch)),
+        limits=limits.to(device),
+        state=state,
+        tokens=torch.full((batch * k,), model.bos_id, dtype=torch.long, device=device),
+        scores=scores,
+        history=torch.empty((batch * k, 0), dtype=torch.long, device=device),
+        nodes=torch.zeros(batch * k, dtype=torch.long, device=device),
+        lm_states=lm_states,
+    )
+
+
+def _step_candidates(
+    beam: _Beam,
+    logits: Tensor,
+    step: int,
+    eos: int,
+    biasing: BiasingGraph | None,
+    lm: LmFusion | None,
+) -> tuple[Tensor, Tensor]:
+    """Every row's score plus each token's: log P, the biasing gain, the fused LM score
+    (EOS's column: the end of the sentence) -> candidates (b, K, V) and `at_limit` (b,),
+    the utterances at their length limit, where only EOS may follow."""
+    b, k, vocab = beam.scores.size(0), beam.scores.size(1), logits.size(-1)
+    log_probs = torch.log_softmax(logits.float(), dim=-1).view(b, k, vocab)
+    candidates = beam.scores[:, :, None] + log_probs
+    if biasing is not None:
+        candidates = candidates + biasing.gain.index_select(0, beam.nodes).view(b, k, vocab)
+    if lm is not None:
+        candidates = candidates + lm.scores(beam.lm_states).view(b, k, vocab)
+    at_limit = step >= beam.limits
+    if bool(at_limit.any()):
+        only_eos = torch.full_like(candidates[0, 0], -math.inf)
+        only_eos[eos] = 0.0
+        candidates = torch.where(at_limit[:, None, None], candidates + only_eos, candidates)
+    return candidates, at_limit
+
+
+def _finish_ends(
+    beam: _Beam,
+    top_scores: Tensor,
+    top_beam: Tensor,
+    is_eos: Tensor,
+    step: int,
+    options: AedSearchOptions,
+    finished: list[list[tuple[float, list[int]]]],
+) -> None:
+    """The finite EOS candidates among each utterance's first K (of `top_scores` (b, 2K),
+    from rows `top_beam`) end their hypotheses: each is added to `finished` with its
+    length-penalized score while its utterance has fewer than K."""
+    k = options.beam_size
+    rank = torch.arange(top_scores.size(1), device=top_scores.device)
+    ends = is_eos & (rank < k) & torch.isfinite(top_scores)
+    if not bool(ends.any()):
+        return
+    penalty = float(step + 1) ** options.length_penalty
+    for g, c in ends.nonzero().tolist():
+        utt = beam.utts[g]
+        if len(finished[utt]) < k:
+            prefix = beam.history[g * k + int(top_beam[g, c])].tolist()
+            finished[utt].append((float(top_scores[g, c]) / penalty, prefix))
+
+
+def _carry(
+    beam: _Beam,
+    candidates: Tensor,
+    chosen: Tensor,
+    done: list[bool],
+    biasing: BiasingGraph | None,
+    lm: LmFusion | None,
+) -> _Beam:
+    """The next beam: the `chosen` (b, K) places (row of the utterance * V + token) of the
+    utterances not `done`, each carrying its source row's decoder cache, history, biasing
+    node and LM states, advanced by its token; the `done` utterances leave the batch."""
+    b, k, vocab = candidates.shape
+    device = chosen.device
+    scores = candidates.view(b, -1).gather(1, chosen)
+    source = chosen // vocab + torch.arange(b, device=device)[:, None] * k
+    new_tokens = chosen % vocab
+    utts, limits = beam.utts, beam.limits
+    keep = [g for g, d in enumerate(done) if not d]
+    if len(keep) < b:  # finished utterances leave the batch
+        source, new_tokens, scores = source[keep], new_tokens[keep], scores[keep]
+        limits = limits.index_select(0, torch.tensor(keep, device=device))
+        utts = [utts[g] for g in keep]
+        state = beam.state.select(source.reshape(-1))
+    else:  # hypotheses only move between the rows of their own utterance
+        state = beam.state.select(source.reshape(-1), same_memory=True)
+    rows, tokens = source.reshape(-1), new_tokens.reshape(-1)
+    history = torch.cat([beam.history.index_select(0, rows), tokens[:, None]], dim=1)
+    nodes, lm_states = beam.nodes, beam.lm_states
+    if biasing is not None:
+        nodes = biasing.next[nodes.index_select(0, rows), tokens]
+    if lm is not None:
+        lm_states = lm.step(lm_states.index_select(0, rows), tokens)
+    return _Beam(utts, limits, state, tokens, scores, history, nodes, lm_states)
 
 
 def _plain_half(
