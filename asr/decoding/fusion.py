@@ -510,20 +510,6 @@ class LmFusion:
             total = total + weight * lm.end_scores(states[:, p])
         return total
 
-    def densified(self, device: torch.device | str, always: bool = False) -> LmFusion:
-        """This fusion with each LM's states given dense rows (`TokenLm.densified`), order by
-        order, as far as they take at most `DENSE_MAX_BYTES` and all the tables still fit
-        `device` (`always`: every state's)."""
-        free = free_bytes(torch.device(device)) // 2 - self.nbytes()
-        parts = []
-        for lm in (self.lm, self.lodr):
-            if lm is not None:
-                before = lm.nbytes()
-                lm = lm.densified(math.inf if always else min(DENSE_MAX_BYTES, free))
-                free -= lm.nbytes() - before
-            parts.append(lm)
-        return LmFusion(parts[0], self.weight, parts[1], self.lodr_weight, self.blank_id)
-
     def check_fits(self, device: torch.device | str, free: int | None = None) -> None:
         """A one-line MemoryError, before decoding starts, when the LMs' tensors take more
         than half the memory free on `device` (`free` bytes; None: as measured now)."""
@@ -536,6 +522,19 @@ class LmFusion:
                 f"{free / 1e9:.2f} GB free on {device}: prune it (fewer n-grams or a lower "
                 "order) or decode on a device with more memory"
             )
+
+
+def ready_for(lm: TokenLm, device: torch.device | str, dense: bool | None = None) -> TokenLm:
+    """`lm` on `device`, checked to fit there first (`LmFusion.check_fits`), with dense
+    rows (`TokenLm.densified`) order by order as far as they take at most
+    `DENSE_MAX_BYTES` and half the memory left free (`dense` True: every state's; False:
+    none)."""
+    device = torch.device(device)
+    LmFusion(lm, 0.0).check_fits(device)
+    if dense is not False:
+        budget = math.inf if dense else min(DENSE_MAX_BYTES, free_bytes(device) // 2)
+        lm = lm.densified(budget)
+    return lm.to(device)
 
 
 def load_fusion(
@@ -563,6 +562,7 @@ def load_fusion(
         lodr_weight,
     )
     fusion.check_fits(device)
-    if dense is not False:
-        fusion = fusion.densified(device, always=dense is True)
-    return fusion.to(device)
+    lm_, lodr_ = (
+        None if t is None else ready_for(t, device, dense) for t in (fusion.lm, fusion.lodr)
+    )
+    return LmFusion(lm_, lm_weight, lodr_, lodr_weight)

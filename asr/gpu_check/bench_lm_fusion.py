@@ -75,7 +75,7 @@ import torch
 from torch import Tensor
 
 from asr.decoding.cuda_graphs import _KEPT
-from asr.decoding.fusion import DENSE_MAX_BYTES, LmFusion, TokenLm
+from asr.decoding.fusion import DENSE_MAX_BYTES, LmFusion, TokenLm, ready_for
 from asr.decoding.hypotheses import TimedTokens
 from asr.decoding.kneser_ney import KneserNeyCounter
 from asr.decoding.label_looping import LabelLoopingGreedy, _LabelLoops
@@ -218,9 +218,7 @@ def build_fusions(
 def densified(lm: TokenLm, device: torch.device) -> TokenLm:
     """`lm` on `device` with the dense rows `load_fusion` gives it (as far as they take at
     most `DENSE_MAX_BYTES` and fit the device), checked to fit first."""
-    fusion = LmFusion(lm, LM_WEIGHT)
-    fusion.check_fits(device)
-    return fusion.to(device).densified(device).lm
+    return ready_for(lm, device)
 
 
 # -- the searches, alternating --------------------------------------------------------------

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import torch
 
-from asr.decoding.fusion import MAX_LM_WEIGHT, LmFusion, TokenLm, check_lm_weight, load_token_lm
+from asr.decoding.fusion import (
+    MAX_LM_WEIGHT,
+    LmFusion,
+    TokenLm,
+    check_lm_weight,
+    load_token_lm,
+    ready_for,
+)
 from asr.errors import InputFault
 
 __all__ = [
@@ -123,8 +130,7 @@ class FusionCache:
             table = None if path is None else self._lms.get(file)
             if path is not None and table is None:
                 table = load_token_lm(path, self.pieces)
-                LmFusion(table, 0.0).check_fits(self.device)  # before it moves there
-                table = self._lms[file] = table.to(self.device)
+                table = self._lms[file] = ready_for(table, self.device)  # checked, dense rows
             tables.append(table)
         fusion = LmFusion(tables[0], weight, tables[1], lodr_w)
         self._fusions[key] = fusion
