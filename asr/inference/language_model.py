@@ -44,11 +44,13 @@ __all__ = [
     "lm_settings",
 ]
 
-# The weights used where a path is given without one. Placeholders until they are chosen
-# on the demo's dev sets (issue 67, section 5); icefall's LODR recipes use 0.1-0.6 for the
-# LM and 0.1-0.2 for LODR.
-DEFAULT_LM_WEIGHT = 0.3
-DEFAULT_LODR_WEIGHT = 0.1
+# The weights used where a path is given without one: the best of the demo's dev-clean
+# sweep for a beam of 8 (`asr-sweep`, LM 0-0.7 x LODR 0-0.3; recipes/demo/RESULTS.md,
+# "Language models"), a 6-gram of the demo grammar's text and the LODR bigram of the
+# training transcripts. Greedy search's best there was 0.3 / 0.3. icefall's LODR recipes
+# use 0.1-0.6 for the LM and 0.1-0.2 for LODR: tune on your own dev set (`asr-sweep`).
+DEFAULT_LM_WEIGHT = 0.4
+DEFAULT_LODR_WEIGHT = 0.3
 
 # What `lm=` takes: a built fusion, or the path of an LM file (None: no LM).
 LanguageModel = LmFusion | str | Path | None

@@ -52,8 +52,8 @@ from asr.metrics import ErrorCounts, word_errors
 log = logging.getLogger(__name__)
 
 # What each list defaults to when its file is given without one.
-DEFAULT_LM_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5)
-DEFAULT_LODR_WEIGHTS = (0.0, 0.05, 0.1, 0.2)
+DEFAULT_LM_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
+DEFAULT_LODR_WEIGHTS = (0.0, 0.1, 0.2, 0.3)
 DEFAULT_BIASING_SCORES = (0.0, 2.0, DEFAULT_BIASING_SCORE, 6.0)
 
 
