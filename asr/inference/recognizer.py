@@ -156,6 +156,8 @@ class Recognizer:
         (ARPA over this model's pieces, `asr-train-lm`, or its cached tensor form) with
         `lm_weight` (None: `DEFAULT_LM_WEIGHT`) minus the LODR LM `lodr` with `lodr_weight`
         (None: `DEFAULT_LODR_WEIGHT`), read once and kept on this recognizer's device."""
+        if lm is None and lm_weight is None and lodr is None and lodr_weight is None:
+            return None  # (no LM: nothing to read, nor a vocabulary to read it for)
         return self.language_models.get(lm, lm_weight, lodr, lodr_weight)
 
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
