@@ -236,3 +236,21 @@ def test_a_lodr_weight_above_the_lm_s_is_refused():
     with pytest.raises(ValueError, match="lodr_weight 0.3 is above lm_weight 0.1"):
         LmFusion(lm, 0.1, lodr=lm, lodr_weight=0.3)
     LmFusion(lm, 0.3, lodr=lm, lodr_weight=0.3)  # equal: allowed (it cancels)
+
+
+@pytest.mark.parametrize("symbols", [1, 3])
+def test_a_tdt_fuses_an_lm_in_greedy_and_beam_alike(symbols):
+    """A token-and-duration transducer: weight 0 changes no search; with an LM that does
+    change the output, a beam of 1 is still greedy search (tokens, frames, durations)."""
+    from tests.decoding.test_tdt_search import _random_batch, _random_tdt, _timed
+
+    model = _random_tdt(dtype=torch.float64)
+    enc, lens = _random_batch(dtype=torch.float64)
+    lm = lm_of(random_sentences(9, 200, 7), 3, 9)
+    plain = _searches(model, enc, lens, symbols=symbols)
+    assert _searches(model, enc, lens, LmFusion(lm, 0.0), symbols=symbols) == plain
+    fusion = LmFusion(lm, 1.0)
+    greedy = greedy_timed(model, enc, lens, GreedyOptions(symbols), lm=fusion)
+    beam = beam_nbest(model, enc, lens, BeamOptions(1, symbols), lm=fusion)
+    assert _timed([hyps[0].timed() for hyps in beam]) == _timed(greedy)
+    assert _timed(greedy) != _timed(plain[0])
