@@ -18,13 +18,17 @@ as tensors a search steps on the CPU or a GPU with static shapes (a CUDA graph r
   its first token) and back-off weight;
 - arcs: every n-gram of order 2..N, as a sorted key `state * V + token` (V: the model's
   vocabulary), with its log-probability and the state after it (the longest suffix of the
-  n-gram that is a state); the root's arcs, the unigrams, are a dense (V,) row.
+  n-gram that is a state);
+- dense rows: for the states of the lowest orders (the root's row is the unigrams; more
+  orders as memory allows, `densified`: a row is its back-off state's plus the back-off
+  weight, its own arcs written over it), the score and next state of every token.
 
-The scores of all V tokens for R states walk each state's back-off chain (at most N - 1
-steps; the root points to itself) and look every (state, token) key up with one
-`searchsorted`: (R, V) lookups per order, no per-state loop, no data-dependent shape. It is
-the layout of NeMo's NGPU-LM (a trie of next-state and back-off tables, arXiv 2505.22857),
-looked up by binary search instead of a custom kernel.
+The scores of all V tokens for R states walk each state's back-off chain until it reaches
+a dense state (at most N - 1 steps; none when every state is dense), looking every (state,
+token) key up with one `searchsorted` per step, then read that state's row: no per-state
+loop, no data-dependent shape. It is the layout of NeMo's NGPU-LM (a trie of next-state and
+back-off tables, arXiv 2505.22857), looked up by binary search and gathers instead of a
+custom kernel.
 
 Tokens are matched by piece: the LM's ``<unk>``, ``<s>`` and ``</s>`` are the model's pieces
 of the same names (`asr.tokens.SPECIAL_PIECES`), so the end of a sentence is the score of
