@@ -46,7 +46,7 @@
 # LM_BEAM hypotheses (default 8) on test-clean without and with the LM and LODR, at
 # asr-decode's default weights (LM_WEIGHT, LODR_WEIGHT to choose: asr-sweep chooses them on
 # a dev set), both WERs printed at the end (exp/<experiment>/decode-test-clean-beam8{,-lm}).
-# On make demo's model: 7.25 % without, 2.99 % with (docs/recipes.md: times).
+# On make demo's model: 7.25 % without, 2.07 % with (docs/recipes.md: times).
 #
 # Shar shards (--shar, or SHAR=1): stage 3 also writes the training part as lhotse Shar shards
 # (asr-export-shar: its audio as FLAC and its stored features, docs/data.md) into
