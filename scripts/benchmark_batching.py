@@ -18,10 +18,16 @@ Strategies (one epoch each, cut metadata only, no audio is read):
 Per strategy: padding fraction of input frames, of output tokens and of a transducer's
 T x (U + 1) lattice nodes (1 - real / padded; `asr.data.buckets.padding_stats`), mean audio
 seconds per batch, batches per epoch; for `--ranks` simulated data-parallel
-ranks, with and without `sync_buckets`, the mean over steps of the slowest rank's padded
-frames over the fastest rank's (a proxy for time lost waiting at each all-reduce); and the
-same for Shar's per-rank streams (`synchronized_schedule`) on the same cuts, with the share
-of its steps whose ranks drew from one bucket and of its batches that are empty.
+ranks, with and without `sync_buckets`, the mean and the 95th percentile over steps of the
+slowest rank's padded frames over the fastest rank's (a proxy for time lost waiting at each
+all-reduce); and the same for Shar's per-rank streams (`synchronized_schedule`) on the same
+cuts, with the share of its steps whose ranks drew from one bucket and of its batches that
+are empty. Shar's ranks read whole shards: `--shard-cuts N` writes the cuts, in the order
+given, into shards of N and deals the shards to the ranks in turn (0: cut i to rank i mod
+ranks); `--speakers S` makes the synthetic cuts a corpus in speaker order (each speaker's
+speech rate its own), as shards written in corpus order hold them.
+
+    python scripts/benchmark_batching.py --synthetic --speakers 251 --shard-cuts 1000 --ranks 8
 """
 
 from __future__ import annotations
@@ -51,10 +57,20 @@ def padded_seconds(batch: CutSet) -> float:
     return len(batch) * max(c.duration for c in batch)
 
 
-def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
-    """Mean over steps of max/min padded frames across `ranks`: one stream split by
-    `RankSynchronizedSampler` (manifests' way) with and without sync, and per-rank streams
-    kept in step by `synchronized_schedule` (Shar's way: each rank its own cuts)."""
+def mean_and_p95(name: str, ratios: Iterable[float]) -> dict[str, float]:
+    """`name` and `name_p95`: the mean and the 95th percentile of per-step ratios."""
+    values = np.asarray(list(ratios), dtype=float)
+    return {
+        name: round(float(values.mean()), 3),
+        f"{name}_p95": round(float(np.percentile(values, 95)), 3),
+    }
+
+
+def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int, shard_cuts: int = 0) -> dict[str, float]:
+    """Mean and 95th percentile over steps of max/min padded frames across `ranks`: one
+    stream split by `RankSynchronizedSampler` (manifests' way) with and without sync, and
+    per-rank streams kept in step by `synchronized_schedule` (Shar's way: each rank its own
+    cuts, whole shards of `shard_cuts` dealt in turn; 0: cut i to rank i mod `ranks`)."""
     out = {}
     for sync in (True, False):
         per_rank = []
@@ -64,21 +80,29 @@ def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
             )
             per_rank.append([padded_seconds(b) for b in sampler])
         steps = np.array(per_rank)  # (ranks, steps): equal step counts on every rank
-        out["imbalance_sync" if sync else "imbalance_no_sync"] = round(
-            float(np.mean(steps.max(axis=0) / steps.min(axis=0))), 3
-        )
-    return out | per_rank_streams(cuts, cfg, ranks)
+        name = "imbalance_sync" if sync else "imbalance_no_sync"
+        out |= mean_and_p95(name, steps.max(axis=0) / steps.min(axis=0))
+    return out | per_rank_streams(cuts, cfg, ranks, shard_cuts)
 
 
-def per_rank_streams(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
-    """Shar's schedule on the same cuts: cut i to rank i mod `ranks` (as shards are dealt),
-    a sampler per rank, steps from `synchronized_schedule`: the imbalance over steps where
-    every rank has a batch, the share of steps whose batches share a bucket, and the share
-    of batches that are empty (a rank that ran out)."""
-    listed = list(cuts)
+def rank_parts(cuts: list, ranks: int, shard_cuts: int) -> list[list]:
+    """Each rank's cuts: whole shards of `shard_cuts` consecutive cuts dealt in turn (as
+    Shar's ranks read them), or cut i to rank i mod `ranks` (`shard_cuts` 0)."""
+    if shard_cuts <= 0:
+        return [cuts[rank::ranks] for rank in range(ranks)]
+    shards = [cuts[i : i + shard_cuts] for i in range(0, len(cuts), shard_cuts)]
+    return [[c for shard in shards[rank::ranks] for c in shard] for rank in range(ranks)]
+
+
+def per_rank_streams(cuts: CutSet, cfg: dict, ranks: int, shard_cuts: int = 0) -> dict[str, float]:
+    """Shar's schedule on the same cuts, each rank's part (`rank_parts`), a sampler per
+    rank, steps from `synchronized_schedule`: the imbalance over steps where every rank has
+    a batch, the share of steps whose batches share a bucket, and the share of batches that
+    are empty (a rank that ran out)."""
+    parts = rank_parts(list(cuts), ranks, shard_cuts)
     batches, buckets = [], []
     for rank in range(ranks):
-        sampler = build_sampler(CutSet.from_cuts(listed[rank::ranks]), cfg)
+        sampler = build_sampler(CutSet.from_cuts(parts[rank]), cfg)
         made = list(sampler)
         batches.append(made)
         buckets.append([sampler.bucket_of(b) for b in made])
@@ -92,7 +116,7 @@ def per_rank_streams(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
     same = [len({buckets[r][i] for r, i in enumerate(s) if i is not None}) == 1 for s in schedule]
     empty = sum(i is None for s in schedule for i in s)
     return {
-        "imbalance_per_rank_streams": round(float(np.mean(ratios)), 3),
+        **mean_and_p95("imbalance_per_rank_streams", ratios),
         "same_bucket_steps_per_rank_streams": round(float(np.mean(same)), 3),
         "empty_batches_per_rank_streams": round(empty / (len(schedule) * ranks), 4),
         "steps_sync": sum(1 for _ in build_sampler(cuts, cfg, rank=0, world_size=ranks)),
@@ -103,7 +127,7 @@ def per_rank_streams(cuts: CutSet, cfg: dict, ranks: int) -> dict[str, float]:
 def load_cuts(args: argparse.Namespace) -> CutSet:
     """Cuts with `custom[\"num_tokens\"]`, in memory."""
     if args.synthetic:
-        return synthetic_cuts(args.num_cuts, seed=args.seed)
+        return synthetic_cuts(args.num_cuts, seed=args.seed, speakers=args.speakers)
     from asr.data.corpus import load_cuts as load
     from asr.data.tokenizer import Tokenizer
 
@@ -124,6 +148,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-buckets", type=int, default=30)
     parser.add_argument("--num-token-buckets", type=int, default=6)
     parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument(
+        "--shard-cuts",
+        type=int,
+        default=0,
+        help="Shar's ranks: shards of this many cuts in the given order, dealt in turn "
+        "(0: cut i to rank i mod ranks)",
+    )
+    parser.add_argument(
+        "--speakers",
+        type=int,
+        default=None,
+        help="--synthetic: the cuts in corpus order, this many speakers one after another",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-bins", help="write the 2D bins here (for asr-oomptimizer)")
     parser.add_argument("--searched", help="asr-oomptimizer output for the 2D bins")
@@ -157,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         }
 
     base = {"cuts": len(cuts), "hours": round(lengths.durations.sum() / 3600, 1)}
+    base |= {"ranks": args.ranks, "shard_cuts": args.shard_cuts, "speakers": args.speakers}
     random_batches = DynamicCutSampler(cuts, max_duration=max_d["max_duration"], shuffle=True)
     line = {"strategy": "random", **base, **max_d, **batch_stats(random_batches)}
     print(json.dumps(line), flush=True)
@@ -165,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         line = {"strategy": name, **base, "max_duration": cfg.get("max_duration"), **stats}
         if name == "max_duration_same_budget":
             line["max_duration"] = round(cfg["max_duration"], 1)
-        line |= rank_imbalance(cuts, cfg, args.ranks)
+        line |= rank_imbalance(cuts, cfg, args.ranks, args.shard_cuts)
         print(json.dumps(line), flush=True)
 
 
