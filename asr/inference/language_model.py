@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from asr.data.tokenizer import Tokenizer
 from asr.decoding.fusion import (
     MAX_LM_WEIGHT,
     LmFusion,
@@ -82,13 +83,22 @@ def check_lm_arguments(
 
 class FusionCache:
     """A recognizer's language models: `get(lm, ...)` -> the `LmFusion` to search with,
-    each file read once (over the vocabulary `pieces`) and kept on `device`."""
+    each file read once (over the pieces of `tokenizer`, listed when the first file is
+    read) and kept on `device`."""
 
-    def __init__(self, pieces: Sequence[str], device: torch.device | str) -> None:
-        self.pieces = list(pieces)
+    def __init__(self, tokenizer: Tokenizer, device: torch.device | str) -> None:
+        self.tokenizer = tokenizer
+        self._pieces: list[str] | None = None
         self.device = torch.device(device)
         self._lms: dict[tuple, TokenLm] = {}  # by file (path, size, mtime)
         self._fusions: dict[tuple, LmFusion] = {}  # by files and weights
+
+    def pieces(self) -> list[str]:
+        """The tokenizer's pieces by id (what an LM file's tokens are matched to)."""
+        if self._pieces is None:
+            vocab = self.tokenizer.vocab_size
+            self._pieces = [self.tokenizer.id_to_piece(i) for i in range(vocab)]
+        return self._pieces
 
     @staticmethod
     def _file_key(path: str | Path) -> tuple:
@@ -131,7 +141,7 @@ class FusionCache:
         for path, file in ((lm, files[0]), (lodr, files[1])):
             table = None if path is None else self._lms.get(file)
             if path is not None and table is None:
-                table = load_token_lm(path, self.pieces)
+                table = load_token_lm(path, self.pieces())
                 table = self._lms[file] = ready_for(table, self.device)  # checked, dense rows
             tables.append(table)
         fusion = LmFusion(tables[0], weight, tables[1], lodr_w)

@@ -96,7 +96,7 @@ class Recognizer:
         self.windows = windows or WindowConfig()
         self.chunking = chunking
         self._extractor = self.features.extractor()
-        self._language_models = language_models
+        self.language_models = language_models or FusionCache(tokenizer, self.device)
 
     def with_chunking(self, chunking: Chunking | None) -> Recognizer:
         """The same model and search, encoding through `chunking`'s masks."""
@@ -137,14 +137,6 @@ class Recognizer:
             )
         return BiasingGraph.from_phrases(biasing, self.tokenizer, score)
 
-    @property
-    def language_models(self) -> FusionCache:
-        """The LM files read for this recognizer, on its device (`language_model`)."""
-        if self._language_models is None:
-            pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
-            self._language_models = FusionCache(pieces, self.device)
-        return self._language_models
-
     def language_model(
         self,
         lm: LanguageModel,
@@ -156,8 +148,6 @@ class Recognizer:
         (ARPA over this model's pieces, `asr-train-lm`, or its cached tensor form) with
         `lm_weight` (None: `DEFAULT_LM_WEIGHT`) minus the LODR LM `lodr` with `lodr_weight`
         (None: `DEFAULT_LODR_WEIGHT`), read once and kept on this recognizer's device."""
-        if lm is None and lm_weight is None and lodr is None and lodr_weight is None:
-            return None  # (no LM: nothing to read, nor a vocabulary to read it for)
         return self.language_models.get(lm, lm_weight, lodr, lodr_weight)
 
     def _encode(self, feats: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

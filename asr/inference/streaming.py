@@ -241,16 +241,8 @@ class StreamingRecognizer:
         options = default_options(model, beam_size, max_symbols_per_frame)
         self.search = transducer_search(options, self.device)
         self.biasing_graphs = SharedBiasingGraphs(tokenizer)
-        self._language_models: FusionCache | None = None
+        self.language_models = FusionCache(tokenizer, self.device)  # (LM files read once)
         self._autocast = autocast
-
-    @property
-    def language_models(self) -> FusionCache:
-        """The LM files read for this recognizer, on its device (`language_model`)."""
-        if self._language_models is None:
-            pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
-            self._language_models = FusionCache(pieces, self.device)
-        return self._language_models
 
     @property
     def chunk_seconds(self) -> float:
@@ -267,8 +259,6 @@ class StreamingRecognizer:
         """The fusion a stream searches with (`Recognizer.language_model`): None, an
         `LmFusion` as it is, or an LM file with its weights and LODR LM, read once and kept
         on this recognizer's device; the same file and weights give the same object."""
-        if lm is None and lm_weight is None and lodr is None and lodr_weight is None:
-            return None  # (no LM: nothing to read, nor a vocabulary to read it for)
         return self.language_models.get(lm, lm_weight, lodr, lodr_weight)
 
     def create_stream(
