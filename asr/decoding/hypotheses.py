@@ -8,8 +8,8 @@ with a language model (`asr.decoding.fusion`), its LM states and the fused LM sc
 every next token.
 Taking rows (`take`), stacking them (`cat`), replacing some (`put`) and choosing per row
 between two states (`where`) carry every field at once, so a per-hypothesis state that a
-new search feature needs (an LM state) is one more field here and one more line in
-`after`, and every search carries it.
+new search feature needs is one more field here and one more line in `after` (as the LM
+state was), and every search carries it.
 
 What a search gives back: `TimedTokens` (a hypothesis's tokens, the encoder frame of each,
 counted from the start of the audio or stream, the search's confidence in each and the
