@@ -17,15 +17,18 @@ Strategies (one epoch each, cut metadata only, no audio is read):
 
 Per strategy: padding fraction of input frames, of output tokens and of a transducer's
 T x (U + 1) lattice nodes (1 - real / padded; `asr.data.buckets.padding_stats`), mean audio
-seconds per batch, batches per epoch; for `--ranks` simulated data-parallel
-ranks, with and without `sync_buckets`, the mean and the 95th percentile over steps of the
-slowest rank's padded frames over the fastest rank's (a proxy for time lost waiting at each
-all-reduce); and the same for Shar's per-rank streams (`synchronized_schedule`) on the same
-cuts, with the share of its steps whose ranks drew from one bucket and of its batches that
-are empty. Shar's ranks read whole shards: `--shard-cuts N` writes the cuts, in the order
-given, into shards of N and deals the shards to the ranks in turn (0: cut i to rank i mod
-ranks); `--speakers S` makes the synthetic cuts a corpus in speaker order (each speaker's
-speech rate its own), as shards written in corpus order hold them.
+seconds per batch, batches per epoch. Then `--ranks` simulated data-parallel ranks
+(`asr.data.rank_sync.simulate_ranks`: the training sampler's own decisions, without
+processes), each reading only its own part: its slice of the manifest, with and without
+`sync_buckets`, and whole Shar shards (`per_rank_streams`). For each: the mean and the 95th
+percentile over steps of the slowest rank's padded seconds over the fastest rank's (a
+proxy for the time lost waiting at each all-reduce; over the steps where every rank has a
+batch), the steps, the share of batches that are empty (a rank that ran out at the end of
+the epoch) and the padding of all ranks' batches. Shar's ranks read whole shards:
+`--shard-cuts N` writes the cuts, in the order given, into shards of N and deals the shards
+to the ranks in turn (0: cut i to rank i mod ranks); `--speakers S` makes the synthetic cuts
+a corpus in speaker order (each speaker's speech rate its own), as shards written in corpus
+order hold them; `--buffer-size` sets the cuts each rank's bucket buffers hold.
 
     python scripts/benchmark_batching.py --synthetic --speakers 251 --shard-cuts 1000 --ranks 8
 """
@@ -44,7 +47,7 @@ from lhotse.dataset import DynamicCutSampler
 
 from asr.data.bins import equal_total_edges, token_sub_bins, write_bins
 from asr.data.buckets import build_sampler, count_tokens, cut_lengths, padding_stats
-from asr.data.shar_sampler import SYNC_WINDOW, synchronized_schedule
+from asr.data.rank_sync import simulate_ranks
 from asr.data.synthetic_cuts import synthetic_cuts
 
 
@@ -67,22 +70,64 @@ def mean_and_p95(name: str, ratios: Iterable[float]) -> dict[str, float]:
 
 
 def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int, shard_cuts: int = 0) -> dict[str, float]:
-    """Mean and 95th percentile over steps of max/min padded frames across `ranks`: one
-    stream split by `RankSynchronizedSampler` (manifests' way) with and without sync, and
-    per-rank streams kept in step by `synchronized_schedule` (Shar's way: each rank its own
-    cuts, whole shards of `shard_cuts` dealt in turn; 0: cut i to rank i mod `ranks`)."""
-    out = {}
+    """`ranks` simulated data-parallel ranks (`asr.data.rank_sync.simulate_ranks`), each
+    reading only its own part: its slice of the manifest, with and without `sync_buckets`
+    (`imbalance_sync`, `imbalance_no_sync`), and its whole shards (`per_rank_streams`:
+    shards of `shard_cuts` consecutive cuts dealt in turn; 0: cut i to rank i mod `ranks`)."""
+    out: dict[str, float] = {}
     for sync in (True, False):
-        per_rank = []
-        for rank in range(ranks):
-            sampler = build_sampler(
-                cuts, {**cfg, "sync_buckets": sync}, rank=rank, world_size=ranks
-            )
-            per_rank.append([padded_seconds(b) for b in sampler])
-        steps = np.array(per_rank)  # (ranks, steps): equal step counts on every rank
-        name = "imbalance_sync" if sync else "imbalance_no_sync"
-        out |= mean_and_p95(name, steps.max(axis=0) / steps.min(axis=0))
-    return out | per_rank_streams(cuts, cfg, ranks, shard_cuts)
+        samplers = [
+            build_sampler(cuts, {**cfg, "sync_buckets": sync}, rank=rank, world_size=ranks)
+            for rank in range(ranks)
+        ]
+        stats = step_stats(list(simulate_ranks(samplers)))
+        name = "sync" if sync else "no_sync"
+        out |= {f"{k}_{name}": v for k, v in stats.items() if sync or k.startswith("imbalance")}
+    parts = rank_parts(list(cuts), ranks, shard_cuts)
+    samplers = [
+        build_sampler(OwnCuts(parts[rank]), cfg, rank=rank, world_size=ranks)
+        for rank in range(ranks)
+    ]
+    stats = step_stats(list(simulate_ranks(samplers)))
+    return out | {f"{k}_per_rank_streams": v for k, v in stats.items()}
+
+
+def step_stats(steps: list[list[CutSet]]) -> dict[str, float]:
+    """Over an epoch's steps (each every rank's batch): the slowest over the fastest rank's
+    padded seconds (mean and 95th percentile over the steps where every rank has a batch),
+    `wait_share` (the share of the ranks' time spent waiting for the slowest, if a step
+    takes as long as its padded seconds: 1 - sum of the mean over ranks / sum of the
+    slowest, empty batches included), the steps, the share of batches that are empty (a
+    rank that ran out at the epoch's end) and the padding of all ranks' batches."""
+    full = [step for step in steps if all(len(batch) for batch in step)]
+    ratios = [
+        max(padded_seconds(b) for b in step) / min(padded_seconds(b) for b in step) for step in full
+    ]
+    empty = sum(not len(batch) for step in steps for batch in step)
+    padded = np.array([[padded_seconds(b) if len(b) else 0.0 for b in step] for step in steps])
+    wait_share = 1 - padded.mean(axis=1).sum() / padded.max(axis=1).sum()
+    padding = padding_stats(batch for step in steps for batch in step if len(batch))
+    return {
+        **mean_and_p95("imbalance", ratios),
+        "wait_share": round(float(wait_share), 4),
+        "steps": len(steps),
+        "empty_batches": round(empty / (len(steps) * len(steps[0])), 4),
+        "frame_padding": round(padding["frame_padding"], 4),
+        "token_padding": round(padding["token_padding"], 4),
+    }
+
+
+class OwnCuts:
+    """A rank's own cuts (`asr.data.rank_sync.RankPart`), as its shards would give them."""
+
+    def __init__(self, cuts: list) -> None:
+        self.own = cuts
+
+    def cuts(self, epoch: int) -> Iterable:
+        return iter(self.own)
+
+    def cut_lists(self, epoch: int) -> Iterable:
+        return iter(self.own)
 
 
 def rank_parts(cuts: list, ranks: int, shard_cuts: int) -> list[list]:
@@ -92,36 +137,6 @@ def rank_parts(cuts: list, ranks: int, shard_cuts: int) -> list[list]:
         return [cuts[rank::ranks] for rank in range(ranks)]
     shards = [cuts[i : i + shard_cuts] for i in range(0, len(cuts), shard_cuts)]
     return [[c for shard in shards[rank::ranks] for c in shard] for rank in range(ranks)]
-
-
-def per_rank_streams(cuts: CutSet, cfg: dict, ranks: int, shard_cuts: int = 0) -> dict[str, float]:
-    """Shar's schedule on the same cuts, each rank's part (`rank_parts`), a sampler per
-    rank, steps from `synchronized_schedule`: the imbalance over steps where every rank has
-    a batch, the share of steps whose batches share a bucket, and the share of batches that
-    are empty (a rank that ran out)."""
-    parts = rank_parts(list(cuts), ranks, shard_cuts)
-    batches, buckets = [], []
-    for rank in range(ranks):
-        sampler = build_sampler(CutSet.from_cuts(parts[rank]), cfg)
-        made = list(sampler)
-        batches.append(made)
-        buckets.append([sampler.bucket_of(b) for b in made])
-    schedule = synchronized_schedule(buckets, SYNC_WINDOW)
-    full = [s for s in schedule if all(i is not None for i in s)]
-    ratios = [
-        max(padded_seconds(batches[r][i]) for r, i in enumerate(s))
-        / min(padded_seconds(batches[r][i]) for r, i in enumerate(s))
-        for s in full
-    ]
-    same = [len({buckets[r][i] for r, i in enumerate(s) if i is not None}) == 1 for s in schedule]
-    empty = sum(i is None for s in schedule for i in s)
-    return {
-        **mean_and_p95("imbalance_per_rank_streams", ratios),
-        "same_bucket_steps_per_rank_streams": round(float(np.mean(same)), 3),
-        "empty_batches_per_rank_streams": round(empty / (len(schedule) * ranks), 4),
-        "steps_sync": sum(1 for _ in build_sampler(cuts, cfg, rank=0, world_size=ranks)),
-        "steps_per_rank_streams": len(schedule),
-    }
 
 
 def load_cuts(args: argparse.Namespace) -> CutSet:
@@ -161,6 +176,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="--synthetic: the cuts in corpus order, this many speakers one after another",
     )
+    parser.add_argument(
+        "--buffer-size",
+        type=int,
+        default=None,
+        help="cuts each rank's bucket buffers hold (default: the corpus, at most 20,000)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-bins", help="write the 2D bins here (for asr-oomptimizer)")
     parser.add_argument("--searched", help="asr-oomptimizer output for the 2D bins")
@@ -174,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_bins:
         write_bins(args.write_bins, {"bucket_duration_bins": bins_2d}, "benchmark_batching.py")
     common = {"max_cut_duration": longest, "min_cut_duration": 0.0, "seed": args.seed}
-    common["buffer_size"] = min(len(cuts), 20_000)
+    common["buffer_size"] = args.buffer_size or min(len(cuts), 20_000)
     max_d = {"max_duration": max(args.max_duration, longest)}
     strategies = {
         "buckets_1d": {**common, **max_d, "bucket_duration_bins": duration_bins},
@@ -195,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
 
     base = {"cuts": len(cuts), "hours": round(lengths.durations.sum() / 3600, 1)}
     base |= {"ranks": args.ranks, "shard_cuts": args.shard_cuts, "speakers": args.speakers}
+    base |= {"buffer_size": common["buffer_size"]}
     random_batches = DynamicCutSampler(cuts, max_duration=max_d["max_duration"], shuffle=True)
     line = {"strategy": "random", **base, **max_d, **batch_stats(random_batches)}
     print(json.dumps(line), flush=True)

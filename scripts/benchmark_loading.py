@@ -40,7 +40,7 @@ from asr.data.datamodule import TrainLoader
 from asr.data.dataset import AsrDataset
 from asr.data.features import FeatureConfig
 from asr.data.shar import export_shar, local_http_server
-from asr.data.shar_sampler import SharSampler, open_shards
+from asr.data.shar_sampler import open_shards, shard_sampler
 from asr.data.tokenizer import Tokenizer
 from asr.frames import FRAMES_PER_SECOND, SAMPLE_RATE
 
@@ -149,7 +149,7 @@ def main() -> None:
                 else:
                     where = url if source == "shar_http" else str(shar_dir)
                     shards = open_shards([where], ["recording"])
-                    sampler = SharSampler(shards, ["recording"], cfg, tokenizer=tokenizer)
+                    sampler = shard_sampler(shards, ["recording"], cfg, tokenizer=tokenizer)
                 result = one_epoch(sampler, tokenizer, features, workers)
                 line = {"corpus": manifest.name, "source": source, "workers": workers}
                 line |= {"buffer_size": args.buffer_size, **result}

@@ -38,7 +38,7 @@ import functools
 import hashlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -449,22 +449,6 @@ class GeneratedRoomReverb(AudioTransform):
     ) -> tuple[float, float | None]:
         """Reverberation keeps the timing."""
         return offset, duration
-
-
-class AugmentedCuts:
-    """The cuts of `cuts`, each augmented for the epoch given by `set_epoch` (the sampler
-    that reads these cuts passes its epoch down before it iterates)."""
-
-    def __init__(self, cuts: CutSet, augmenter: CutAugmenter) -> None:
-        self.cuts, self.augmenter = cuts, augmenter
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[Cut]:
-        epoch = self.epoch
-        return (self.augmenter(cut, epoch) for cut in self.cuts)
 
 
 # ---------------------------------------------------------------------------------------

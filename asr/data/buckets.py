@@ -11,22 +11,32 @@ Bins are upper edges (see `asr.data.bins`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import itertools
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from lhotse import CutSet
 from lhotse.cut import Cut
-from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
+from lhotse.dataset import DynamicCutSampler
 from lhotse.dataset.sampling.base import SamplingConstraint, TimeConstraint
 
 from asr.config_keys import checked_keys
-from asr.data.augment import AugmentedCuts, CutAugmenter
-from asr.data.bins import Bin, CutLengths, bin_index, duration_index, read_bins
+from asr.data.augment import CutAugmenter
+from asr.data.bins import Bin, CutLengths, bin_index, duration_index, equal_total_edges, read_bins
 from asr.data.corpus import cut_text
-from asr.data.rank_sync import EvalSplit, RankSynchronizedSampler
+from asr.data.rank_sync import (
+    Bucketing,
+    EvalSplit,
+    ManifestSlice,
+    RankPart,
+    RankSynchronizedSampler,
+)
 from asr.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -295,8 +305,31 @@ def _check_bins(cfg: SamplerConfig) -> list[Bin] | None:
     return bins
 
 
+BINS_ESTIMATE_CUTS = 10_000  # cuts read to estimate 1D bins when none are given (lhotse's)
+
+
+def estimated_bins(
+    cuts: Iterable[Cut], cfg: SamplerConfig, speeds: Sequence[float] = (1.0,)
+) -> tuple[float, ...]:
+    """`cfg.num_buckets` duration bins of about equal total duration from the first
+    `BINS_ESTIMATE_CUTS` of `cuts` (metadata only), each cut at every one of `speeds` (the
+    speed perturbation's factors); the last edge is at least `max_cut_duration`, so that
+    only the filter decides which cuts are too long."""
+    durations = [
+        cut.duration if factor == 1.0 else cut.perturb_speed(factor).duration
+        for cut in itertools.islice(cuts, BINS_ESTIMATE_CUTS)
+        for factor in speeds
+    ]
+    if not durations:
+        raise ValueError("no cuts to estimate the duration bins from: the training data is empty")
+    edges = equal_total_edges(durations, min(cfg.num_buckets, len(durations)))
+    edges[-1] = float(max(edges[-1], cfg.max_cut_duration))
+    log.info("duration bins estimated from %d cuts: %s", len(durations), edges)
+    return tuple(edges)
+
+
 def build_sampler(
-    cuts: CutSet,
+    cuts: CutSet | RankPart,
     cfg: Mapping[str, Any] | SamplerConfig,
     *,
     rank: int = 0,
@@ -304,17 +337,24 @@ def build_sampler(
     tokenizer: Tokenizer | None = None,
     augmenter: CutAugmenter | None = None,
 ) -> RankSynchronizedSampler:
-    """A bucketing sampler yielding CutSet mini-batches (`RankSynchronizedSampler`: `set_epoch`,
-    and `load_state_dict(position)` to resume inside an epoch).
+    """This rank's bucketed mini-batches (CutSets), in step with the other ranks'
+    (`asr.data.rank_sync`): `set_epoch`, `resume_from(position)`, `count_steps()`.
 
-    `cuts` should be opened lazily (`asr.data.corpus.load_cuts`). `rank`/`world_size` split
-    the data across data-parallel processes. `tokenizer` is needed for 2D bins and TPS
-    limits. Dropped cuts are counted in `sampler.cut_filter.counts()`. `augmenter` changes
-    each cut for the epoch before it is bucketed, so that buckets, budgets and filters
-    see a sped-up cut's own duration (`asr.data.augment`).
+    `cuts`: a cut stream (opened lazily, `asr.data.corpus.open_cuts`), of which this rank
+    keeps its slice, or this rank's own part (`RankPart`, e.g. its Shar shards).
+    `tokenizer` is needed for 2D bins and TPS limits unless the cuts carry `num_tokens`.
+    Dropped cuts are counted in `sampler.cut_filter.counts()`. `augmenter` changes each cut
+    for the epoch before it is bucketed, so that buckets, budgets and filters see a
+    sped-up cut's own duration (`asr.data.augment`). Without bins, 1D bins are estimated
+    from the start of `cuts` (a stream, the same on every rank).
     """
     if not isinstance(cfg, SamplerConfig):
         cfg = SamplerConfig.from_mapping(cfg)
+    if cfg.bucket_duration_bins is None and cfg.bucket_batch_size is None:
+        if not isinstance(cuts, CutSet):
+            raise ValueError("a rank's own part needs bucket_duration_bins (estimated_bins)")
+        speeds = augmenter.config.speed.factors if augmenter and augmenter.config.speed else (1.0,)
+        cfg = replace(cfg, bucket_duration_bins=estimated_bins(cuts, cfg, speeds))
     bins = _check_bins(cfg)
     fixed = cfg.bucket_batch_size is not None
     if not fixed:
@@ -328,65 +368,71 @@ def build_sampler(
                 f"data.sampler.max_cut_duration ({cfg.max_cut_duration}) exceeds max_duration "
                 f"({cfg.max_duration}): such utterances could never form a batch"
             )
-    two_d = bins is not None and isinstance(bins[0], tuple)
-    if isinstance(cfg.max_tps, tuple) and bins is None:
-        raise ValueError("per-bucket data.sampler.max_tps needs bucket_duration_bins")
-    if cfg.uses_tokens() and tokenizer is not None:  # else the cuts carry num_tokens already
-        cuts = count_tokens(cuts, tokenizer)
-    augmented = AugmentedCuts(cuts, augmenter) if augmenter is not None else None
-    if augmented is not None:
-        cuts = CutSet(augmented)
-    constraint = None
-    if bins is not None and (fixed or two_d):
-        time = None
-        if not fixed:
-            time = TimeConstraint(
-                max_duration=cfg.max_duration, quadratic_duration=cfg.quadratic_duration
-            )
-        batch_sizes = list(cfg.bucket_batch_size) if fixed else None
-        constraint = BucketConstraint(bins, batch_sizes=batch_sizes, time=time)
-    # lhotse's bins are the K-1 inner edges of K buckets; ours are K upper edges.
-    lhotse_bins = bins[:-1] if bins is not None and constraint is None else bins
-    # One stream of batches, identical on every rank; RankSynchronizedSampler splits it.
-    stream = DynamicBucketingSampler(
-        cuts,
-        max_duration=None if constraint is not None else cfg.max_duration,
-        constraint=constraint,
-        num_buckets=cfg.num_buckets if bins is None else len(bins),
-        duration_bins=lhotse_bins,
+    if cfg.buffer_size < 1:
+        raise ValueError(f"data.sampler.buffer_size must be >= 1, got {cfg.buffer_size}")
+    part = cuts if not isinstance(cuts, CutSet) else ManifestSlice(cuts, rank, world_size)
+    batch_sizes = list(cfg.bucket_batch_size) if fixed else None
+    selector = BucketConstraint(
+        bins, batch_sizes=batch_sizes, time=None if fixed else TimeConstraint()
+    )
+
+    def new_batch(window: range) -> BucketConstraint:
+        """An empty batch from the buckets of `window`: the smallest of their batch sizes,
+        or `max_duration` padded seconds."""
+        if fixed:
+            smallest = min(window, key=lambda b: batch_sizes[b])
+            return BucketConstraint(bins, batch_sizes=batch_sizes, current_bucket=smallest)
+        time = TimeConstraint(
+            max_duration=cfg.max_duration, quadratic_duration=cfg.quadratic_duration
+        )
+        return BucketConstraint(bins, time=time)
+
+    bucketing = Bucketing(
+        num_buckets=len(bins),
+        bucket_of=lambda cut: selector.select_bucket(bins, example=cut),
+        new_batch=new_batch,
+        buffer_size=cfg.buffer_size,
         shuffle=cfg.shuffle,
         drop_last=cfg.drop_last,
-        buffer_size=cfg.buffer_size,
-        quadratic_duration=None if constraint is not None else cfg.quadratic_duration,
-        sync_buckets=True,  # lhotse's unsynchronized path can end an epoch early (1.33)
         seed=cfg.seed,
-        # The whole stream on every rank: lhotse would otherwise split it by the
-        # WORLD_SIZE/RANK of the environment, and RankSynchronizedSampler splits it again.
-        world_size=1,
-        rank=0,
+        sync=cfg.sync_buckets,
     )
-    cut_filter = CutFilter(
-        cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
-    )
-    stream.filter(cut_filter)
-
-    def bucket_of(batch: CutSet) -> int:
-        cut = next(iter(batch))
-        if constraint is not None:
-            return constraint.select_bucket(bins, example=cut)
-        return duration_index(stream.duration_bins, cut.duration)
-
-    sampler = RankSynchronizedSampler(
-        stream,
-        bucket_of,
+    counted = tokenizer if cfg.uses_tokens() else None  # else the cuts carry num_tokens
+    return RankSynchronizedSampler(
+        PreparedPart(part, counted, augmenter),
+        bucketing,
+        cut_filter=CutFilter(
+            cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
+        ),
         rank=rank,
         world_size=world_size,
-        sync=cfg.sync_buckets,
-        drop_last=cfg.drop_last,
-        epoch_followers=[augmented] if augmented is not None else [],  # the draws' epoch
     )
-    sampler.cut_filter = cut_filter
-    return sampler
+
+
+class PreparedPart:
+    """A rank's part with what bucketing reads added: each cut's token count (with a
+    tokenizer) and its augmentation for the epoch (only the duration-changing transforms in
+    `cut_lists`, which plan batches without the audio)."""
+
+    def __init__(
+        self, part: RankPart, tokenizer: Tokenizer | None, augmenter: CutAugmenter | None
+    ) -> None:
+        self.part, self.tokenizer, self.augmenter = part, tokenizer, augmenter
+        self.planning_augmenter = augmenter.durations_only() if augmenter is not None else None
+
+    def cuts(self, epoch: int) -> Iterator[Cut]:
+        return self._prepared(self.part.cuts(epoch), epoch, self.augmenter)
+
+    def cut_lists(self, epoch: int) -> Iterator[Cut]:
+        return self._prepared(self.part.cut_lists(epoch), epoch, self.planning_augmenter)
+
+    def _prepared(
+        self, cuts: Iterable[Cut], epoch: int, augmenter: CutAugmenter | None
+    ) -> Iterator[Cut]:
+        for cut in cuts:
+            if self.tokenizer is not None:
+                cut.num_tokens = len(self.tokenizer.encode(cut_text(cut)))
+            yield augmenter(cut, epoch) if augmenter is not None else cut
 
 
 def build_eval_sampler(

@@ -2,9 +2,9 @@
 
 Resuming a run continues inside the epoch where it stopped: the module's `state_dict()`
 (saved in every Lightning checkpoint) records the epoch and how many training batches
-were processed; on restore the loader re-creates the same epoch's batch order (lhotse's
-sampler is deterministic for a seed and epoch) and skips those batches at the sampler
-level, before any audio is read.
+Lightning's loop processed; on restore that position (`ResumePosition`) goes to the
+training sampler, which replays the same epoch's decisions (they follow from the seed,
+the epoch and the data) and skips those batches before any audio is decoded.
 """
 
 from __future__ import annotations
@@ -23,47 +23,23 @@ from asr.data.buckets import SamplerConfig, build_eval_sampler, build_sampler
 from asr.data.corpus import open_cuts
 from asr.data.dataset import AsrDataset, SpecAugmentConfig
 from asr.data.features import FeatureConfig
-from asr.data.rank_sync import RankSynchronizedSampler, check_resumable
-from asr.data.shar_sampler import SharSampler, manifest_shards, open_shards
+from asr.data.rank_sync import RankSynchronizedSampler, ResumePosition
+from asr.data.shar_sampler import manifest_shards, open_shards, shard_sampler
 from asr.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 
 class TrainLoader:
-    """A DataLoader over a bucketing sampler that can resume inside an epoch.
+    """A DataLoader over the training sampler. Lightning calls `sampler.set_epoch(epoch)`
+    on it before each epoch (it looks for a `sampler` attribute). Workers persist across
+    epochs."""
 
-    Lightning calls `sampler.set_epoch(epoch)` on it before each epoch (it looks for a
-    `sampler` attribute); `resume_at(position)` makes the next iteration of
-    that epoch skip the batches already trained on (the sampler's `load_state_dict`).
-    Workers persist across epochs.
-    """
-
-    def __init__(
-        self, dataset: AsrDataset, sampler: RankSynchronizedSampler | SharSampler, num_workers: int
-    ):
+    def __init__(self, dataset: AsrDataset, sampler: RankSynchronizedSampler, num_workers: int):
         self.sampler = sampler
         self._loader = _loader(dataset, sampler, num_workers)
-        self._resume: dict[str, int] | None = None
-
-    def resume_at(self, position: dict[str, int]) -> None:
-        """`position`: {epoch, steps_done, world_size}, the sampler's `load_state_dict`'s."""
-        self._resume = position
 
     def __iter__(self) -> Iterator[Batch]:
-        # A generator: nothing happens until the first batch is asked for, so Lightning's
-        # probing iter() calls do not consume the resume position.
-        if self._resume is not None:
-            # Lightning draws the first batch of a resumed run before it sets the sampler's
-            # epoch, so the epoch comes from the position (else an epoch >= 1 would replay
-            # epoch 0's order).
-            self.sampler.load_state_dict(self._resume)
-            log.info(
-                "resuming epoch %d after %d batches",
-                self._resume["epoch"],
-                self._resume["steps_done"],
-            )
-        self._resume = None
         yield from self._loader
         counts = self.dropped_counts()
         if counts:
@@ -71,8 +47,7 @@ class TrainLoader:
 
     def dropped_counts(self) -> dict[str, int]:
         """Reason -> distinct cuts the sampler's filter dropped so far (TPS, bins, ...)."""
-        cut_filter = getattr(self.sampler, "cut_filter", None)
-        return cut_filter.counts() if cut_filter is not None else {}
+        return self.sampler.cut_filter.counts()
 
 
 def _loader(dataset: AsrDataset, sampler: Any, num_workers: int) -> torch.utils.data.DataLoader:
@@ -165,10 +140,9 @@ class AsrDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.subsampling_factor = subsampling_factor
         self._tokenizer: Tokenizer | None = None
-        self._resume: dict[str, int] | None = None
         # (rank, world size) -> the training sampler: made once, so that counting the
-        # epoch's batches and training share it (Shar's bins and schedule computed once)
-        self._samplers: dict[tuple[int, int], RankSynchronizedSampler | SharSampler] = {}
+        # epoch's batches, resuming and training share it (Shar's bins estimated once)
+        self._samplers: dict[tuple[int, int], RankSynchronizedSampler] = {}
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -188,12 +162,13 @@ class AsrDataModule(L.LightningDataModule):
             subsampling_factor=self.subsampling_factor,
         )
 
-    def _train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler | SharSampler:
+    def train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler:
+        """Rank `rank`'s training sampler in a run of `world` ranks (made once)."""
         if (rank, world) not in self._samplers:
             self._samplers[rank, world] = self._make_train_sampler(rank, world)
         return self._samplers[rank, world]
 
-    def _make_train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler | SharSampler:
+    def _make_train_sampler(self, rank: int, world: int) -> RankSynchronizedSampler:
         if not self.train_shar and not self.train_cuts:
             raise ConfigError(
                 "data.train_cuts and data.train_shar are both empty: no training data"
@@ -201,7 +176,7 @@ class AsrDataModule(L.LightningDataModule):
         if self.train_shar:
             field = "features" if self.features.source == "precomputed" else "recording"
             shards = open_shards(self.train_shar, [field]) + manifest_shards(self.train_cuts)
-            return SharSampler(
+            return shard_sampler(
                 shards, [field], self.sampler_cfg, rank=rank, world_size=world,
                 tokenizer=self.tokenizer, augmenter=self.augmenter,
             )  # fmt: skip
@@ -212,28 +187,14 @@ class AsrDataModule(L.LightningDataModule):
         )  # fmt: skip
 
     def train_dataloader(self) -> TrainLoader:
-        rank, world = self._rank_and_world()
-        sampler = self._train_sampler(rank, world)
-        loader = TrainLoader(self._dataset(train=True), sampler, self.num_workers)
-        if self._resume is not None:
-            loader.resume_at(self._resume)
-            self._resume = None
-        return loader
+        sampler = self.train_sampler(*self._rank_and_world())
+        return TrainLoader(self._dataset(train=True), sampler, self.num_workers)
 
     def count_train_batches(self, rank: int = 0, world_size: int = 1) -> int:
-        """Mini-batches in one training epoch (of epoch 0; others differ by a few).
-
-        Iterates the sampler over cut metadata only: seconds for LibriSpeech's 281k cuts.
-        """
-        sampler = self._train_sampler(rank, world_size)  # the one training will use
-        if isinstance(sampler, SharSampler):
-            return len(sampler.schedule(0))  # from the shards' cut lists: no audio is read
-        epoch = sampler.epoch
-        sampler.set_epoch(0)
-        try:
-            return sum(1 for _ in sampler)
-        finally:
-            sampler.set_epoch(epoch)
+        """Mini-batches in one training epoch (of epoch 0; others differ by a few), from the
+        cut lists alone: seconds for LibriSpeech's 281k cuts. With several ranks, every
+        rank must call it alike (the ranks agree on each step)."""
+        return self.train_sampler(rank, world_size).count_steps(0)
 
     def _eval_loader(self, paths: Sequence[str]) -> torch.utils.data.DataLoader:
         rank, world = self._rank_and_world()
@@ -264,17 +225,14 @@ class AsrDataModule(L.LightningDataModule):
         return {"epoch": epochs.processed, "batches_done": done, "world_size": trainer.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume where `state_dict` was taken. Inside an epoch the position only means
-        something for the same number of processes: with another, each rank's batches
-        would differ, so skipping `batches_done` of them would skip the wrong cuts."""
+        """Hand the position that `state_dict` took to this rank's training sampler: its next
+        epoch resumes there. Inside an epoch the position only means something for the
+        same number of processes (checked now, not when the first batch is drawn)."""
         if not state:
             return
-        _, world = self._rank_and_world()
-        # the sampler's state: batches done are its steps done
-        position = {
-            "epoch": state["epoch"],
-            "steps_done": state["batches_done"],
-            "world_size": state.get("world_size", 1),
-        }
-        check_resumable(position, world)  # at once, not when the first batch is drawn
-        self._resume = position
+        position = ResumePosition(
+            epoch=state["epoch"],
+            steps_done=state["batches_done"],
+            world_size=state.get("world_size", 1),
+        )
+        self.train_sampler(*self._rank_and_world()).resume_from(position)

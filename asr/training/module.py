@@ -71,6 +71,8 @@ class AsrLitModule(L.LightningModule):
         bundle_meta: what an export needs besides weights (model config, features); saved
             with the tokenizer in every checkpoint under `asr_bundle`.
         total_steps: optimizer steps of the whole run, for schedules that need it.
+        count_total_steps: counts them when fitting starts, where `total_steps` is None
+            (a step count that the data-parallel ranks agree on needs their process group).
         faults: when a run stops for bad data or non-finite values (`FaultConfig`).
         search: the search of validation and test (None: greedy).
         strategy_features: what the run's distributed strategy does (`StrategyFeatures`: which
@@ -90,6 +92,7 @@ class AsrLitModule(L.LightningModule):
         optim: Mapping[str, Any] | OptimConfig,
         bundle_meta: Mapping[str, Any],
         total_steps: int | None = None,
+        count_total_steps: Callable[[], int] | None = None,
         faults: FaultConfig | None = None,
         search: SearchOptions | None = None,
         strategy_features: StrategyFeatures = DENSE,
@@ -108,6 +111,7 @@ class AsrLitModule(L.LightningModule):
         self.optim_cfg = optim_config(optim)
         self.bundle_meta = dict(bundle_meta)
         self.total_steps = total_steps
+        self.count_total_steps = count_total_steps
         faults = faults or FaultConfig()
         self.skipped: dict[str, set[str]] = {}  # reason -> ids of cuts this rank dropped
         self.nonfinite = NonFiniteGuard(faults.max_consecutive_nonfinite)
@@ -297,6 +301,11 @@ class AsrLitModule(L.LightningModule):
             counts = {reason: len(ids) for reason, ids in self.skipped.items()}
             log.warning("distinct cuts skipped so far (this rank): %s", counts)
         self.skip_budget.end_epoch()
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.total_steps is None and self.count_total_steps is not None:
+            self.total_steps = self.count_total_steps()
+            log.info("the run's optimizer steps: %d", self.total_steps)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -133,7 +134,10 @@ def build(cfg: DictConfig) -> Built:
         tokenizer,
         optim=optim,
         bundle_meta={"model": model_cfg, "features": features},
-        total_steps=estimate_total_steps(trainer, datamodule) if needs_total else None,
+        # counted when fitting starts: the ranks agree on every step of an epoch
+        count_total_steps=partial(estimate_total_steps, trainer, datamodule)
+        if needs_total
+        else None,
         faults=run.faults,
         search=None if tokenizer is None else default_options(model, run.validation_beam_size),
         strategy_features=parallel.strategy_features,

@@ -14,14 +14,9 @@ from asr.data.augment import AugmentConfig, CutAugmenter, SpeedConfig, VolumeCon
 from asr.data.buckets import SamplerConfig
 from asr.data.corpus import load_cuts
 from asr.data.dataset import UNREADABLE, AsrDataset
+from asr.data.rank_sync import RankSynchronizedSampler, ResumePosition, simulate_ranks
 from asr.data.shar import export_shar
-from asr.data.shar_sampler import (
-    SharSampler,
-    manifest_shards,
-    open_shards,
-    plan_epoch,
-    synchronized_schedule,
-)
+from asr.data.shar_sampler import manifest_shards, open_shards, plan_epoch, shard_sampler
 from tests.conftest import TRAIN, TinyCorpus
 
 SHARD_SIZE = 7  # 30 cuts: 5 shards, an odd number (some shared by the ranks)
@@ -55,10 +50,18 @@ def shar_dir(tiny_corpus: TinyCorpus, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
-def _sampler(shards, world_size=1, rank=0, **keys) -> SharSampler:
+def _sampler(shards, world_size=1, rank=0, augmenter=None, **keys) -> RankSynchronizedSampler:
     keys = {"max_duration": 20, "max_cut_duration": 20, "num_buckets": 3, "seed": 1} | keys
     cfg = SamplerConfig.from_mapping(keys)
-    return SharSampler(shards, ["recording"], cfg, rank=rank, world_size=world_size)
+    return shard_sampler(
+        shards, ["recording"], cfg, rank=rank, world_size=world_size, augmenter=augmenter
+    )
+
+
+def _ranks(shards, world_size, epoch=0, **keys) -> list[list[CutSet]]:
+    """Each step's batches of every rank (simulated in this process, reading the audio)."""
+    samplers = [_sampler(shards, world_size, rank, **keys) for rank in range(world_size)]
+    return list(simulate_ranks(samplers, epoch, cut_lists=False))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -67,25 +70,25 @@ def test_ranks_train_every_cut_once_in_as_many_steps(shar_dir, tiny_corpus, worl
     everything = sorted(c.id for c in load_cuts(tiny_corpus.cuts(TRAIN)))
     assert len(shards) == -(-len(everything) // SHARD_SIZE) and len(shards) % 2 == 1
     for epoch in (0, 1):
-        seen, counts = [], []
-        for rank in range(world_size):
-            sampler = _sampler(shards, world_size, rank)
-            sampler.set_epoch(epoch)
-            batches = list(sampler)
-            counts.append(len(batches))
-            assert len(batches) == len(sampler) == max(sampler.batch_counts(epoch))
-            seen += [cut.id for batch in batches for cut in batch]
-        assert len(set(counts)) == 1  # the same number of steps on every rank
+        steps = _ranks(shards, world_size, epoch)  # the same number of steps on every rank
+        seen = [cut.id for step in steps for batch in step for cut in batch]
         assert sorted(seen) == everything  # each cut once, none lost
+        for rank in range(world_size):  # each rank reads only its own shards
+            plan = plan_epoch(len(shards), world_size, seed=1, epoch=epoch)[rank]
+            own = {
+                cut.id
+                for part in plan
+                for i, cut in enumerate(CutSet.from_jsonl(shards[part.index]["cuts"]))
+                if i % part.every == part.offset
+            }
+            assert {cut.id for step in steps for cut in step[rank]} == own
 
 
 def test_cut_manifests_read_beside_shards(shar_dir, tiny_corpus):
     shards = open_shards([str(shar_dir)], ["recording"])
     dev = str(tiny_corpus.cuts("dev-clean"))
     both = shards + manifest_shards([dev])
-    seen = []
-    for rank in range(2):
-        seen += [c.id for b in _sampler(both, 2, rank) for c in b]
+    seen = [c.id for step in _ranks(both, 2) for b in step for c in b]
     expected = [c.id for c in load_cuts(tiny_corpus.cuts(TRAIN))] + [c.id for c in load_cuts(dev)]
     assert sorted(seen) == sorted(expected)
 
@@ -103,23 +106,23 @@ def test_batches_carry_the_shards_audio(shar_dir, tiny_corpus, tokenizer):
 
 def test_resume_continues_with_the_same_batches(shar_dir):
     shards = open_shards([str(shar_dir)], ["recording"])
-    whole = _sampler(shards, 2, 1)
+    whole = _sampler(shards)
     whole.set_epoch(3)
     expected = [[c.id for c in b] for b in whole]
-    first = _sampler(shards, 2, 1)
+    first = _sampler(shards)
     first.set_epoch(3)
     taken = []
     for batch in first:
         taken.append([c.id for c in batch])
         if len(taken) == 2:
             break
-    state = {"epoch": 3, "steps_done": 2, "world_size": 2}  # as the data module saves it
-    resumed = _sampler(shards, 2, 1)
-    resumed.load_state_dict(state)
+    position = ResumePosition(epoch=3, steps_done=2, world_size=1)  # as Lightning counted
+    resumed = _sampler(shards)
+    resumed.resume_from(position)
     rest = [[c.id for c in b] for b in resumed]
-    assert taken + rest == expected
+    assert taken + rest == expected and len(rest) > 1
     with pytest.raises(ValueError, match="data-parallel"):
-        _sampler(shards, 1, 0).load_state_dict(state)
+        _sampler(shards, 2, 0).resume_from(position)
 
 
 def _damaged_copy(shar_dir: Path, tmp_path: Path) -> Path:
@@ -162,29 +165,14 @@ def test_faults_are_skipped_named_and_counted(shar_dir, tokenizer, tmp_path, cap
         assert any(tar.name in m and why in m for m in named), (tar.name, why)
 
 
-def test_the_schedule_draws_one_bucket_per_step_where_the_window_allows():
-    buckets = [[0, 1, 0, 1, 2], [1, 0, 1, 0], [0, 0, 1, 1]]
-    steps = synchronized_schedule(buckets, window=2)
-    for q, own in enumerate(buckets):
-        used = [step[q] for step in steps if step[q] is not None]
-        assert sorted(used) == list(range(len(own)))  # every batch once
-        for t, index in enumerate(used):
-            assert index < t + 2  # never more than `window` unused batches read ahead
-    synced = [
-        len({buckets[q][i] for q, i in enumerate(step) if i is not None}) == 1 for step in steps
-    ]
-    assert synced[:4] == [True] * 4 and len(steps) == 5  # then rank 0's last batch, alone
-    assert steps[-1] == [4, None, None]
-    unsynced = synchronized_schedule(buckets, window=1)  # no look-ahead: each in its order
-    assert [step[0] for step in unsynced] == [0, 1, 2, 3, 4]
-
-
 def test_ranks_draw_from_the_same_bucket_at_most_steps(shar_dir):
     shards = open_shards([str(shar_dir)], ["recording"])
     samplers = [_sampler(shards, 2, rank) for rank in range(2)]
-    steps = [[s.bucket_of(b) if len(b) else None for b in s] for s in samplers]
-    both = [(a, b) for a, b in zip(*steps, strict=True) if a is not None and b is not None]
-    assert sum(a == b for a, b in both) >= 0.75 * len(both)
+    steps = list(simulate_ranks(samplers))
+    both = [(a, b) for a, b in steps if len(a) and len(b)]
+    assert all(len(a) == len(b) for a, b in both)  # the same size on both
+    same = [samplers[0].bucket_of(a) == samplers[1].bucket_of(b) for a, b in both]
+    assert sum(same) >= 0.75 * len(both)
 
 
 def test_augmented_shards_keep_the_schedule_the_ranks_agreed_on(shar_dir, tiny_corpus):
@@ -199,26 +187,29 @@ def test_augmented_shards_keep_the_schedule_the_ranks_agreed_on(shar_dir, tiny_c
     original = {c.id: c.duration for c in load_cuts(tiny_corpus.cuts(TRAIN))}
     cfg = SamplerConfig.from_mapping({"max_duration": 20, "max_cut_duration": 20, "seed": 1})
     for epoch in (0, 1):
+        samplers = [
+            shard_sampler(shards, ["recording"], cfg, rank=r, world_size=2, augmenter=augmenter)
+            for r in range(2)
+        ]
+        planned = list(simulate_ranks(samplers, epoch))  # from the cut lists
+        steps = list(simulate_ranks(samplers, epoch, cut_lists=False))  # with the audio
+        assert [[list(b.ids) for b in step] for step in steps] == [
+            [list(b.ids) for b in step] for step in planned
+        ]
         seen = []
-        for rank in range(2):
-            sampler = SharSampler(
-                shards, ["recording"], cfg, rank=rank, world_size=2, augmenter=augmenter
+        for cut in (cut for step in steps for batch in step for cut in batch):
+            assert any(
+                cut.duration == pytest.approx(original[cut.id] / f, abs=1e-3) for f in factors
             )
-            sampler.set_epoch(epoch)
-            batches = list(sampler)
-            assert len(batches) == len(sampler) == max(sampler.batch_counts(epoch))
-            for cut in (cut for batch in batches for cut in batch):
-                assert any(
-                    cut.duration == pytest.approx(original[cut.id] / f, abs=1e-3) for f in factors
-                )
-                seen.append(cut.id)
+            seen.append(cut.id)
+        for sampler in samplers:
             assert not sampler.cut_filter.dropped, sampler.cut_filter.dropped
         assert sorted(seen) == sorted(original)
 
 
 def test_the_data_module_makes_the_sampler_once(shar_dir, tiny_corpus):
     """Counting the epoch's batches (for the schedule) and training share one sampler:
-    Shar's bins and epoch-0 schedule are worked out once."""
+    Shar's bins are estimated once; the count is the batches an epoch gives."""
     from asr.data.datamodule import AsrDataModule
 
     module = AsrDataModule(
@@ -228,7 +219,5 @@ def test_the_data_module_makes_the_sampler_once(shar_dir, tiny_corpus):
     )  # fmt: skip
     batches = module.count_train_batches()
     sampler = module.train_dataloader().sampler
-    assert isinstance(sampler, SharSampler) and list(sampler._schedules) == [0]
-    schedule = sampler._schedules[0]
-    assert sum(1 for _ in sampler) == batches == len(schedule)
-    assert sampler._schedules[0] is schedule  # not worked out again
+    assert sampler is module.train_sampler(0, 1)
+    assert sum(1 for _ in sampler) == batches > 2
