@@ -1,11 +1,12 @@
 """Bucketing: the sampler that groups utterances of similar length.
 
-`build_sampler` puts lhotse's `DynamicBucketingSampler` behind the keys of the
-`data.sampler` config and adds what lhotse lacks: 2D buckets (duration x tokens), fixed
-per-bucket batch sizes on 1D or 2D buckets with exact resume, and tokens-per-second (TPS)
-filtering whose drops are counted per reason. With `sync_buckets` every data-parallel rank
-draws from the same bucket at each step, so no rank waits on a longer batch than the others.
-Bins are upper edges (see `asr.data.bins`).
+`build_sampler` puts the keys of the `data.sampler` config behind one sampler for manifests
+and Shar shards alike: buckets of lhotse constraints (`BucketConstraint`: 1D or 2D bins,
+duration x tokens, with fixed per-bucket batch sizes or lhotse's padded-seconds budget),
+tokens-per-second (TPS) filtering whose drops are counted per reason, and every
+data-parallel rank in step, each reading only its own data (`asr.data.rank_sync`: lhotse's
+`DynamicBucketingSampler` cannot agree on each step across ranks that read different
+data, so its bucketing is not used). Bins are upper edges (see `asr.data.bins`).
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ class SamplerConfig:
     - `min_tps`: tokens per second below which a cut is dropped (counted).
     - `min_cut_duration`: shorter utterances are not sampled (seconds).
     - `max_cut_duration`: longer utterances are not sampled (seconds).
-    - `sync_buckets`: every data-parallel rank draws from the same bucket at each step.
+    - `sync_buckets`: every data-parallel rank draws from the same bucket at each step
+      (`asr.data.rank_sync`; false only to measure what that saves).
     - `shuffle`: shuffle the cuts (within the buffer) and the buckets' batches.
     - `drop_last`: drop the last, incomplete batches of an epoch.
-    - `buffer_size`: cuts held in memory to fill the buckets.
+    - `buffer_size`: cuts each rank holds in memory to fill its buckets (it reads up to half
+      as many again where no bucket is full on every rank).
     - `quadratic_duration`: seconds at which attention's quadratic cost doubles an
       utterance's weight (null: linear), keeping long-utterance batches in memory.
     - `seed`: of the shuffling (the same on every rank).

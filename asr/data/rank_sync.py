@@ -4,10 +4,10 @@ Under DDP every step waits for the slowest rank, so the ranks' batches should co
 same. Each rank reads only its own part of the data (`RankPart`: its slice of a manifest,
 `ManifestSlice`, or its shards, `asr.data.shar_sampler.ShardStream`) into bucket buffers of
 its own (`RankBuffers`: about `buffer_size` cuts, each in its bucket at a random place).
-Before each step the ranks exchange a summary of their buffers, one small all-gather
-(per bucket: how many cuts its next batch takes, whether that batch is full, how many
-cuts wait in it), and every rank makes the same decision from the same table and a shared
-seed (`Agreement.decide`):
+Before each step the ranks exchange a summary of their buffers, one small all-gather over
+a gloo group of their own (per window of adjacent buckets: how many cuts its next batch
+takes, whether that batch is full, how many cuts wait in it), and every rank makes the
+same decision from the same table and a shared seed (`Agreement.decide`):
 
 1. a bucket whose next batch is full on every rank, drawn at random in proportion to the
    cuts waiting in it over all ranks; every rank takes as many cuts from it as the fewest
@@ -16,15 +16,19 @@ seed (`Agreement.decide`):
 2. where no bucket is full on every rank, the ranks read further first (up to half a
    buffer more, an eighth at a time): shards of one speaker or book can leave a bucket
    short on one rank for a while;
-3. then a smaller batch, equal on every rank, from the bucket where the rank with the
-   fewest cuts has the most;
-4. at the end of the epoch, a bucket that some ranks no longer hold: those get an empty
-   batch that step (they train on nothing; no cut is repeated).
+3. then windows of 2, 4, 8, ... adjacent buckets (their highest bucket's cuts first, the
+   smallest of their batch sizes), until one gives a full batch on every rank: at the end
+   of an epoch the ranks' leftovers differ bucket by bucket;
+4. with every bucket in one window and still no full batch on every rank (the epoch's
+   last steps), as many cuts on every rank as the one with the fewest has; once some rank
+   has none left, it gets an empty batch (it trains on nothing that step; no cut is
+   repeated).
 
-So every rank takes the same number of steps, and every cut is trained on exactly once per
-epoch (`drop_last` instead ends the epoch at the first step that no bucket fills on every
-rank, dropping what is left). Without `sync` each rank draws its own bucket (the same
-rules, for comparison): the step counts still agree.
+So every rank takes the same number of steps and every cut is trained on exactly once per
+epoch (`drop_last` instead ends the epoch at the first step with no full batch on every
+rank once every stream has ended, dropping what is left). Without `sync` each rank draws
+its own bucket (for comparison): the step counts still agree. `simulate_ranks` steps every
+rank's sampler in one process, as the batching benchmark and the tests do.
 
 A run resumes inside an epoch from a `ResumePosition` (the steps Lightning counted), which
 replays that epoch's decisions on the same data and skips the steps already trained on.
