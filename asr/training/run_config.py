@@ -54,8 +54,9 @@ class DebugConfig:
       (`asr.training.distributed.communication.straggler`): each step it sleeps
       (slowdown - 1) x its own step time (null: none).
     - `straggler_slowdown`: how many times slower the straggler is (>= 1).
-    - `step_times_dir`: each rank appends (step, time, audio seconds) to
-      `DIR/rank<R>.jsonl` (`asr.training.step_times`; null: not recorded).
+    - `step_times_dir`: each rank appends (step, time, audio seconds, step seconds and,
+      under plain DDP, its wait in the gradient all-reduce) to `DIR/rank<R>.jsonl`
+      (`asr.training.step_times`; null: not recorded).
     """
 
     straggler_rank: int | None = None

@@ -51,7 +51,6 @@ from asr.training.run_config import (
     read_trainer_config,
     trainer_arguments,
 )
-from asr.training.step_times import StepTimes
 
 log = logging.getLogger("asr.train")
 
@@ -215,7 +214,8 @@ def run_callbacks(
     run: RunConfig, ema: EmaConfig | None = None, pretraining: bool = False
 ) -> list[L.Callback]:
     """Checkpoints (`best.ckpt` by validation WER, or by the loss for pre-training), the
-    learning-rate monitor, the progress bar, EMA and step times."""
+    learning-rate monitor, the progress bar and EMA (the `debug` keys' callbacks come from
+    `setup_distributed`)."""
     ckpt_dir = Path(run.exp_dir) / CHECKPOINT_DIR
     monitor = "val/loss" if pretraining else "val/wer"
     callbacks = [
@@ -225,8 +225,6 @@ def run_callbacks(
     ]
     if ema is not None:
         callbacks.append(EmaWeights(ema))
-    if run.debug.step_times_dir:
-        callbacks.append(StepTimes(run.debug.step_times_dir))
     return callbacks
 
 

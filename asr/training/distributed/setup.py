@@ -21,6 +21,10 @@ from asr.training.distributed.communication.adascale import (
     adascale_hook,
 )
 from asr.training.distributed.communication.adpsgd import DecentralizedStrategy, GossipMonitor
+from asr.training.distributed.communication.allreduce_wait import (
+    AllReduceClock,
+    timed_allreduce_hook,
+)
 from asr.training.distributed.communication.dgc.adam import check_variance_freeze
 from asr.training.distributed.communication.dgc.hook import dgc_hook
 from asr.training.distributed.communication.dgc.state import AdamMoments, DGCState
@@ -38,6 +42,7 @@ from asr.training.distributed.features import DENSE, StrategyFeatures
 from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import OptimConfig
 from asr.training.run_config import DebugConfig, TrainerConfig
+from asr.training.step_times import StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,8 @@ log = logging.getLogger(__name__)
 class TrainingFacts:
     """What the set-up needs from the rest of the run: the `trainer` keys (strategy,
     processes, clipping), the optimizer, the objective's (parts without a gradient in some
-    steps, loss kind, first step of the full loss), and the `debug` keys (the straggler)."""
+    steps, loss kind, first step of the full loss), and the `debug` keys (the straggler,
+    the step times)."""
 
     trainer: TrainerConfig
     optim: OptimConfig
@@ -98,6 +104,7 @@ def setup_distributed(config: DistributedConfig, facts: TrainingFacts) -> Distri
         adam_moments=AdamMoments(*facts.optim.betas, facts.optim.eps)
         if facts.optim.kind == "adamw"
         else None,
+        time_allreduce=bool(facts.debug.step_times_dir),
     )
     if isinstance(strategy, DDPStrategy) and not isinstance(strategy, DecentralizedStrategy):
         parts = facts.parts_without_gradient
@@ -106,12 +113,15 @@ def setup_distributed(config: DistributedConfig, facts: TrainingFacts) -> Distri
     features: StrategyFeatures = (
         strategy if isinstance(strategy, HookedDDPStrategy | DecentralizedStrategy) else DENSE
     )
-    callbacks = saver_callbacks(strategy, facts, world_size)
+    callbacks = [
+        *saver_callbacks(strategy, facts, world_size),
+        *debug_callbacks(strategy, facts.debug),
+    ]
     return DistributedSetup(strategy, features, callbacks, resolved)
 
 
 def saver_callbacks(strategy: str | Strategy, facts: TrainingFacts, world_size: int) -> list:
-    """The callbacks of the savers `strategy` runs, and the debug straggler."""
+    """The callbacks of the savers `strategy` runs."""
     callbacks: list[Callback] = []
     if isinstance(strategy, HookedDDPStrategy) and strategy.compression is not None:
         callbacks.append(CompressionMonitor(strategy.compression))
@@ -120,7 +130,17 @@ def saver_callbacks(strategy: str | Strategy, facts: TrainingFacts, world_size: 
         callbacks.append(AdaScaleLearningRate(strategy.adascale, scheduler, world_size))
     if isinstance(strategy, DecentralizedStrategy):
         callbacks.append(GossipMonitor(strategy))
-    debug = facts.debug
+    return callbacks
+
+
+def debug_callbacks(strategy: str | Strategy, debug: DebugConfig) -> list[Callback]:
+    """The `debug` keys' callbacks: the step times (with plain DDP's all-reduce wait when
+    `strategy` times it), then the straggler."""
+    callbacks: list[Callback] = []
+    if debug.step_times_dir:
+        clock = strategy.allreduce_clock if isinstance(strategy, HookedDDPStrategy) else None
+        wait = None if clock is None else clock.take_wait
+        callbacks.append(StepTimes(debug.step_times_dir, allreduce_wait=wait))
     if debug.straggler_rank is not None:
         callbacks.append(Straggler(int(debug.straggler_rank), float(debug.straggler_slowdown)))
     return callbacks
@@ -135,6 +155,7 @@ def build_strategy(
     loss_kind: str | None = None,
     optimizer_momentum: float = 0.0,
     adam_moments: AdamMoments | None = None,
+    time_allreduce: bool = False,
 ) -> str | Strategy:
     """The `strategy` argument for `lightning.Trainer`.
 
@@ -144,8 +165,10 @@ def build_strategy(
     under `auto`. With `config.compression` the DGC hook is registered; it takes over
     the optimizer's moments (`optimizer_momentum`, SGD's, or `adam_moments`, AdamW's,
     whose second moment it freezes after dense steps), and the optimizer then runs as
-    plain SGD. Anything else goes to Lightning as given, except FSDP with the sample-wise
-    transducer loss, which cannot work (docs/distributed.md#fsdp).
+    plain SGD. With `time_allreduce` and no other hook, plain DDP's all-reduce is timed
+    (`communication.allreduce_wait`, a debug measurement). Anything else goes to Lightning
+    as given, except FSDP with the sample-wise transducer loss, which cannot work
+    (docs/distributed.md#fsdp).
     """
     if not isinstance(strategy, str):
         return strategy
@@ -182,6 +205,9 @@ def build_strategy(
     if config.adascale is not None:
         state = AdaScaleState(config.adascale)
         return HookedDDPStrategy(ddp_comm_state=state, ddp_comm_hook=adascale_hook, **ddp)
+    if time_allreduce:
+        clock = AllReduceClock()
+        return HookedDDPStrategy(ddp_comm_state=clock, ddp_comm_hook=timed_allreduce_hook, **ddp)
     return StartupGraceDDPStrategy(**ddp)
 
 

@@ -23,6 +23,7 @@ from asr.training.distributed.startup import StartupGraceDDPStrategy
 from asr.training.optimizer import optim_config
 from asr.training.run_config import DebugConfig, TrainerConfig
 from asr.training.step_guard import LOCAL
+from asr.training.step_times import StepTimes
 
 ADAMW = optim_config({"lr": 1e-3})
 SGD = optim_config({"lr": 0.05, "kind": "sgd"})
@@ -114,6 +115,30 @@ def test_the_straggler_is_a_callback_of_the_door() -> None:
     setup = setup_distributed(DistributedConfig(), facts(straggler_rank=1, straggler_slowdown=3))
     (straggler,) = setup.callbacks
     assert isinstance(straggler, Straggler) and (straggler.rank, straggler.slowdown) == (1, 3.0)
+
+
+def test_step_times_time_plain_ddps_allreduce_and_no_other_hook(tmp_path) -> None:
+    times = str(tmp_path / "times")
+    setup = setup_distributed(DistributedConfig(), facts(step_times_dir=times, straggler_rank=1))
+    strategy = setup.strategy
+    assert isinstance(strategy, HookedDDPStrategy) and strategy.allreduce_clock is not None
+    assert strategy.compression is None and strategy.adascale is None
+    step_times, straggler = setup.callbacks  # the step is recorded before the straggler sleeps
+    assert isinstance(step_times, StepTimes) and isinstance(straggler, Straggler)
+    assert step_times.allreduce_wait == strategy.allreduce_clock.take_wait
+    assert not setup.strategy_features.clips_in_hook  # dense, as without the timer
+    # DGC keeps its own hook, AD-PSGD has no all-reduce, one process no DDP: no wait recorded
+    dgc = setup_distributed(DistributedConfig(compression=DGCConfig()), facts(step_times_dir=times))
+    decentralized = setup_distributed(
+        DistributedConfig(), facts(strategy="adpsgd", step_times_dir=times)
+    )
+    alone = setup_distributed(
+        DistributedConfig(), facts(strategy="auto", devices=1, step_times_dir=times)
+    )
+    assert dgc.strategy.compression is not None and dgc.strategy.allreduce_clock is None
+    for other in (dgc, decentralized, alone):
+        (recorder,) = [c for c in other.callbacks if isinstance(c, StepTimes)]
+        assert recorder.allreduce_wait is None
 
 
 def test_the_rendezvous_waits_at_least_the_collectives_timeout() -> None:

@@ -1,6 +1,6 @@
-"""`HookedDDPStrategy`: Lightning's `DDPStrategy` with a communication hook (DGC or
-AdaScale) registered on every device, DGC's per-rank state carried through checkpoints,
-and the `StrategyFeatures` the module asks about."""
+"""`HookedDDPStrategy`: Lightning's `DDPStrategy` with a communication hook (DGC, AdaScale
+or the debug timer of the all-reduce) registered on every device, DGC's per-rank state
+carried through checkpoints, and the `StrategyFeatures` the module asks about."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from asr.training.distributed.communication.adascale import AdaScaleState
+from asr.training.distributed.communication.allreduce_wait import AllReduceClock
 from asr.training.distributed.communication.dgc.state import (
     DGCState,
     carries_rank_state,
@@ -33,6 +34,12 @@ class HookedDDPStrategy(StartupGraceDDPStrategy):
         """AdaScale's state, when the learning rate follows its gain."""
         state = self._ddp_comm_state
         return state if isinstance(state, AdaScaleState) else None
+
+    @property
+    def allreduce_clock(self) -> AllReduceClock | None:
+        """The timed all-reduce's clock, when plain DDP's wait is measured."""
+        state = self._ddp_comm_state
+        return state if isinstance(state, AllReduceClock) else None
 
     # --- StrategyFeatures: what the module may ask ---
     def step_group(self) -> Any:
