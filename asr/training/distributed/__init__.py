@@ -6,5 +6,6 @@ counts, CPU threads, `find_unused_parameters`, recognising a lost peer). Everyth
 `communication/` is optional research that changes how the ranks communicate, off unless a
 config selects it: Deep Gradient Compression (the package `communication.dgc`, a DDP
 communication hook), AdaScale (`communication.adascale`), decentralized AD-PSGD / H-ADPSGD
-(`communication.adpsgd`, `communication.gossip`), and a debug straggler
-(`communication.straggler`). Only `setup` imports them."""
+(`communication.adpsgd`, `communication.gossip`), a debug straggler
+(`communication.straggler`) and a debug timer of DDP's all-reduce
+(`communication.allreduce_wait`). Only `setup` imports them."""

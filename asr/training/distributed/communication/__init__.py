@@ -8,4 +8,6 @@ of compression and exchange), `dgc.adam` (AdamW with a frozen second moment), `d
 `hooked_ddp` is the DDP strategy that registers a hook on every device and carries DGC's
 state through checkpoints; `hooks` what communication hooks share. `adascale`: AdaScale's
 learning-rate gain (a hook and a callback). `adpsgd` + `gossip`: decentralized AD-PSGD /
-H-ADPSGD, a Lightning strategy. `straggler`: a debug option slowing one rank."""
+H-ADPSGD, a Lightning strategy. `straggler`: a debug option slowing one rank.
+`allreduce_wait`: a debug measurement, DDP's own all-reduce timed (how long each rank waits
+for the others)."""
