@@ -7,6 +7,10 @@ its last bucket and when the last all-reduce completed. Once a rank has launched
 bucket it has nothing left to do but wait for the slowest rank's gradients, so the time
 from that launch to the last completion is its wait in the step (plus the last bucket's
 own transfer). `asr.training.step_times.StepTimes` writes it per optimizer step.
+
+Host-side times: with gloo (CPU processes) an all-reduce completes on gloo's threads when
+its data has arrived. With NCCL a future completes once the work is queued on the GPU
+stream, so the figure there is not the wait on the device.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from asr.training.distributed.communication.hooks import comm_hook
 
 class AllReduceClock:
     """When this rank last launched a bucket's all-reduce and when the last one completed
-    (completions are noted on gloo's and NCCL's own threads)."""
+    (completions are noted on the backend's threads, hence the lock)."""
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
         self.process_group = process_group
