@@ -189,13 +189,17 @@ def count_tokens(cuts: CutSet, tokenizer: Tokenizer) -> CutSet:
 class BucketConstraint(SamplingConstraint):
     """Which bucket a cut falls in (`asr.data.bins.bin_index`) and when a batch is full:
     `batch_sizes[bucket]` cuts, or else lhotse's `TimeConstraint` (padded seconds,
-    optionally quadratic)."""
+    optionally quadratic). A batch of cuts from several buckets (adjacent ones, at the end of
+    an epoch) is padded to its longest cut and its most tokens: it takes the batch size of
+    the bucket that holds that worst case (the searched sizes are for a bucket's worst case)."""
 
     bins: list[Bin]
     batch_sizes: list[int] | None = None
     time: TimeConstraint | None = None
     current_bucket: int | None = None
     num_cuts: int = 0
+    longest: float = 0.0
+    most_tokens: int = 0
 
     def __post_init__(self) -> None:
         if (self.batch_sizes is None) == (self.time is None):
@@ -215,8 +219,14 @@ class BucketConstraint(SamplingConstraint):
     def add(self, example: Cut) -> None:
         if self.time is not None:
             self.time.add(example)
-        elif self.current_bucket is None:
-            self.current_bucket = self.select_bucket(self.bins, example)
+        else:
+            self.longest = max(self.longest, example.duration)
+            if self.two_d:
+                self.most_tokens = max(self.most_tokens, num_tokens(example))
+            worst = bin_index(self.bins, self.longest, self.most_tokens if self.two_d else None)
+            if worst == len(self.bins):  # no bucket holds both: the smallest size of all
+                worst = min(range(len(self.bins)), key=self.batch_sizes.__getitem__)
+            self.current_bucket = worst
         self.num_cuts += 1
 
     def exceeded(self) -> bool:
@@ -232,7 +242,7 @@ class BucketConstraint(SamplingConstraint):
     def reset(self) -> None:
         if self.time is not None:
             self.time.reset()
-        self.current_bucket, self.num_cuts = None, 0
+        self.current_bucket, self.num_cuts, self.longest, self.most_tokens = None, 0, 0.0, 0
 
     def copy(self) -> BucketConstraint:
         return copy.deepcopy(self)
@@ -380,11 +390,10 @@ def build_sampler(
     )
 
     def new_batch(window: range) -> BucketConstraint:
-        """An empty batch from the buckets of `window`: the smallest of their batch sizes,
-        or `max_duration` padded seconds."""
+        """An empty batch from the buckets of `window`: the batch size of the bucket of its
+        worst case, or `max_duration` padded seconds."""
         if fixed:
-            smallest = min(window, key=lambda b: batch_sizes[b])
-            return BucketConstraint(bins, batch_sizes=batch_sizes, current_bucket=smallest)
+            return BucketConstraint(bins, batch_sizes=batch_sizes)
         time = TimeConstraint(
             max_duration=cfg.max_duration, quadratic_duration=cfg.quadratic_duration
         )

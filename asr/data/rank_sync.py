@@ -101,6 +101,16 @@ class RankPart(Protocol):
         ...
 
 
+class CutAdmission(Protocol):
+    """Which cuts a sampler takes (`asr.data.buckets.CutFilter`), counting the others."""
+
+    def __call__(self, cut: Cut) -> bool: ...
+
+    def counts(self) -> dict[str, int]:
+        """Reason -> distinct cuts dropped so far."""
+        ...
+
+
 class ManifestSlice:
     """Rank `rank`'s slice of a cut stream (a manifest): cuts number rank, rank +
     world_size, ... The whole stream is parsed on every rank; only its slice is kept."""
@@ -157,7 +167,7 @@ class RankBuffers:
         cuts: Iterable[Cut],
         bucketing: Bucketing,
         rng: random.Random,
-        admit: Callable[[Cut], bool] = lambda cut: True,
+        admit: Callable[[Cut], bool],
     ) -> None:
         self.source, self.bucketing, self.rng, self.admit = iter(cuts), bucketing, rng, admit
         self.buckets: list[list[Cut]] = [[] for _ in range(bucketing.num_buckets)]
@@ -345,10 +355,10 @@ class ProcessGroupGather:
         if self.group is None:
             if not (dist.is_available() and dist.is_initialized()):
                 raise RuntimeError(
-                    f"the training sampler of rank 0 of {self.world_size} agrees on every "
-                    "step with the other ranks over torch.distributed, which is not "
-                    "initialized: iterate it inside trainer.fit (or build it with "
-                    "world_size=1)"
+                    f"a training sampler for {self.world_size} ranks agrees on every step "
+                    "with the other ranks over torch.distributed, which is not "
+                    "initialized: iterate it inside trainer.fit, or simulate the ranks in "
+                    "one process with asr.data.rank_sync.simulate_ranks"
                 )
             if dist.get_world_size() != self.world_size:
                 raise RuntimeError(
@@ -384,7 +394,7 @@ class RankSynchronizedSampler:
         part: RankPart,
         bucketing: Bucketing,
         *,
-        cut_filter: Any,
+        cut_filter: CutAdmission,
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
