@@ -86,7 +86,10 @@ def test_context_phrases_through_load_model_and_the_command_lines(
     transcribe_main([str(bundle), str(files[0]), "--output-format", "json", "--timestamps"])
     words = json.loads(capsys.readouterr().out)["words"]
     assert [w["word"] for w in words] == [w.word for w in plain[0].words]
-    assert [w["confidence"] for w in words] == [w.confidence for w in plain[0].words]
+    # one file alone against two in a batch: the same confidences to their rounding
+    assert [w["confidence"] for w in words] == pytest.approx(
+        [w.confidence for w in plain[0].words], abs=2e-4
+    )
     out = tmp_path / "decoded"
     decode_main([str(bundle), str(test_cuts), "--biasing-phrases", str(phrases), "-o", str(out)])
     assert "WER" in capsys.readouterr().out and (out / "hyps.jsonl").is_file()

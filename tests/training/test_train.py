@@ -142,20 +142,27 @@ def test_checkpoints_exist_and_load(trained_run) -> None:
 def test_run_tests_the_best_checkpoint(
     trained_run, compose_train, tmp_path: Path, single_thread
 ) -> None:
-    """The test metrics `run` returns are those of `best.ckpt`'s weights, not of the final
-    (`last.ckpt`) ones: a fresh test of each checkpoint tells which was tested."""
+    """The test metrics `run` returns are those of `best.ckpt`'s weights (the best
+    validation WER), not of another checkpoint's: a fresh test of each tells which was
+    tested."""
     ckpts = trained_run.checkpoints
 
     def tested(name: str) -> dict[str, float]:
-        built = build(compose_train(tmp_path / name, *trained_run.overrides))
+        exp_dir = tmp_path / name.replace("=", "_")  # a Hydra override holds no "="
+        built = build(compose_train(exp_dir, *trained_run.overrides))
         (results,) = built.trainer.test(
             built.module, datamodule=built.datamodule, ckpt_path=str(ckpts / name)
         )
         return results
 
-    best, last = tested("best.ckpt"), tested("last.ckpt")
-    # this run's best epoch is not its last (else the check below could not tell them apart)
-    assert best["test/wer"] != pytest.approx(last["test/wer"])
+    def step(name: str) -> int:
+        return torch.load(ckpts / name, map_location="cpu", weights_only=False)["global_step"]
+
+    # another checkpoint than the best (the last, unless the last epoch was the best)
+    other = "last.ckpt" if step("last.ckpt") != step("best.ckpt") else "epoch=00.ckpt"
+    assert step(other) != step("best.ckpt")
+    best, different = tested("best.ckpt"), tested(other)
+    assert best["test/loss"] != pytest.approx(different["test/loss"])  # they can be told apart
     for name in ("test/loss", "test/wer"):
         assert trained_run.metrics[name] == pytest.approx(best[name], rel=1e-5), name
 
