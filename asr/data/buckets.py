@@ -34,6 +34,7 @@ from asr.data.rank_sync import (
     ManifestSlice,
     RankPart,
     RankSynchronizedSampler,
+    WholeStream,
 )
 from asr.data.tokenizer import Tokenizer
 
@@ -353,8 +354,9 @@ def build_sampler(
     """This rank's bucketed mini-batches (CutSets), in step with the other ranks'
     (`asr.data.rank_sync`): `set_epoch`, `resume_from(position)`, `count_steps()`.
 
-    `cuts`: a cut stream (opened lazily, `asr.data.corpus.open_cuts`), of which this rank
-    keeps its slice, or this rank's own part (`RankPart`, e.g. its Shar shards).
+    `cuts`: a cut stream (opened lazily, `asr.data.corpus.open_cuts`), which every rank
+    parses and of which it keeps its slice (`ManifestSlice`: each bucket's cuts dealt out in
+    turn), or this rank's own part (`RankPart`, e.g. its Shar shards).
     `tokenizer` is needed for 2D bins and TPS limits unless the cuts carry `num_tokens`.
     Dropped cuts are counted in `sampler.cut_filter.counts()`. `augmenter` changes each cut
     for the epoch before it is bucketed, so that buckets, budgets and filters see a
@@ -383,7 +385,6 @@ def build_sampler(
             )
     if cfg.buffer_size < 1:
         raise ValueError(f"data.sampler.buffer_size must be >= 1, got {cfg.buffer_size}")
-    part = cuts if not isinstance(cuts, CutSet) else ManifestSlice(cuts, rank, world_size)
     batch_sizes = list(cfg.bucket_batch_size) if fixed else None
     selector = BucketConstraint(
         bins, batch_sizes=batch_sizes, time=None if fixed else TimeConstraint()
@@ -410,12 +411,24 @@ def build_sampler(
         sync=cfg.sync_buckets,
     )
     counted = tokenizer if cfg.uses_tokens() else None  # else the cuts carry num_tokens
+    cut_filter = CutFilter(
+        cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
+    )
+    if not isinstance(cuts, CutSet):  # this rank's own part
+        part: RankPart = PreparedPart(cuts, counted, augmenter)
+    elif world_size == 1:
+        part = PreparedPart(WholeStream(cuts), counted, augmenter)
+    else:  # the stream every rank parses, dealt out bucket by bucket
+
+        def deal_key(cut: Cut) -> int | None:
+            return bucketing.bucket_of(cut) if cut_filter.reason(cut) is None else None
+
+        whole = PreparedPart(WholeStream(cuts), counted, augmenter)
+        part = ManifestSlice(whole, deal_key, rank, world_size)
     return RankSynchronizedSampler(
-        PreparedPart(part, counted, augmenter),
+        part,
         bucketing,
-        cut_filter=CutFilter(
-            cfg.min_cut_duration, cfg.max_cut_duration, bins, cfg.max_tps, cfg.min_tps
-        ),
+        cut_filter=cut_filter,
         rank=rank,
         world_size=world_size,
     )

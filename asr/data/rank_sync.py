@@ -2,8 +2,9 @@
 
 Under DDP every step waits for the slowest rank, so the ranks' batches should cost the
 same. Each rank reads only its own part of the data (`RankPart`: its slice of a manifest,
-`ManifestSlice`, or its shards, `asr.data.shar_sampler.ShardStream`) into bucket buffers of
-its own (`RankBuffers`: about `buffer_size` cuts, each in its bucket at a random place).
+`ManifestSlice`, whose cuts of each bucket are dealt out in turn, or its shards,
+`asr.data.shar_sampler.ShardStream`) into bucket buffers of its own (`RankBuffers`: about
+`buffer_size` cuts, each in its bucket at a random place).
 Before each step the ranks exchange a summary of their buffers, one small all-gather over
 a gloo group of their own (per window of adjacent buckets: how many cuts its next batch
 takes, whether that batch is full, how many cuts wait in it), and every rank makes the
@@ -41,7 +42,6 @@ waiting). Ranks left without a batch in the last round get an empty one.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -111,19 +111,49 @@ class CutAdmission(Protocol):
         ...
 
 
-class ManifestSlice:
-    """Rank `rank`'s slice of a cut stream (a manifest): cuts number rank, rank +
-    world_size, ... The whole stream is parsed on every rank; only its slice is kept."""
+class WholeStream:
+    """A cut stream (a manifest) as one part: every cut, in order."""
 
-    def __init__(self, cuts: Iterable[Cut], rank: int = 0, world_size: int = 1) -> None:
-        check_rank(rank, world_size)
-        self.stream, self.rank, self.world_size = cuts, rank, world_size
+    def __init__(self, cuts: Iterable[Cut]) -> None:
+        self.stream = cuts
 
     def cuts(self, epoch: int) -> Iterator[Cut]:
-        return itertools.islice(iter(self.stream), self.rank, None, self.world_size)
+        return iter(self.stream)
 
     def cut_lists(self, epoch: int) -> Iterator[Cut]:
-        return self.cuts(epoch)
+        return iter(self.stream)
+
+
+class ManifestSlice:
+    """Rank `rank`'s slice of a stream that every rank parses (`part`: a manifest, its cuts
+    prepared for bucketing): the k-th cut of each bucket goes to rank k mod world_size, so
+    that every rank's buckets fill alike (`deal_key(cut)`: its bucket, or None for a cut the
+    sampler will drop; those are dealt out in turn too). Only the slice's data is read."""
+
+    def __init__(
+        self,
+        part: RankPart,
+        deal_key: Callable[[Cut], int | None],
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        check_rank(rank, world_size)
+        self.part, self.deal_key, self.rank, self.world_size = part, deal_key, rank, world_size
+
+    def cuts(self, epoch: int) -> Iterator[Cut]:
+        return self._slice(self.part.cuts(epoch))
+
+    def cut_lists(self, epoch: int) -> Iterator[Cut]:
+        return self._slice(self.part.cut_lists(epoch))
+
+    def _slice(self, cuts: Iterable[Cut]) -> Iterator[Cut]:
+        dealt: dict[int | None, int] = {}  # bucket -> its cuts so far
+        for cut in cuts:
+            key = self.deal_key(cut)
+            turn = dealt.get(key, 0)
+            dealt[key] = turn + 1
+            if turn % self.world_size == self.rank:
+                yield cut
 
 
 @dataclass(frozen=True)
@@ -407,6 +437,9 @@ class RankSynchronizedSampler:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        if self._resume is not None and epoch > self._resume.epoch:
+            # the resumed epoch ended without a batch drawn (its last step was done)
+            self._resume = None
 
     def bucket_of(self, batch: CutSet) -> int:
         """The bucket of a batch's first cut (of its highest bucket)."""

@@ -22,6 +22,7 @@ def sampler_of(tiny_corpus):
     def make(cfg, **kwargs):
         return build_sampler(load_cuts(tiny_corpus.cuts(TRAIN)), cfg, **kwargs)
 
+    make.manifest = tiny_corpus.cuts(TRAIN)
     return make
 
 
@@ -163,10 +164,15 @@ def test_ranks_partition_the_data(sampler_of, durations, world_size) -> None:
     assert len(ranks[0]) > 4  # the same number of steps on every rank (one list per step)
     ids = [[i for b in batches for i in b] for batches in ranks]
     assert Counter(i for rank_ids in ids for i in rank_ids) == Counter(list(durations))
-    order = list(durations)  # the manifest's order: each rank reads only its slice
-    assert [set(rank_ids) for rank_ids in ids] == [
-        set(order[r::world_size]) for r in range(world_size)
+    # each rank's slice: every bucket's cuts dealt out in turn, so its buckets fill alike
+    sampler = sampler_of(SMALL)
+    cuts = {c.id: c for c in load_cuts(sampler_of.manifest)}
+    per_bucket = [
+        Counter(sampler.bucketing.bucket_of(cuts[i]) for i in rank_ids) for rank_ids in ids
     ]
+    for bucket in set().union(*per_bucket):
+        counts = [rank[bucket] for rank in per_bucket]
+        assert max(counts) - min(counts) <= 1, (bucket, counts)
     for batches in ranks:  # the same sizes at every step where both ranks have a batch
         assert all(len(a) == len(b) for a, b in zip(ranks[0], batches, strict=True) if a and b)
 

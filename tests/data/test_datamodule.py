@@ -79,6 +79,15 @@ def test_resume_position_sets_the_epoch(datamodule) -> None:
     assert [b.cut_ids for b in loader] == full[3:]
 
 
+def test_a_position_at_an_epochs_last_step_resumes_the_next_epoch_whole(datamodule) -> None:
+    # A checkpoint written after an epoch's last step is still inside that epoch; Lightning
+    # may end the epoch without drawing a batch and set the next one: it runs whole.
+    steps = len(epoch_of(datamodule.train_dataloader(), 1))
+    full = epoch_of(datamodule.train_dataloader(), 2)
+    datamodule.load_state_dict({"epoch": 1, "batches_done": steps})
+    assert epoch_of(datamodule.train_dataloader(), 2) == full
+
+
 def test_state_dict_is_empty_without_a_trainer(datamodule) -> None:
     assert datamodule.state_dict() == {}
     datamodule.load_state_dict({})

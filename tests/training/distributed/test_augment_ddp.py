@@ -68,9 +68,11 @@ def test_ranks_and_epochs_hear_different_augmented_audio(whole_run) -> None:
     ranks = whole_run["records"]
     assert len(ranks[0]["steps"]) == len(ranks[1]["steps"]) > 2
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True):
-        assert a["features"] != b["features"] and not set(a["cut_ids"]) & set(b["cut_ids"])
+        assert not set(a["cut_ids"]) & set(b["cut_ids"])
+        assert a["cut_ids"] or b["cut_ids"]  # an empty batch only beside a rank's last ones
         assert not a["skipped"] and not b["skipped"]
-    features = [s["features"] for rank in ranks for s in rank["steps"]]
+    # the batches with cuts (a rank through its part trains on an empty one)
+    features = [s["features"] for rank in ranks for s in rank["steps"] if s["cut_ids"]]
     assert len(set(features)) == len(features)  # no batch heard twice, in either epoch
     assert ranks[0]["digest"] == ranks[1]["digest"]
 

@@ -274,7 +274,8 @@ def killed_two_process_run(main_run, main_setup) -> dict:
     overrides = [o.replace(str(root / "exp"), str(root / "killed")) for o in main_run["overrides"]]
     command = worker(root / "killed_record", overrides, *main_run["extra"])
     last = root / "killed" / "checkpoints" / "last.ckpt"
-    kill_when_checkpointed(command, last, 10, root / "killed.log")
+    inside_epoch_1 = main_setup["steps"] // EPOCHS + 2  # even: a checkpoint every 2 steps
+    kill_when_checkpointed(command, last, inside_epoch_1 // 2 * 2, root / "killed.log")
     stopped = torch.load(last, map_location="cpu", weights_only=False)
     (root / "stopped.ckpt").write_bytes(last.read_bytes())
     run(command, root / "resumed.log")  # the same command again
