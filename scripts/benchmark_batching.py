@@ -47,7 +47,7 @@ from lhotse.dataset import DynamicCutSampler
 
 from asr.data.bins import equal_total_edges, token_sub_bins, write_bins
 from asr.data.buckets import build_sampler, count_tokens, cut_lengths, padding_stats
-from asr.data.rank_sync import simulate_ranks
+from asr.data.rank_sync import WholeStream, simulate_ranks
 from asr.data.synthetic_cuts import synthetic_cuts
 
 
@@ -85,7 +85,7 @@ def rank_imbalance(cuts: CutSet, cfg: dict, ranks: int, shard_cuts: int = 0) -> 
         out |= {f"{k}_{name}": v for k, v in stats.items() if sync or k.startswith("imbalance")}
     parts = rank_parts(list(cuts), ranks, shard_cuts)
     samplers = [
-        build_sampler(OwnCuts(parts[rank]), cfg, rank=rank, world_size=ranks)
+        build_sampler(WholeStream(parts[rank]), cfg, rank=rank, world_size=ranks)
         for rank in range(ranks)
     ]
     stats = step_stats(list(simulate_ranks(samplers)))
@@ -115,19 +115,6 @@ def step_stats(steps: list[list[CutSet]]) -> dict[str, float]:
         "frame_padding": round(padding["frame_padding"], 4),
         "token_padding": round(padding["token_padding"], 4),
     }
-
-
-class OwnCuts:
-    """A rank's own cuts (`asr.data.rank_sync.RankPart`), as its shards would give them."""
-
-    def __init__(self, cuts: list) -> None:
-        self.own = cuts
-
-    def cuts(self, epoch: int) -> Iterable:
-        return iter(self.own)
-
-    def cut_lists(self, epoch: int) -> Iterable:
-        return iter(self.own)
 
 
 def rank_parts(cuts: list, ranks: int, shard_cuts: int) -> list[list]:

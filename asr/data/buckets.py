@@ -323,12 +323,14 @@ BINS_ESTIMATE_CUTS = 10_000  # cuts read to estimate 1D bins when none are given
 
 
 def estimated_bins(
-    cuts: Iterable[Cut], cfg: SamplerConfig, speeds: Sequence[float] = (1.0,)
+    cuts: Iterable[Cut], cfg: SamplerConfig, augmenter: CutAugmenter | None = None
 ) -> tuple[float, ...]:
     """`cfg.num_buckets` duration bins of about equal total duration from the first
-    `BINS_ESTIMATE_CUTS` of `cuts` (metadata only), each cut at every one of `speeds` (the
-    speed perturbation's factors); the last edge is at least `max_cut_duration`, so that
-    only the filter decides which cuts are too long."""
+    `BINS_ESTIMATE_CUTS` of `cuts` (metadata only), each cut at every one of `augmenter`'s
+    speed factors; the last edge is at least `max_cut_duration`, so that only the filter
+    decides which cuts are too long."""
+    speed = augmenter.config.speed if augmenter is not None else None
+    speeds = speed.factors if speed is not None else (1.0,)
     durations = [
         cut.duration if factor == 1.0 else cut.perturb_speed(factor).duration
         for cut in itertools.islice(cuts, BINS_ESTIMATE_CUTS)
@@ -368,8 +370,7 @@ def build_sampler(
     if cfg.bucket_duration_bins is None and cfg.bucket_batch_size is None:
         if not isinstance(cuts, CutSet):
             raise ValueError("a rank's own part needs bucket_duration_bins (estimated_bins)")
-        speeds = augmenter.config.speed.factors if augmenter and augmenter.config.speed else (1.0,)
-        cfg = replace(cfg, bucket_duration_bins=estimated_bins(cuts, cfg, speeds))
+        cfg = replace(cfg, bucket_duration_bins=estimated_bins(cuts, cfg, augmenter))
     bins = _check_bins(cfg)
     fixed = cfg.bucket_batch_size is not None
     if not fixed:
@@ -390,9 +391,9 @@ def build_sampler(
         bins, batch_sizes=batch_sizes, time=None if fixed else TimeConstraint()
     )
 
-    def new_batch(window: range) -> BucketConstraint:
-        """An empty batch from the buckets of `window`: the batch size of the bucket of its
-        worst case, or `max_duration` padded seconds."""
+    def new_batch() -> BucketConstraint:
+        """An empty batch: the batch size of the bucket of its worst case, or
+        `max_duration` padded seconds."""
         if fixed:
             return BucketConstraint(bins, batch_sizes=batch_sizes)
         time = TimeConstraint(

@@ -112,7 +112,8 @@ class CutAdmission(Protocol):
 
 
 class WholeStream:
-    """A cut stream (a manifest) as one part: every cut, in order."""
+    """Cuts as one part, every one in order: a manifest that one rank reads whole, or a
+    rank's own cuts already set apart."""
 
     def __init__(self, cuts: Iterable[Cut]) -> None:
         self.stream = cuts
@@ -159,14 +160,14 @@ class ManifestSlice:
 @dataclass(frozen=True)
 class Bucketing:
     """How a rank's cuts become batches: `bucket_of(cut)` in [0, num_buckets), and
-    `new_batch(buckets)`, the constraint of an empty batch drawn from those adjacent buckets
+    `new_batch()`, the constraint of an empty batch, from one bucket or adjacent ones
     (lhotse's `SamplingConstraint`: full by a cut count or by padded seconds); the buffer's
     size, in-bucket shuffling, `drop_last`, the seed that every rank shares, and whether
     the ranks draw from the same buckets (`sync`)."""
 
     num_buckets: int
     bucket_of: Callable[[Cut], int]
-    new_batch: Callable[[range], SamplingConstraint]
+    new_batch: Callable[[], SamplingConstraint]
     buffer_size: int = 20_000
     shuffle: bool = True
     drop_last: bool = False
@@ -237,11 +238,11 @@ class RankBuffers:
                 continue
             if width == 1:
                 if start not in self._next:
-                    constraint = self.bucketing.new_batch(range(start, start + 1))
+                    constraint = self.bucketing.new_batch()
                     self._next[start] = next_batch_size(self.buckets[start], constraint)
                 row[start], row[count + start] = self._next[start]
             else:
-                constraint = self.bucketing.new_batch(range(start, start + width))
+                constraint = self.bucketing.new_batch()
                 row[start], row[count + start] = next_batch_size(
                     self.window(start, width), constraint
                 )

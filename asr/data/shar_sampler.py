@@ -171,13 +171,13 @@ class ShardStream:
 
 
 def with_estimated_bins(
-    shards: list[Shard], cfg: SamplerConfig, speeds: Sequence[float] = (1.0,)
+    shards: list[Shard], cfg: SamplerConfig, augmenter: CutAugmenter | None = None
 ) -> SamplerConfig:
     """`cfg` with duration bins estimated from the first cuts of the shards' cut lists, in
     their order (`asr.data.buckets.estimated_bins`: the same on every rank; lhotse would
     estimate them from the stream, reading its audio)."""
     cut_lists = ShardStream(shards, (), rank=0, world_size=1, seed=cfg.seed).cut_lists(0)
-    return replace(cfg, bucket_duration_bins=estimated_bins(cut_lists, cfg, speeds))
+    return replace(cfg, bucket_duration_bins=estimated_bins(cut_lists, cfg, augmenter))
 
 
 def shard_sampler(
@@ -193,8 +193,7 @@ def shard_sampler(
     """This rank's training batches from its Shar shards (`build_sampler` over its
     `ShardStream`), the bins estimated from the cut lists when `cfg` has none."""
     if cfg.bucket_duration_bins is None:
-        speed = augmenter.config.speed if augmenter is not None else None
-        cfg = with_estimated_bins(shards, cfg, speed.factors if speed else (1.0,))
+        cfg = with_estimated_bins(shards, cfg, augmenter)
     stream = ShardStream(shards, fields, rank=rank, world_size=world_size, seed=cfg.seed)
     return build_sampler(
         stream, cfg, rank=rank, world_size=world_size, tokenizer=tokenizer, augmenter=augmenter

@@ -10,7 +10,15 @@ from lhotse import CutSet
 from lhotse.dataset.sampling.base import TimeConstraint
 from lhotse.testing.dummies import dummy_cut
 
-from asr.data.rank_sync import READ_MORE, Agreement, Bucketing, EvalSplit, Step, simulate_ranks
+from asr.data.rank_sync import (
+    READ_MORE,
+    Agreement,
+    Bucketing,
+    EvalSplit,
+    Step,
+    WholeStream,
+    simulate_ranks,
+)
 
 
 def batches(sizes: list[int]) -> list[CutSet]:
@@ -49,7 +57,7 @@ def _bucketing(num_buckets: int, buffer_size: int = 8) -> Bucketing:
     return Bucketing(
         num_buckets=num_buckets,
         bucket_of=lambda cut: 0,
-        new_batch=lambda window: TimeConstraint(max_cuts=4),
+        new_batch=lambda: TimeConstraint(max_cuts=4),
         buffer_size=buffer_size,
     )
 
@@ -104,19 +112,11 @@ def test_ranks_of_very_different_sizes_take_as_many_steps_and_every_cut_once() -
 
     cuts = list(synthetic_cuts(400, seed=1))
     parts = [cuts[:300], cuts[300:380], cuts[380:]]  # 300, 80 and 20 cuts
-
-    class Own:
-        def __init__(self, own: list) -> None:
-            self.own = own
-
-        def cuts(self, epoch: int):
-            return iter(self.own)
-
-        cut_lists = cuts
-
     cfg = {"max_duration": 120, "max_cut_duration": 35, "num_buckets": 4, "buffer_size": 50}
     cfg["bucket_duration_bins"] = [12.0, 14.0, 16.0, 35.0]
-    samplers = [build_sampler(Own(p), cfg, rank=r, world_size=3) for r, p in enumerate(parts)]
+    samplers = [
+        build_sampler(WholeStream(p), cfg, rank=r, world_size=3) for r, p in enumerate(parts)
+    ]
     steps = list(simulate_ranks(samplers))
     seen = Counter(c.id for step in steps for batch in step for c in batch)
     assert set(seen) == {c.id for c in cuts} and set(seen.values()) == {1}

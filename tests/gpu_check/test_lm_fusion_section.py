@@ -6,7 +6,6 @@ runner: test_gpu_bench.py)."""
 
 import dataclasses
 import io
-import json
 import math
 import time
 from types import SimpleNamespace
@@ -35,29 +34,17 @@ from asr.gpu_check.bench_lm_fusion import (
     kept_key,
     lm_text,
 )
-from asr.gpu_check.report import Report, SectionOptions
+from asr.gpu_check.report import Report
 from tests.decoding.test_fusion_label_looping import VOCAB, _batch, _fusion
 from tests.decoding.test_transducer_beam import _random_model
+from tests.gpu_check.section_reports import rehearse
 
 VARIANTS = ["lm3", "lm6", "lm6+lodr2"]
 
 
-def reported(stream: io.StringIO) -> dict[str, list[dict]]:
-    by_kind: dict[str, list[dict]] = {}
-    for line in stream.getvalue().splitlines():
-        record = json.loads(line)
-        by_kind.setdefault(record["record"], []).append(record)
-    return by_kind
-
-
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    stream = io.StringIO()
-    report = Report(stream)
-    options = SectionOptions("cpu", tmp_path_factory.mktemp("lm_fusion"), 2**30)
-    bench_lm_fusion.run(report, options)
-    report.finish()
-    return reported(stream)
+    return rehearse(bench_lm_fusion.run, tmp_path_factory.mktemp("lm_fusion"))
 
 
 @pytest.mark.slow  # the module fixture: the section in about 10-15 s on one CPU thread

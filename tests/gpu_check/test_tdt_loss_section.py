@@ -3,7 +3,6 @@
 memory (the whole bench through its runner: test_gpu_bench.py)."""
 
 import io
-import json
 
 import pytest
 import torch
@@ -18,25 +17,13 @@ from asr.gpu_check.bench_tdt_loss import (
     warm_then_timed,
 )
 from asr.gpu_check.loss_runs import LATTICES, TARGET_BYTES, build_joiner, full_length_inputs
-from asr.gpu_check.report import Report, SectionOptions
-
-
-def reported(stream: io.StringIO) -> dict[str, list[dict]]:
-    by_kind: dict[str, list[dict]] = {}
-    for line in stream.getvalue().splitlines():
-        record = json.loads(line)
-        by_kind.setdefault(record["record"], []).append(record)
-    return by_kind
+from asr.gpu_check.report import Report
+from tests.gpu_check.section_reports import rehearse, reported
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    stream = io.StringIO()
-    report = Report(stream)
-    options = SectionOptions("cpu", tmp_path_factory.mktemp("tdt"), 2**30)
-    bench_tdt_loss.run(report, options)
-    report.finish()
-    return reported(stream)
+    return rehearse(bench_tdt_loss.run, tmp_path_factory.mktemp("tdt"))
 
 
 @pytest.mark.slow  # the module fixture: the section in about 8 s (Triton interpreted)
